@@ -1,0 +1,1 @@
+"""Connectors to the outside: the CLI, the local stack, the REST API and workers."""

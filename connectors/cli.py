@@ -1,0 +1,133 @@
+"""The ``cronlog`` command line. Thin: parses arguments, builds Settings once from the
+environment, and calls into the packages that do the work."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import orjson
+import psycopg
+import typer
+
+from connectors.stack import Stack, StackError, StackPaths
+from projections.migrate import MigrationError, migrate
+from streams.settings import Settings, SettingsError
+from streams.topics import TopicError, ensure_topics
+
+ENV_HELP = (
+    "Environment: CRONLOG_KAFKA (bootstrap servers), CRONLOG_DATABASE_URL, "
+    "CRONLOG_TOPIC_PREFIX, CRONLOG_PARTITIONS, CRONLOG_STATE_DIR (local stack files)."
+)
+
+app = typer.Typer(
+    name="cronlog", help=f"cronlog: a distributed job scheduler on Kafka. {ENV_HELP}",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+stack_app = typer.Typer(help="The native local stack: Kafka (KRaft) and PostgreSQL.",
+                        no_args_is_help=True)
+topics_app = typer.Typer(help="The Kafka topics of the contract.", no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+app.add_typer(topics_app, name="topics")
+db_app = typer.Typer(help="The PostgreSQL projections' schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise _fail(str(exc), 2) from exc
+
+
+def _stack() -> Stack:
+    return Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")))
+
+
+def _log(message: str) -> None:
+    typer.echo(f"cronlog: {message}", err=True)
+
+
+@stack_app.command("up")
+def stack_up() -> None:
+    """Install what is missing, start Kafka and PostgreSQL (or reuse them), and wait."""
+    try:
+        status = _stack().up(_log)
+    except StackError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"Kafka:      {status.kafka.bootstrap}  (CRONLOG_KAFKA)")
+    typer.echo(f"PostgreSQL: {status.postgres.database_url}  (CRONLOG_DATABASE_URL)")
+    typer.echo(f"State:      {status.state_dir}   stop with: cronlog stack down")
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    """Stop Kafka and PostgreSQL cleanly; their data stays in the state folder."""
+    try:
+        kafka, postgres = _stack().down()
+    except StackError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"Kafka: {'stopped' if kafka else 'was not running'}")
+    typer.echo(f"PostgreSQL: {'stopped' if postgres else 'was not running'}")
+
+
+@stack_app.command("status")
+def stack_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Tell what runs. Exit code 0 when both run, 3 otherwise."""
+    status = _stack().status()
+    if as_json:
+        sys.stdout.write(orjson.dumps(status.as_json()).decode() + "\n")
+    else:
+        for name, running, where in (
+            ("Kafka", status.kafka.running, status.kafka.bootstrap),
+            ("PostgreSQL", status.postgres.running, status.postgres.database_url),
+        ):
+            typer.echo(f"{name:<11} {'running' if running else 'stopped':<8} {where}")
+    raise typer.Exit(0 if status.running else 3)
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create every contract topic under CRONLOG_TOPIC_PREFIX (idempotent)."""
+    settings = _settings()
+    try:
+        outcomes = ensure_topics(settings)
+    except TopicError as exc:
+        raise _fail(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - broker unreachable and the like
+        raise _fail(f"cannot reach Kafka at {settings.kafka}: {exc}") from exc
+    for outcome in outcomes:
+        verb = "created" if outcome.created else "exists "
+        typer.echo(f"{verb} {outcome.topic} ({outcome.partitions} partitions)")
+
+
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Apply pending schema migrations to CRONLOG_DATABASE_URL (idempotent)."""
+    settings = _settings()
+    try:
+        applied = migrate(settings.database_url)
+    except MigrationError as exc:
+        raise _fail(str(exc)) from exc
+    except psycopg.OperationalError as exc:
+        raise _fail(f"cannot reach PostgreSQL at {settings.database_url}: {exc}") from exc
+    if applied:
+        typer.echo("applied migrations " + ", ".join(f"{v:04d}" for v in applied))
+    else:
+        typer.echo("database schema is up to date")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The native local stack: a real Kafka broker and PostgreSQL on loopback, no Docker.
+
+``cronlog stack up|down|status`` drives it; ``make run`` and ``make test`` call ``up``.
+Docker users have compose/docker-compose.yml instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from connectors.stack.kafka import KafkaStack, KafkaStatus
+from connectors.stack.paths import StackPaths
+from connectors.stack.postgres import PostgresStack, PostgresStatus
+from connectors.stack.process import Log, StackError
+
+
+@dataclass(frozen=True, slots=True)
+class StackStatus:
+    kafka: KafkaStatus
+    postgres: PostgresStatus
+    state_dir: str
+
+    @property
+    def running(self) -> bool:
+        return self.kafka.running and self.postgres.running
+
+    def as_json(self) -> dict[str, object]:
+        # "kafka" and "database_url" are the contract (design.md section 2); the rest
+        # is for humans and scripts that want detail.
+        return {
+            "kafka": self.kafka.bootstrap,
+            "database_url": self.postgres.database_url,
+            "kafka_running": self.kafka.running,
+            "postgres_running": self.postgres.running,
+            "state_dir": self.state_dir,
+        }
+
+
+class Stack:
+    def __init__(self, paths: StackPaths):
+        self.paths = paths
+        self.kafka = KafkaStack(paths)
+        self.postgres = PostgresStack(paths)
+
+    def up(self, log: Log = print) -> StackStatus:
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        self.postgres.up(log)
+        self.kafka.up(log)
+        return self.status()
+
+    def down(self) -> tuple[bool, bool]:
+        errors: list[str] = []
+        stopped: list[bool] = []
+        for part in (self.kafka, self.postgres):
+            try:
+                stopped.append(part.down())
+            except StackError as exc:  # stop the other part all the same
+                errors.append(str(exc))
+                stopped.append(True)
+        if errors:
+            raise StackError("; ".join(errors))
+        return stopped[0], stopped[1]
+
+    def status(self) -> StackStatus:
+        return StackStatus(self.kafka.status(), self.postgres.status(), str(self.paths.state))
+
+
+__all__ = ["Stack", "StackError", "StackPaths", "StackStatus"]

@@ -1,0 +1,1 @@
+"""PostgreSQL projections: schema migrations and the projector."""

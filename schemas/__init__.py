@@ -1,0 +1,1 @@
+"""Avro schemas and codecs of the records cronlog writes (issue 3)."""

@@ -1,0 +1,1 @@
+"""Kafka-facing side of cronlog: the Faust app, its agents, settings and topics."""

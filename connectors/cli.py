@@ -11,22 +11,30 @@ import orjson
 import psycopg
 import typer
 
-from connectors.stack import Stack, StackError, StackPaths
+from connectors.stack import Stack, StackError, StackPaths, StackPorts
+from connectors.stack.kafka import CONTROLLER_PORT
+from connectors.stack.kafka import PORT as KAFKA_PORT
+from connectors.stack.postgres import PORT as POSTGRES_PORT
 from projections.migrate import MigrationError, migrate
 from streams.settings import Settings, SettingsError
 from streams.topics import TopicError, ensure_topics
 
 ENV_HELP = (
     "Environment: CRONLOG_KAFKA (bootstrap servers), CRONLOG_DATABASE_URL, "
-    "CRONLOG_TOPIC_PREFIX, CRONLOG_PARTITIONS, CRONLOG_STATE_DIR (local stack files)."
+    "CRONLOG_TOPIC_PREFIX, CRONLOG_PARTITIONS; for the local stack CRONLOG_STATE_DIR and "
+    "CRONLOG_STACK_KAFKA_PORT / _CONTROLLER_PORT / _POSTGRES_PORT."
 )
 
 app = typer.Typer(
-    name="cronlog", help=f"cronlog: a distributed job scheduler on Kafka. {ENV_HELP}",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="cronlog",
+    help=f"cronlog: a distributed job scheduler on Kafka. {ENV_HELP}",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
 )
-stack_app = typer.Typer(help="The native local stack: Kafka (KRaft) and PostgreSQL.",
-                        no_args_is_help=True)
+stack_app = typer.Typer(
+    help="The native local stack: Kafka (KRaft) and PostgreSQL.", no_args_is_help=True
+)
 topics_app = typer.Typer(help="The Kafka topics of the contract.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
@@ -47,7 +55,15 @@ def _settings() -> Settings:
 
 
 def _stack() -> Stack:
-    return Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")))
+    try:
+        ports = StackPorts(
+            kafka=int(os.environ.get("CRONLOG_STACK_KAFKA_PORT", KAFKA_PORT)),
+            controller=int(os.environ.get("CRONLOG_STACK_CONTROLLER_PORT", CONTROLLER_PORT)),
+            postgres=int(os.environ.get("CRONLOG_STACK_POSTGRES_PORT", POSTGRES_PORT)),
+        )
+    except ValueError as exc:
+        raise _fail(f"CRONLOG_STACK_*_PORT must be a port number: {exc}", 2) from exc
+    return Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")), ports)
 
 
 def _log(message: str) -> None:
@@ -95,14 +111,16 @@ def stack_status(
 
 
 @topics_app.command("create")
-def topics_create() -> None:
+def topics_create(
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker.")] = 30.0,
+) -> None:
     """Create every contract topic under CRONLOG_TOPIC_PREFIX (idempotent)."""
     settings = _settings()
     try:
-        outcomes = ensure_topics(settings)
+        outcomes = ensure_topics(settings, timeout_s=timeout)
     except TopicError as exc:
         raise _fail(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - broker unreachable and the like
+    except Exception as exc:
         raise _fail(f"cannot reach Kafka at {settings.kafka}: {exc}") from exc
     for outcome in outcomes:
         verb = "created" if outcome.created else "exists "

@@ -56,8 +56,7 @@ class Settings:
     def validate(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise SettingsError(
-                f"CRONLOG_PARTITIONS must be between 1 and {MAX_PARTITIONS}, "
-                f"got {self.partitions}"
+                f"CRONLOG_PARTITIONS must be between 1 and {MAX_PARTITIONS}, got {self.partitions}"
             )
         # Kafka topic names allow [a-zA-Z0-9._-] and at most 249 characters.
         allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")

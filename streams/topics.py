@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from streams.settings import Settings
 
@@ -37,23 +38,37 @@ class TopicSpec:
 # - job-log is the ledger's ordered input; its state is checkpointed in jobs/runs, so
 #   it need not be kept forever, but a long window lets an operator replay decisions.
 CATALOGUE: tuple[TopicSpec, ...] = (
-    TopicSpec("commands", "untrusted JSON commands from users, the API and the CLI",
-              {"retention.ms": str(7 * DAY_MS)}),
-    TopicSpec("commands.dlq", "rejected commands: original bytes and a reason",
-              {"retention.ms": str(30 * DAY_MS)}),
-    TopicSpec("job-log", "the ledger's ordered input, keyed by job_id",
-              {"retention.ms": str(90 * DAY_MS)}),
-    TopicSpec("run-events", "every job and run transition: the audit log",
-              {"retention.ms": str(FOREVER)}),
-    TopicSpec("jobs", "compacted job state (specs with fired watermarks)",
-              {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)}),
-    TopicSpec("runs", "compacted state of live runs",
-              {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)}),
+    TopicSpec(
+        "commands",
+        "untrusted JSON commands from users, the API and the CLI",
+        {"retention.ms": str(7 * DAY_MS)},
+    ),
+    TopicSpec(
+        "commands.dlq",
+        "rejected commands: original bytes and a reason",
+        {"retention.ms": str(30 * DAY_MS)},
+    ),
+    TopicSpec(
+        "job-log", "the ledger's ordered input, keyed by job_id", {"retention.ms": str(90 * DAY_MS)}
+    ),
+    TopicSpec(
+        "run-events", "every job and run transition: the audit log", {"retention.ms": str(FOREVER)}
+    ),
+    TopicSpec(
+        "jobs",
+        "compacted job state (specs with fired watermarks)",
+        {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)},
+    ),
+    TopicSpec(
+        "runs",
+        "compacted state of live runs",
+        {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)},
+    ),
     TopicSpec("dispatch", "runs to place on workers", {"retention.ms": str(DAY_MS)}),
-    TopicSpec("heartbeats", "worker liveness and free resources",
-              {"retention.ms": str(DAY_MS)}),
-    TopicSpec("worker-inbox", "assignments to workers, keyed by worker_id",
-              {"retention.ms": str(DAY_MS)}),
+    TopicSpec("heartbeats", "worker liveness and free resources", {"retention.ms": str(DAY_MS)}),
+    TopicSpec(
+        "worker-inbox", "assignments to workers, keyed by worker_id", {"retention.ms": str(DAY_MS)}
+    ),
     TopicSpec("run-logs", "stdout/stderr chunks of runs", {"retention.ms": str(7 * DAY_MS)}),
 )
 
@@ -102,8 +117,12 @@ def ensure_topics(
             outcomes.append(TopicOutcome(name, False, count))
         else:
             missing.append(
-                NewTopic(name, num_partitions=settings.partitions, replication_factor=-1,
-                         config=dict(spec.config))
+                NewTopic(
+                    name,
+                    num_partitions=settings.partitions,
+                    replication_factor=-1,
+                    config=dict(spec.config),
+                )
             )
     if mismatched:
         raise TopicError(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from connectors.stack.kafka import KafkaStack, KafkaStatus
+from connectors.stack.kafka import CONTROLLER_PORT, KafkaStack, KafkaStatus
+from connectors.stack.kafka import PORT as KAFKA_PORT
 from connectors.stack.paths import StackPaths
+from connectors.stack.postgres import PORT as POSTGRES_PORT
 from connectors.stack.postgres import PostgresStack, PostgresStatus
 from connectors.stack.process import Log, StackError
 
@@ -36,13 +38,23 @@ class StackStatus:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class StackPorts:
+    kafka: int = KAFKA_PORT
+    controller: int = CONTROLLER_PORT
+    postgres: int = POSTGRES_PORT
+
+
 class Stack:
-    def __init__(self, paths: StackPaths):
+    def __init__(self, paths: StackPaths, ports: StackPorts = StackPorts()):
         self.paths = paths
-        self.kafka = KafkaStack(paths)
-        self.postgres = PostgresStack(paths)
+        self.kafka = KafkaStack(paths, ports.kafka, ports.controller)
+        self.postgres = PostgresStack(paths, ports.postgres)
 
     def up(self, log: Log = print) -> StackStatus:
+        # Check every port before touching anything, so a taken port fails fast.
+        self.kafka.check_ports()
+        self.postgres.check_port()
         self.paths.state.mkdir(parents=True, exist_ok=True)
         self.postgres.up(log)
         self.kafka.up(log)
@@ -65,4 +77,4 @@ class Stack:
         return StackStatus(self.kafka.status(), self.postgres.status(), str(self.paths.state))
 
 
-__all__ = ["Stack", "StackError", "StackPaths", "StackStatus"]
+__all__ = ["Stack", "StackError", "StackPaths", "StackPorts", "StackStatus"]

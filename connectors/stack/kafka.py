@@ -36,6 +36,7 @@ PORT = 9092
 CONTROLLER_PORT = 9093
 JVM_OPTS = ("-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true")
 MIN_JAVA = 17
+LOG4J_CONFIG = COMPOSE_DIR / "kafka" / "log4j2.properties"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,7 @@ class KafkaStack:
         if self._our_pid() is not None:
             wait_until(lambda: self._answers(2.0), 60, f"Kafka on {self.bootstrap}")
             return self.status()
-        for port in (self.port, self.controller_port):
-            if port_open(port):
-                raise StackError(
-                    f"port {port} is taken by another process, so the local Kafka cannot "
-                    "start. Stop that process (another cronlog checkout: `cronlog stack "
-                    "down` there), or point cronlog at an existing broker with CRONLOG_KAFKA."
-                )
+        self.check_ports()
         java = _check_java()
         libs = self._ensure_jars(log)
         self._render_config()
@@ -101,10 +96,19 @@ class KafkaStack:
         logs.mkdir(parents=True, exist_ok=True)
         with open(self.dir / "kafka.out", "ab") as out:
             proc = subprocess.Popen(
-                [java, *JVM_OPTS, f"-Dkafka.logs.dir={logs}",
-                 f"-Dlog4j2.configurationFile={COMPOSE_DIR / 'kafka' / 'log4j2.properties'}",
-                 "-cp", f"{libs}/*", "kafka.Kafka", str(self.config)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    java,
+                    *JVM_OPTS,
+                    f"-Dkafka.logs.dir={logs}",
+                    f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                    "-cp",
+                    f"{libs}/*",
+                    "kafka.Kafka",
+                    str(self.config),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives `cronlog stack up`
             )
         self.pid_file.write_text(f"{proc.pid}\n")
@@ -119,6 +123,18 @@ class KafkaStack:
 
         wait_until(ready, 120, f"Kafka on {self.bootstrap}")
         return self.status()
+
+    def check_ports(self) -> None:
+        """Refuse to start when another process holds our ports (ours may hold them)."""
+        if self._our_pid() is not None:
+            return
+        for port in (self.port, self.controller_port):
+            if port_open(port):
+                raise StackError(
+                    f"port {port} is taken by another process, so the local Kafka cannot "
+                    "start. Stop that process (another cronlog checkout: `cronlog stack "
+                    "down` there), or point cronlog at an existing broker with CRONLOG_KAFKA."
+                )
 
     def _ensure_jars(self, log: Log) -> Path:
         pom = COMPOSE_DIR / "kafka" / "pom.xml"
@@ -136,9 +152,20 @@ class KafkaStack:
         if self.paths.kafka_libs.exists():
             shutil.rmtree(self.paths.kafka_libs)
         self.paths.kafka_libs.mkdir(parents=True)
-        run([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-             f"-DoutputDirectory={self.paths.kafka_libs}", "-DincludeScope=runtime"],
-            "mvn dependency:copy-dependencies", timeout_s=900)
+        run(
+            [
+                mvn,
+                "-q",
+                "-B",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={self.paths.kafka_libs}",
+                "-DincludeScope=runtime",
+            ],
+            "mvn dependency:copy-dependencies",
+            timeout_s=900,
+        )
         if not any(self.paths.kafka_libs.glob("kafka_2.13-*.jar")):
             raise StackError(f"mvn finished but no kafka_2.13 jar is in {self.paths.kafka_libs}")
         stamp.write_text(digest + "\n")
@@ -147,10 +174,13 @@ class KafkaStack:
     def _render_config(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         template = Template((COMPOSE_DIR / "kafka" / "server.properties.in").read_text())
-        self.config.write_text(template.substitute(
-            port=self.port, controller_port=self.controller_port,
-            log_dirs=self.dir / "data",
-        ))
+        self.config.write_text(
+            template.substitute(
+                port=self.port,
+                controller_port=self.controller_port,
+                log_dirs=self.dir / "data",
+            )
+        )
 
     def _format_storage(self, java: str, libs: Path, log: Log) -> None:
         if (self.dir / "data" / "meta.properties").exists():
@@ -158,10 +188,24 @@ class KafkaStack:
         # A cluster id is a base64url UUID without padding (what `random-uuid` prints).
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         log(f"formatting Kafka storage (cluster {cluster_id})")
-        run([java, "-Xmx256m", f"-Dlog4j2.configurationFile={COMPOSE_DIR / 'kafka' / 'log4j2.properties'}",
-             f"-Dkafka.logs.dir={self.dir / 'logs'}", "-cp", f"{libs}/*",
-             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)],
-            "formatting Kafka storage", timeout_s=120)
+        run(
+            [
+                java,
+                "-Xmx256m",
+                f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                f"-Dkafka.logs.dir={self.dir / 'logs'}",
+                "-cp",
+                f"{libs}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(self.config),
+            ],
+            "formatting Kafka storage",
+            timeout_s=120,
+        )
 
     # -- down --------------------------------------------------------------------------
     def down(self) -> bool:
@@ -188,4 +232,3 @@ def _check_java() -> str:
         found = match.group(1) if match else "unknown"
         raise StackError(f"Kafka 4 needs Java {MIN_JAVA}+, found Java {found} at {java}")
     return java
-

@@ -12,6 +12,8 @@ COMPOSE_DIR = REPO_ROOT / "compose"
 @dataclass(frozen=True, slots=True)
 class StackPaths:
     state: Path
+    # The fetched jars can be shared between state folders (tests start a second stack).
+    libs: Path | None = None
 
     @classmethod
     def default(cls, state_dir: str | None = None) -> StackPaths:
@@ -23,7 +25,7 @@ class StackPaths:
 
     @property
     def kafka_libs(self) -> Path:
-        return self.state / "kafka-libs"
+        return self.libs or self.state / "kafka-libs"
 
     @property
     def postgres(self) -> Path:

@@ -80,7 +80,8 @@ class PostgresStack:
             return False
         done = subprocess.run(
             [*self._as_server(), str(bindir / "pg_ctl"), "status", "-D", str(self.data)],
-            capture_output=True, check=False,
+            capture_output=True,
+            check=False,
         )
         return done.returncode == 0
 
@@ -91,19 +92,36 @@ class PostgresStack:
     def up(self, log: Log = print) -> PostgresStatus:
         bindir = _server_bin() or self._install(log)
         if not self._running():
-            if port_open(self.port):
-                raise StackError(
-                    f"port {self.port} is taken by another process, so the local "
-                    "PostgreSQL cannot start. Stop it, or point cronlog at an existing "
-                    "database with CRONLOG_DATABASE_URL."
-                )
+            self.check_port()
             self._init_cluster(bindir, log)
             log(f"starting PostgreSQL on 127.0.0.1:{self.port} (log: {self.logfile})")
-            run([str(bindir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
-                 "-l", str(self.logfile)], "starting PostgreSQL", user=self.user, timeout_s=90)
+            run(
+                [
+                    str(bindir / "pg_ctl"),
+                    "start",
+                    "-w",
+                    "-t",
+                    "60",
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.logfile),
+                ],
+                "starting PostgreSQL",
+                user=self.user,
+                timeout_s=90,
+            )
         wait_until(self._accepts_superuser, 60, "PostgreSQL to accept connections")
         self._ensure_role_and_database()
         return self.status()
+
+    def check_port(self) -> None:
+        if port_open(self.port) and not self._running():
+            raise StackError(
+                f"port {self.port} is taken by another process, so the local "
+                "PostgreSQL cannot start. Stop it, or point cronlog at an existing "
+                "database with CRONLOG_DATABASE_URL."
+            )
 
     def _install(self, log: Log) -> Path:
         apt = shutil.which("apt-get")
@@ -126,8 +144,12 @@ class PostgresStack:
         log("installing PostgreSQL from Debian's packages (first run only)")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         run([apt, "update", "-qq"], "apt-get update", env=env, timeout_s=600)
-        run([apt, "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
-            "apt-get install postgresql", env=env, timeout_s=900)
+        run(
+            [apt, "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
+            "apt-get install postgresql",
+            env=env,
+            timeout_s=900,
+        )
         bindir = _server_bin()
         if bindir is None:
             raise StackError("apt-get installed postgresql but no pg_ctl was found")
@@ -146,9 +168,23 @@ class PostgresStack:
         os.chmod(self.base, 0o700)
         # Local socket: trust, but the socket dir is 0700 and owned by the server user.
         # TCP (loopback only): passwords.
-        run([str(bindir / "initdb"), "-D", str(self.data), "-U", SERVER_USER, "-E", "UTF8",
-             "--no-locale", "--auth-local=trust", "--auth-host=scram-sha-256"],
-            "initdb", user=self.user, timeout_s=120)
+        run(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                SERVER_USER,
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+            ],
+            "initdb",
+            user=self.user,
+            timeout_s=120,
+        )
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
                 "\n# cronlog local stack\n"
@@ -172,25 +208,38 @@ class PostgresStack:
     def _ensure_role_and_database(self) -> None:
         with psycopg.connect(self._superuser_conninfo(), autocommit=True) as conn:
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone():
-                conn.execute(sql.SQL("ALTER ROLE {} LOGIN CREATEDB PASSWORD {}").format(
-                    sql.Identifier(ROLE), sql.Literal(PASSWORD)))
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} LOGIN CREATEDB PASSWORD {}").format(
+                        sql.Identifier(ROLE), sql.Literal(PASSWORD)
+                    )
+                )
             else:
                 # CREATEDB: the test harness gives every test module its own database.
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
-                    sql.Identifier(ROLE), sql.Literal(PASSWORD)))
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
+                        sql.Identifier(ROLE), sql.Literal(PASSWORD)
+                    )
+                )
             if not conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
             ).fetchone():
-                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(DATABASE), sql.Identifier(ROLE)))
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(DATABASE), sql.Identifier(ROLE)
+                    )
+                )
 
     # -- down ----------------------------------------------------------------------------
     def down(self) -> bool:
         bindir = _server_bin()
         if bindir is None or not self._running():
             return False
-        run([str(bindir / "pg_ctl"), "stop", "-w", "-t", "60", "-m", "fast", "-D",
-             str(self.data)], "stopping PostgreSQL", user=self.user, timeout_s=90)
+        run(
+            [str(bindir / "pg_ctl"), "stop", "-w", "-t", "60", "-m", "fast", "-D", str(self.data)],
+            "stopping PostgreSQL",
+            user=self.user,
+            timeout_s=90,
+        )
         return True
 
 
@@ -199,6 +248,7 @@ def _user_can_enter(user: str, path: Path) -> bool:
     probe = path
     while not probe.exists():
         probe = probe.parent
-    done = subprocess.run(["runuser", "-u", user, "--", "test", "-x", str(probe)],
-                          capture_output=True, check=False)
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "test", "-x", str(probe)], capture_output=True, check=False
+    )
     return done.returncode == 0

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-
 Log = Callable[[str], None]
 
 
@@ -85,7 +84,10 @@ def stop_pid(pid: int, grace_s: float) -> bool:
 
 
 def run(
-    argv: Sequence[str], what: str, user: str | None = None, timeout_s: float = 600,
+    argv: Sequence[str],
+    what: str,
+    user: str | None = None,
+    timeout_s: float = 600,
     env: dict[str, str] | None = None,
 ) -> str:
     """Run a command to completion; raise StackError with its output when it fails."""

@@ -1,0 +1,54 @@
+"""Fixtures shared by every tier.
+
+Integration tests share one real broker and one PostgreSQL (see tests/support/services.py)
+and isolate themselves: each test module gets its own topic prefix (and so its own
+consumer groups) and its own database, both removed afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from streams.settings import Settings
+from streams.topics import ensure_topics
+from tests.support.isolation import (
+    create_database,
+    delete_topics_with_prefix,
+    drop_database,
+    unique_name,
+)
+from tests.support.services import Services, real_services
+
+# Few partitions keep the shared broker light; the code never assumes a count.
+TEST_PARTITIONS = 3
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    with real_services() as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def settings(services: Services, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Settings for one test module: its own topic prefix and database, torn down after."""
+    name = unique_name(request.module.__name__)
+    database_url, kind = create_database(services.database_url, name)
+    module_settings = Settings(
+        kafka=services.kafka,
+        database_url=database_url,
+        topic_prefix=f"{name}.",
+        partitions=TEST_PARTITIONS,
+    )
+    yield module_settings
+    delete_topics_with_prefix(services.kafka, module_settings.topic_prefix)
+    drop_database(services.database_url, name, kind)
+
+
+@pytest.fixture(scope="module")
+def topics(settings: Settings) -> Settings:
+    """The module's settings with every contract topic created under its prefix."""
+    ensure_topics(settings)
+    return settings

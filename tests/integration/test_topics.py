@@ -1,0 +1,81 @@
+"""`cronlog topics create` on the real broker: every contract topic, with its configs;
+idempotent; a partition-count mismatch refused with a clear error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+)
+
+from streams.settings import Settings
+from streams.topics import CATALOGUE, TopicError, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "CRONLOG_KAFKA": settings.kafka,
+        "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
+        "CRONLOG_PARTITIONS": str(settings.partitions),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "topics", "create", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_cli_creates_every_topic_then_finds_them(settings: Settings) -> None:
+    first = _cli(settings)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("created ") == len(CATALOGUE)
+    second = _cli(settings)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("exists ") == len(CATALOGUE)
+    assert "created" not in second.stdout
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka})
+    metadata = admin.list_topics(timeout=10).topics
+    for spec in CATALOGUE:
+        assert len(metadata[settings.topic(spec.name)].partitions) == settings.partitions
+
+    resources = [ConfigResource("topic", settings.topic(n)) for n in ("jobs", "run-events")]
+    described = {r.name: f.result(10) for r, f in admin.describe_configs(resources).items()}
+    assert described[settings.topic("jobs")]["cleanup.policy"].value == "compact"
+    assert described[settings.topic("run-events")]["retention.ms"].value == "-1"
+    assert described[settings.topic("run-events")]["cleanup.policy"].value == "delete"
+
+
+def test_a_different_partition_count_is_refused(settings: Settings) -> None:
+    ensure_topics(settings)
+    other = settings.with_(partitions=settings.partitions + 1)
+    with pytest.raises(TopicError, match="fixed at creation"):
+        ensure_topics(other)
+    result = _cli(other)
+    assert result.returncode == 1
+    assert f"CRONLOG_PARTITIONS is {other.partitions}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_broker_is_a_clear_error(settings: Settings) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "topics", "create", "--timeout", "3"],
+        env={**os.environ, "CRONLOG_KAFKA": "127.0.0.1:1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "cannot reach Kafka at 127.0.0.1:1" in result.stderr

@@ -1,0 +1,120 @@
+"""The ledger's foundation: a confluent-kafka consume-process-produce transaction with
+the consumed offsets sent into it (KIP-447, consumer_group_metadata()). Committed outputs
+and offsets become visible together; aborted ones never do; a zombie is fenced."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+from streams.settings import Settings
+from tests.support.kafka import consumer, drain
+
+pytestmark = pytest.mark.integration
+
+
+def _transactional(settings: Settings, txn_id: str) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.kafka,
+            "transactional.id": txn_id,
+            "transaction.timeout.ms": 30000,
+        }
+    )
+    producer.init_transactions(30)
+    return producer
+
+
+def _seed_input(settings: Settings, n: int) -> None:
+    producer = Producer({"bootstrap.servers": settings.kafka})
+    for i in range(n):
+        # One key: one partition, so "the first five" is well defined.
+        producer.produce(settings.topic("job-log"), key=b"job-a", value=f"in-{i}".encode())
+    assert producer.flush(30) == 0
+
+
+def _process(c: Consumer, producer: Producer, settings: Settings, n: int) -> None:
+    """Consume n inputs, produce one output each, and send the offsets into the txn."""
+    producer.begin_transaction()
+    for msg in drain(c, n):
+        producer.produce(
+            settings.topic("run-events"), key=msg.key(), value=b"out-" + (msg.value() or b"")[3:]
+        )
+    producer.send_offsets_to_transaction(
+        c.position(c.assignment()), c.consumer_group_metadata(), 30
+    )
+
+
+def test_committed_outputs_are_seen_and_aborted_ones_are_not(topics: Settings) -> None:
+    _seed_input(topics, 10)
+    group = topics.group(f"ledger-{uuid.uuid4().hex[:6]}")
+    c = consumer(topics, "job-log", group=group)
+    producer = _transactional(topics, f"{group}-txn")
+    try:
+        _process(c, producer, topics, 5)
+        producer.commit_transaction(30)
+        _process(c, producer, topics, 5)
+        producer.abort_transaction(30)
+        committed = c.committed(c.assignment(), timeout=10)
+    finally:
+        c.close()
+
+    # The group's committed offset moved with the committed transaction only.
+    by_partition = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+    assert list(by_partition.values()) == [5]
+
+    reader = consumer(topics, "run-events", isolation="read_committed")
+    try:
+        visible = drain(reader, 5, settle_s=2.0)
+    finally:
+        reader.close()
+    assert [m.value() for m in visible] == [f"out-{i}".encode() for i in range(5)]
+
+    # The aborted records were written (read_uncommitted shows them): the broker hid them.
+    raw = consumer(topics, "run-events", isolation="read_uncommitted")
+    try:
+        everything = drain(raw, 10, settle_s=1.0)
+    finally:
+        raw.close()
+    assert sorted(m.value() or b"" for m in everything) == sorted(
+        f"out-{i}".encode() for i in range(10)
+    )
+
+    # A restarted processor resumes at the committed offset: it redoes the aborted five.
+    again = consumer(topics, "job-log", group=group)
+    try:
+        redo = drain(again, 5, settle_s=1.0)
+    finally:
+        again.close()
+    assert [m.value() for m in redo] == [f"in-{i}".encode() for i in range(5, 10)]
+
+
+def test_a_zombie_producer_is_fenced(topics: Settings) -> None:
+    txn_id = topics.group(f"zombie-{uuid.uuid4().hex[:6]}")
+    zombie = _transactional(topics, txn_id)
+    zombie.begin_transaction()
+    zombie.produce(topics.topic("runs"), key=b"r", value=b"from-zombie")
+    zombie.flush(10)
+
+    successor = _transactional(topics, txn_id)  # bumps the epoch, aborts the zombie's txn
+    successor.begin_transaction()
+    successor.produce(topics.topic("runs"), key=b"r", value=b"from-successor")
+    successor.commit_transaction(30)
+
+    with pytest.raises(KafkaException) as caught:
+        zombie.commit_transaction(30)
+    error = caught.value.args[0]
+    assert error.fatal() or error.code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    )
+
+    reader = consumer(topics, "runs")
+    try:
+        seen = [m.value() for m in drain(reader, 1, settle_s=2.0)]
+    finally:
+        reader.close()
+    assert seen == [b"from-successor"]

@@ -1,0 +1,71 @@
+"""The real Kafka broker and PostgreSQL the integration tests talk to.
+
+In order of preference: CRONLOG_KAFKA and CRONLOG_DATABASE_URL when both are set (an
+existing installation); the native local stack (`cronlog stack up`, Java + Debian
+packages); testcontainers when neither Java nor the native stack is available but a
+Docker engine is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+from connectors.stack import Stack, StackPaths
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    kafka: str
+    database_url: str
+    source: str  # "env", "native" or "testcontainers"
+
+
+def _docker_engine() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    with suppress(OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
+        return done.returncode == 0
+    return False
+
+
+@contextmanager
+def real_services() -> Iterator[Services]:
+    kafka, database = os.environ.get("CRONLOG_KAFKA"), os.environ.get("CRONLOG_DATABASE_URL")
+    if kafka and database:
+        yield Services(kafka, database, "env")
+        return
+    if shutil.which("java") is None and _docker_engine():
+        with _containers() as services:
+            yield services
+        return
+    status = Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))).up(log=lambda _: None)
+    yield Services(status.kafka.bootstrap, status.postgres.database_url, "native")
+
+
+@contextmanager
+def _containers() -> Iterator[Services]:
+    # Imported here: only Docker users reach this path.
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.postgres import PostgresContainer
+
+    kafka = (
+        KafkaContainer("confluentinc/cp-kafka:7.6.0")
+        .with_kraft()
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+        .with_env("KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS", "2000")
+    )
+    postgres = PostgresContainer(
+        "postgres:16", username="cronlog", password="cronlog", dbname="cronlog", driver=None
+    )
+    with kafka, postgres:
+        yield Services(
+            kafka.get_bootstrap_server(), postgres.get_connection_url(), "testcontainers"
+        )

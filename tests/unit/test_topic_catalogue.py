@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from streams.topics import CATALOGUE, FOREVER, NAMES
+
+# design.md section 2, "Topics": the names users and outside tests rely on.
+CONTRACT = {
+    "commands",
+    "commands.dlq",
+    "job-log",
+    "run-events",
+    "jobs",
+    "runs",
+    "dispatch",
+    "heartbeats",
+    "worker-inbox",
+    "run-logs",
+}
+
+
+def test_catalogue_is_exactly_the_contract() -> None:
+    assert set(NAMES) == CONTRACT
+    assert len(NAMES) == len(CONTRACT)
+
+
+def test_ledger_state_topics_are_compacted_and_nothing_else_is() -> None:
+    compacted = {s.name for s in CATALOGUE if s.config.get("cleanup.policy") == "compact"}
+    assert compacted == {"jobs", "runs"}
+
+
+def test_audit_and_input_logs_keep_long_history() -> None:
+    retention = {
+        s.name: int(s.config["retention.ms"]) for s in CATALOGUE if "retention.ms" in s.config
+    }
+    assert retention["run-events"] == FOREVER
+    assert retention["job-log"] >= 30 * 24 * 3600 * 1000
+    # Everything that is not kept forever keeps at least a day.
+    assert all(ms == FOREVER or ms >= 24 * 3600 * 1000 for ms in retention.values())

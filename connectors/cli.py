@@ -3,6 +3,7 @@ environment, and calls into the packages that do the work."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Annotated
@@ -141,6 +142,22 @@ def db_migrate() -> None:
         typer.echo("applied migrations " + ", ".join(f"{v:04d}" for v in applied))
     else:
         typer.echo("database schema is up to date")
+
+
+@app.command("scheduler")
+def scheduler(
+    node_id: Annotated[str | None, typer.Option(help="Name of this node (logs).")] = None,
+    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 0.0,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
+    from streams.node import run_node  # imported late: Faust is heavy to import
+
+    settings = _settings()
+    logging.basicConfig(
+        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    run_node(settings, node_id=node_id, lead_ms=int(lead_s * 1000), loglevel=loglevel)
 
 
 def main() -> None:

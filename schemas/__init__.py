@@ -1,1 +1,9 @@
-"""Avro schemas and codecs of the records cronlog writes (issue 3)."""
+"""Avro schemas and codecs of the records cronlog writes (issue 3).
+
+- `schemas.codec`: one Codec per topic (JOB_LOG, RUN_EVENTS, JOB_STATE, RUN_STATE,
+  DISPATCH; HEARTBEAT and WORKER_INBOX on dicts), Avro single-object encoding.
+- `schemas.registry`: the .avsc files under avro/, their versions and fingerprints
+  (`python -m schemas.registry snapshot` after changing a schema).
+- `schemas.compat`: the Avro schema-resolution check between two versions.
+- `schemas.json`: JSON views of the records and dead-letter envelopes (orjson).
+"""

@@ -1,0 +1,199 @@
+"""Per-topic codecs: frozen dataclasses <-> Avro single-object encoding.
+
+Wire format of every value (Avro spec, "Single object encoding"): b"\\xc3\\x01", the
+8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical
+Form, then the Avro binary body. A codec writes with its topic's current schema and reads
+any version of it in `schemas/avro/history/` (by Avro schema resolution into the current
+one), so a reader with the schema files can decode any topic and tell which schema
+version wrote a record (`Codec.version_of`, `schemas.registry.identify`).
+
+    JOB_LOG.encode(FireProposed(...)) -> bytes;  JOB_LOG.decode(data) -> LedgerInput
+    RUN_EVENTS (RunEvent | JobEvent), JOB_STATE, RUN_STATE, DISPATCH: the same
+    HEARTBEAT, WORKER_INBOX: plain dicts shaped like heartbeat.avsc / worker_inbox.avsc
+    (the DispatchRequest inside an assignment: schemas.convert.dispatch_from_avro)
+    codec.to_avro / codec.from_avro: the record <-> dict conversions alone
+
+Undecodable bytes raise CodecError (a ValueError): send the record to a dead letter place.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+from fastavro import schemaless_reader, schemaless_writer
+
+from schemas.convert import (
+    CONVERTERS,
+    LEDGER_CLASSES,
+    AvroDict,
+    dispatch_from_avro,
+    dispatch_to_avro,
+    job_state_from_avro,
+    job_state_to_avro,
+    run_state_from_avro,
+    run_state_to_avro,
+)
+from schemas.registry import HEADER_LENGTH, MARKER, SchemaVersion, TopicSchema, shipped
+from streams.core.records import (
+    DispatchRequest,
+    JobEvent,
+    JobState,
+    LedgerInput,
+    RunEvent,
+    RunState,
+)
+
+T = TypeVar("T")
+
+
+class CodecError(ValueError):
+    """Bytes that are not a record of this topic (or a record that cannot be written)."""
+
+
+class Codec(Generic[T]):
+    """Encodes and decodes the values of one topic. Thread-safe; build once and reuse."""
+
+    def __init__(
+        self,
+        schema: TopicSchema,
+        to_avro: Callable[[T], Any],
+        from_avro: Callable[[Any], T],
+        *,
+        record_names: bool = True,
+    ) -> None:
+        self.schema = schema
+        self.topic = schema.topic
+        self.current: SchemaVersion = schema.current
+        self.header: bytes = schema.current.header
+        self.to_avro = to_avro
+        self.from_avro = from_avro
+        self._record_names = record_names
+        self._writer = schema.current.parsed
+        # fingerprint -> (writer version, (writer schema, reader schema or None)).
+        self._readers: dict[bytes, tuple[SchemaVersion, tuple[Any, Any]]] = {
+            fp: (v, (v.parsed, None if v is self.current else self.current.parsed))
+            for fp, v in schema.by_fingerprint().items()
+        }
+        # The current schema always reads itself without resolution.
+        self._readers[self.current.fingerprint] = (self.current, (self._writer, None))
+
+    def __repr__(self) -> str:
+        return f"Codec({self.schema.name!r}, v{self.current.version}, topic {self.topic!r})"
+
+    def encode(self, record: T) -> bytes:
+        buffer = io.BytesIO()
+        buffer.write(self.header)
+        try:
+            schemaless_writer(buffer, self._writer, self.to_avro(record))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            raise CodecError(
+                f"cannot encode {type(record).__name__} as {self.schema.name} "
+                f"v{self.current.version}: {type(err).__name__}: {err}"
+            ) from err
+        return buffer.getvalue()
+
+    def version_of(self, data: bytes) -> SchemaVersion:
+        """The schema version that wrote `data`; CodecError if not one of this topic's."""
+        if len(data) < HEADER_LENGTH:
+            raise CodecError(
+                f"{self.topic}: {len(data)} bytes, shorter than the {HEADER_LENGTH}-byte "
+                "single-object header"
+            )
+        if data[:2] != MARKER:
+            raise CodecError(
+                f"{self.topic}: not Avro single-object encoding "
+                f"(marker {bytes(data[:2]).hex()}, expected {MARKER.hex()})"
+            )
+        fp = bytes(data[2:HEADER_LENGTH])
+        found = self._readers.get(fp)
+        if found is None:
+            raise CodecError(
+                f"{self.topic}: unknown schema fingerprint {fp.hex()} "
+                f"(known: {', '.join(sorted(k.hex() for k in self._readers))})"
+            )
+        return found[0]
+
+    def decode_avro(self, data: bytes) -> Any:
+        """The record as fastavro reads it (dicts), in the current schema's shape."""
+        version = self.version_of(data)
+        writer, reader = self._readers[version.fingerprint][1]
+        buffer = io.BytesIO(data)
+        buffer.seek(HEADER_LENGTH)
+        try:
+            datum = schemaless_reader(
+                buffer,
+                writer,
+                reader,
+                return_record_name=self._record_names,
+                return_record_name_override=self._record_names,
+            )
+        except Exception as err:
+            raise CodecError(
+                f"{self.topic}: undecodable body for {self.schema.name} v{version.version}: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        if buffer.tell() != len(data):
+            raise CodecError(
+                f"{self.topic}: {len(data) - buffer.tell()} trailing bytes after the record "
+                f"({self.schema.name} v{version.version})"
+            )
+        return datum
+
+    def decode(self, data: bytes) -> T:
+        datum = self.decode_avro(data)
+        try:
+            return self.from_avro(datum)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CodecError(
+                f"{self.topic}: record does not fit {self.schema.name}: {type(err).__name__}: {err}"
+            ) from err
+
+
+def _union_body(
+    classes: Iterable[type[Any]],
+) -> tuple[Callable[[Any], AvroDict], Callable[[AvroDict], Any]]:
+    """Converters for a record {"body": union of one record type per class}."""
+    to_avro = {cls: CONVERTERS[cls][:2] for cls in classes}
+    from_avro = {CONVERTERS[cls][0]: CONVERTERS[cls][2] for cls in classes}
+
+    def to_body(record: Any) -> AvroDict:
+        try:
+            name, convert = to_avro[type(record)]
+        except KeyError:
+            raise TypeError(f"not one of {[c.__name__ for c in to_avro]}") from None
+        return {"body": (name, convert(record))}
+
+    def from_body(datum: AvroDict) -> Any:
+        name, body = datum["body"]
+        return from_avro[name](body)
+
+    return to_body, from_body
+
+
+def _identity(datum: Any) -> Any:
+    return datum
+
+
+_SCHEMAS = shipped()
+
+JOB_LOG: Codec[LedgerInput] = Codec(_SCHEMAS["job_log"], *_union_body(LEDGER_CLASSES))
+RUN_EVENTS: Codec[RunEvent | JobEvent] = Codec(
+    _SCHEMAS["run_event"], *_union_body((RunEvent, JobEvent))
+)
+JOB_STATE: Codec[JobState] = Codec(_SCHEMAS["job_state"], job_state_to_avro, job_state_from_avro)
+RUN_STATE: Codec[RunState] = Codec(_SCHEMAS["run_state"], run_state_to_avro, run_state_from_avro)
+DISPATCH: Codec[DispatchRequest] = Codec(_SCHEMAS["dispatch"], dispatch_to_avro, dispatch_from_avro)
+HEARTBEAT: Codec[dict[str, Any]] = Codec(
+    _SCHEMAS["heartbeat"], _identity, _identity, record_names=False
+)
+WORKER_INBOX: Codec[dict[str, Any]] = Codec(
+    _SCHEMAS["worker_inbox"], _identity, _identity, record_names=False
+)
+
+# topic (without prefix) -> its codec
+BY_TOPIC: dict[str, Codec[Any]] = {
+    c.topic: c
+    for c in (JOB_LOG, RUN_EVENTS, JOB_STATE, RUN_STATE, DISPATCH, HEARTBEAT, WORKER_INBOX)
+}

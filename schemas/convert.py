@@ -1,0 +1,291 @@
+"""Frozen dataclasses <-> the plain dicts fastavro writes and reads (no fastavro here).
+
+Field names are the dataclasses' own; tuples of pairs (env, labels) are maps and come
+back as sorted tuples of pairs; arrays come back as tuples. A union of record types is
+fastavro's tuple notation (full name, dict), both ways.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, TypeAlias
+
+from streams.core.records import (
+    BackfillRequested,
+    CancelRequested,
+    ClaimRequested,
+    DeadlineReached,
+    DispatchRequest,
+    FireProposed,
+    JobDeleted,
+    JobEvent,
+    JobPaused,
+    JobResumed,
+    JobState,
+    JobUpserted,
+    LedgerInput,
+    RerunRequested,
+    RunEvent,
+    RunFinished,
+    RunNowRequested,
+    RunStarted,
+    RunState,
+    WorkerLost,
+)
+from streams.core.spec import (
+    AtSchedule,
+    CronSchedule,
+    EverySchedule,
+    JobSpec,
+    Resources,
+    RetryPolicy,
+    Schedule,
+)
+
+NAMESPACE = "dev.cronlog"
+AvroDict: TypeAlias = dict[str, Any]
+Named: TypeAlias = tuple[str, AvroDict]  # fastavro's union tuple notation
+
+CRON = f"{NAMESPACE}.CronSchedule"
+EVERY = f"{NAMESPACE}.EverySchedule"
+AT = f"{NAMESPACE}.AtSchedule"
+
+
+def pairs(mapping: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(mapping.items()))
+
+
+def schedule_to_avro(schedule: Schedule) -> Named | None:
+    if schedule is None:
+        return None
+    if isinstance(schedule, CronSchedule):
+        return CRON, {"expr": schedule.expr, "timezone": schedule.timezone}
+    if isinstance(schedule, EverySchedule):
+        return EVERY, {"every_ms": schedule.every_ms}
+    return AT, {"at_ms": schedule.at_ms}
+
+
+def schedule_from_avro(value: Named | None) -> Schedule:
+    if value is None:
+        return None
+    name, d = value
+    if name == CRON:
+        return CronSchedule(d["expr"], d["timezone"])
+    if name == EVERY:
+        return EverySchedule(d["every_ms"])
+    if name == AT:
+        return AtSchedule(d["at_ms"])
+    raise ValueError(f"unknown schedule type {name!r}")
+
+
+def resources_to_avro(r: Resources) -> AvroDict:
+    return {"cpu": r.cpu, "memory_mb": r.memory_mb, "gpu": r.gpu, "labels": dict(r.labels)}
+
+
+def resources_from_avro(d: AvroDict) -> Resources:
+    return Resources(float(d["cpu"]), d["memory_mb"], d["gpu"], pairs(d["labels"]))
+
+
+def spec_to_avro(s: JobSpec) -> AvroDict:
+    retry = s.retry
+    return {
+        "job_id": s.job_id,
+        "owner": s.owner,
+        "schedule": schedule_to_avro(s.schedule),
+        "command": s.command,
+        "env": dict(s.env),
+        "resources": resources_to_avro(s.resources),
+        "timeout_s": s.timeout_s,
+        "retry": {
+            "max_attempts": retry.max_attempts,
+            "backoff_s": retry.backoff_s,
+            "backoff_multiplier": retry.backoff_multiplier,
+            "max_backoff_s": retry.max_backoff_s,
+        },
+        "idempotent": s.idempotent,
+        "depends_on": s.depends_on,
+        "misfire": s.misfire,
+        "concurrency": s.concurrency,
+        "dst": s.dst,
+        "jitter_s": s.jitter_s,
+        "priority": s.priority,
+    }
+
+
+def spec_from_avro(d: AvroDict) -> JobSpec:
+    retry = d["retry"]
+    return JobSpec(
+        job_id=d["job_id"],
+        owner=d["owner"],
+        schedule=schedule_from_avro(d["schedule"]),
+        command=tuple(d["command"]),
+        env=pairs(d["env"]),
+        resources=resources_from_avro(d["resources"]),
+        timeout_s=float(d["timeout_s"]),
+        retry=RetryPolicy(
+            retry["max_attempts"],
+            float(retry["backoff_s"]),
+            float(retry["backoff_multiplier"]),
+            float(retry["max_backoff_s"]),
+        ),
+        idempotent=d["idempotent"],
+        depends_on=tuple(d["depends_on"]),
+        misfire=d["misfire"],
+        concurrency=d["concurrency"],
+        dst=d["dst"],
+        jitter_s=float(d["jitter_s"]),
+        priority=d["priority"],
+    )
+
+
+# -- flat records: every field a primitive, an enum symbol or None -----------------------
+def _flat(cls: type[Any]) -> tuple[Callable[[Any], AvroDict], Callable[[AvroDict], Any]]:
+    names = tuple(f.name for f in fields(cls))
+
+    def to_avro(record: Any) -> AvroDict:
+        return {n: getattr(record, n) for n in names}
+
+    def from_avro(d: AvroDict) -> Any:
+        return cls(**{n: d[n] for n in names})
+
+    return to_avro, from_avro
+
+
+def job_upserted_to_avro(r: JobUpserted) -> AvroDict:
+    return {"spec": spec_to_avro(r.spec), "at_ms": r.at_ms}
+
+
+def job_upserted_from_avro(d: AvroDict) -> JobUpserted:
+    return JobUpserted(spec_from_avro(d["spec"]), d["at_ms"])
+
+
+def job_state_to_avro(s: JobState) -> AvroDict:
+    return {
+        "spec": spec_to_avro(s.spec),
+        "paused": s.paused,
+        "deleted": s.deleted,
+        "created_ms": s.created_ms,
+        "updated_ms": s.updated_ms,
+        "fired_ms": s.fired_ms,
+        "next_due_ms": s.next_due_ms,
+        "live_runs": s.live_runs,
+        "final_runs": s.final_runs,
+        "recent_requests": s.recent_requests,
+        "version": s.version,
+    }
+
+
+def job_state_from_avro(d: AvroDict) -> JobState:
+    return JobState(
+        spec=spec_from_avro(d["spec"]),
+        paused=d["paused"],
+        deleted=d["deleted"],
+        created_ms=d["created_ms"],
+        updated_ms=d["updated_ms"],
+        fired_ms=d["fired_ms"],
+        next_due_ms=d["next_due_ms"],
+        live_runs=tuple(d["live_runs"]),
+        final_runs=tuple(d["final_runs"]),
+        recent_requests=tuple(d["recent_requests"]),
+        version=d["version"],
+    )
+
+
+def job_event_to_avro(e: JobEvent) -> AvroDict:
+    return {
+        "event_id": e.event_id,
+        "job_id": e.job_id,
+        "kind": e.kind,
+        "at_ms": e.at_ms,
+        "spec": None if e.spec is None else spec_to_avro(e.spec),
+    }
+
+
+def job_event_from_avro(d: AvroDict) -> JobEvent:
+    spec = d["spec"]
+    return JobEvent(
+        d["event_id"],
+        d["job_id"],
+        d["kind"],
+        d["at_ms"],
+        None if spec is None else spec_from_avro(spec),
+    )
+
+
+def dispatch_to_avro(r: DispatchRequest) -> AvroDict:
+    return {
+        "run_id": r.run_id,
+        "job_id": r.job_id,
+        "attempt": r.attempt,
+        "owner": r.owner,
+        "command": r.command,
+        "env": dict(r.env),
+        "resources": resources_to_avro(r.resources),
+        "timeout_s": r.timeout_s,
+        "priority": r.priority,
+        "scheduled_ms": r.scheduled_ms,
+        "not_before_ms": r.not_before_ms,
+        "at_ms": r.at_ms,
+    }
+
+
+def dispatch_from_avro(d: AvroDict) -> DispatchRequest:
+    return DispatchRequest(
+        run_id=d["run_id"],
+        job_id=d["job_id"],
+        attempt=d["attempt"],
+        owner=d["owner"],
+        command=tuple(d["command"]),
+        env=pairs(d["env"]),
+        resources=resources_from_avro(d["resources"]),
+        timeout_s=float(d["timeout_s"]),
+        priority=d["priority"],
+        scheduled_ms=d["scheduled_ms"],
+        not_before_ms=d["not_before_ms"],
+        at_ms=d["at_ms"],
+    )
+
+
+run_state_to_avro, run_state_from_avro = _flat(RunState)
+
+
+# -- every record class: Avro full name, to dict, from dict --------------------------------
+ToAvro: TypeAlias = Callable[[Any], AvroDict]
+FromAvro: TypeAlias = Callable[[AvroDict], Any]
+
+
+def _entry(cls: type[Any], to: ToAvro, back: FromAvro) -> tuple[type[Any], str, ToAvro, FromAvro]:
+    return cls, f"{NAMESPACE}.{cls.__name__}", to, back
+
+
+LEDGER_CLASSES: tuple[type[LedgerInput], ...] = (
+    JobUpserted,
+    JobPaused,
+    JobResumed,
+    JobDeleted,
+    FireProposed,
+    RunNowRequested,
+    BackfillRequested,
+    CancelRequested,
+    RerunRequested,
+    ClaimRequested,
+    RunStarted,
+    RunFinished,
+    DeadlineReached,
+    WorkerLost,
+)
+
+CONVERTERS: dict[type[Any], tuple[str, ToAvro, FromAvro]] = {
+    cls: (name, to, back)
+    for cls, name, to, back in (
+        _entry(JobUpserted, job_upserted_to_avro, job_upserted_from_avro),
+        *(_entry(cls, *_flat(cls)) for cls in LEDGER_CLASSES if cls is not JobUpserted),
+        _entry(JobState, job_state_to_avro, job_state_from_avro),
+        _entry(RunState, run_state_to_avro, run_state_from_avro),
+        _entry(RunEvent, *_flat(RunEvent)),
+        _entry(JobEvent, job_event_to_avro, job_event_from_avro),
+        _entry(DispatchRequest, dispatch_to_avro, dispatch_from_avro),
+        _entry(JobSpec, spec_to_avro, spec_from_avro),
+    )
+}

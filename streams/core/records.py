@@ -1,0 +1,254 @@
+"""The records the ledger reads (job-log) and writes (run-events, jobs, runs, dispatch).
+
+Frozen dataclasses: the domain's one shape of each record. schemas/ turns them into Avro
+and back; agents never touch fastavro. Every record carries `at_ms`, the time its
+producer stamped on it: the ledger takes time only from these, never from a clock, so a
+replay makes the same decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from streams.core.spec import JobSpec, Resources
+
+RunStateName: TypeAlias = Literal[
+    "waiting",
+    "due",
+    "dispatched",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "skipped",
+]
+FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "skipped"})
+Trigger: TypeAlias = Literal["schedule", "backfill", "manual", "dependency"]
+DeadlineKind: TypeAlias = Literal["claim", "timeout", "retry"]
+
+
+# -- job-log: the ledger's input ---------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class JobUpserted:
+    spec: JobSpec
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobPaused:
+    job_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobResumed:
+    job_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobDeleted:
+    job_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FireProposed:
+    """A scheduler node believes (job, scheduled_ms) is due. May repeat, may be late."""
+
+    job_id: str
+    scheduled_ms: int
+    at_ms: int
+    proposer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunNowRequested:
+    job_id: str
+    request_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillRequested:
+    job_id: str
+    from_ms: int
+    to_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    job_id: str
+    run_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RerunRequested:
+    job_id: str
+    run_id: str
+    request_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequested:
+    """A worker asks to start (run, attempt). The first claim in the log wins."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    job_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    job_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    exit_code: int | None  # None when killed by a signal or never started
+    error: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineReached:
+    """A timer saw a run's deadline pass (claim not granted in time, run timeout, retry
+    backoff over). Proposals like fires: stale ones are ignored."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    kind: DeadlineKind
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    job_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    at_ms: int
+
+
+LedgerInput: TypeAlias = (
+    JobUpserted
+    | JobPaused
+    | JobResumed
+    | JobDeleted
+    | FireProposed
+    | RunNowRequested
+    | BackfillRequested
+    | CancelRequested
+    | RerunRequested
+    | ClaimRequested
+    | RunStarted
+    | RunFinished
+    | DeadlineReached
+    | WorkerLost
+)
+
+
+# -- state: compacted jobs and runs topics ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class JobState:
+    spec: JobSpec
+    paused: bool
+    deleted: bool
+    created_ms: int
+    updated_ms: int
+    # Every scheduled time <= fired_ms has been decided (run created or skipped by
+    # policy): the dedup watermark that survives compaction of finished runs.
+    fired_ms: int
+    next_due_ms: int | None  # the next scheduled time to propose, for the scheduler heap
+    live_runs: tuple[str, ...]  # runs not yet final, oldest first (concurrency policy)
+    final_runs: tuple[str, ...]  # the newest final runs still kept (rerun, late reports)
+    recent_requests: tuple[str, ...]  # run_now/rerun request ids already applied
+    version: int  # transitions of this job (event ids)
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    run_id: str
+    job_id: str
+    scheduled_ms: int
+    trigger: Trigger
+    state: RunStateName
+    attempt: int
+    worker_id: str  # who holds the current attempt's claim ("" before a claim)
+    created_ms: int
+    updated_ms: int
+    deadline_ms: int | None  # when a DeadlineReached of `deadline_kind` is due
+    deadline_kind: DeadlineKind | None
+    started_ms: int | None
+    finished_ms: int | None
+    exit_code: int | None
+    reason: str
+    seq: int  # transitions so far: event ids are f"{run_id}#{seq}"
+    request_id: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+# -- outputs ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One run transition, as it goes to run-events (the audit log)."""
+
+    event_id: str
+    job_id: str
+    run_id: str
+    scheduled_ms: int
+    trigger: Trigger
+    attempt: int
+    state: RunStateName
+    at_ms: int
+    worker_id: str
+    reason: str
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """A job change, as it goes to run-events."""
+
+    event_id: str
+    job_id: str
+    kind: Literal["upserted", "paused", "resumed", "deleted"]
+    at_ms: int
+    spec: JobSpec | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRequest:
+    """Place (run, attempt) on a worker; goes to `dispatch`, keyed by run_id."""
+
+    run_id: str
+    job_id: str
+    attempt: int
+    owner: str
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    resources: Resources
+    timeout_s: float
+    priority: int
+    scheduled_ms: int
+    not_before_ms: int  # start no earlier (pre-dispatch, jitter)
+    at_ms: int

@@ -1,0 +1,424 @@
+"""Schedule maths: parse a job's `schedule`, compute its fire times, derive its jitter.
+
+Pure and deterministic: no clock, no I/O beyond reading time zone data. All instants are
+UTC epoch milliseconds (int).
+
+Cron expressions are evaluated on the job's local wall clock and stored as UTC instants.
+Wall-clock times that do not exist (spring forward) or exist twice (fall back) follow
+the job's `DstPolicy`:
+
+- a wall time in a gap: ``run_once`` and ``both`` fire at the instant that wall time
+  denotes with the offset in force before the gap (``fold=0``: 02:30 in Europe/Berlin on
+  the spring-forward day is 03:30 CEST = 01:30 UTC); ``skip`` does not fire;
+- a wall time that occurs twice: ``run_once`` fires at the first occurrence (``fold=0``),
+  ``both`` at both, ``skip`` at neither.
+
+The fire times of a schedule form one fixed set of instants; `next_fire` returns the
+smallest one after a given instant and `fires_between` lists them, so chaining
+`next_fire` always reproduces `fires_between`. Several wall times that map to the same
+instant fire once.
+
+How a cron schedule is evaluated: the UTC time line is cut at the zone's offset changes
+into segments of constant offset. Within a segment, local wall time is UTC plus the
+offset, so croniter, run over naive wall-clock seconds, yields the segment's fire times
+in order; the wall times of a gap at the start of a segment add their shifted instants,
+and the repeated wall times around a fall back are dropped or kept per the policy.
+Offset changes are found by sampling the zone every few hours and bisecting to the
+second, cached per zone and per ~24-day chunk (the tz database has no two changes of
+offset less than ~4 days apart).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Final, TypeAlias
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter  # type: ignore[import-untyped]
+
+from streams.core.spec import (
+    DST_POLICIES,
+    AtSchedule,
+    CronSchedule,
+    DstPolicy,
+    EverySchedule,
+    Schedule,
+)
+
+__all__ = [
+    "ScheduleError",
+    "fires_between",
+    "jitter_ms",
+    "next_fire",
+    "parse_schedule",
+]
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be parsed or evaluated; the message says what is wrong."""
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+_SCHEDULE_KINDS: Final = ("cron", "every", "at")
+_SCHEDULE_KEYS: Final = frozenset({"cron", "timezone", "every", "at"})
+
+_EVERY_RE: Final = re.compile(r"([0-9]+)([smhd])")
+_UNIT_MS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_EVERY_MAX_MS: Final = 366 * 86_400_000
+
+# Zone names that load but are not portable IANA zones: the host's own zone, the
+# leap-second ("right/") and duplicate ("posix/") trees, and the POSIX default rules.
+_NON_PORTABLE_ZONES: Final = frozenset({"localtime", "posixrules"})
+_NON_PORTABLE_PREFIXES: Final = ("posix/", "right/")
+
+_UTC_ZONES: Final = frozenset({"UTC", "Etc/UTC"})
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS: Final = timedelta(milliseconds=1)
+_ONE_S: Final = timedelta(seconds=1)
+
+
+def parse_schedule(raw: object) -> Schedule:
+    """From the JSON `schedule` value of a job.upsert command.
+
+    - absent (None) -> None: the job runs when its upstreams succeeded;
+    - ``{"cron": "...", "timezone": "..."}``: 5 fields, or 6 with leading seconds; the time
+      zone is an IANA name, "UTC" when omitted;
+    - ``{"every": "30s"}``: a positive integer and a unit s, m, h or d; 1s to 366d;
+    - ``{"at": "2026-12-01T10:00:00Z"}``: ISO-8601 with an explicit offset or Z.
+
+    Exactly one of cron/every/at; other keys are an error. Raises ScheduleError.
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ScheduleError(
+            "schedule must be an object with exactly one of 'cron', 'every' or 'at', "
+            f"got {type(raw).__name__}"
+        )
+    unknown = sorted(repr(key) for key in raw if key not in _SCHEDULE_KEYS)
+    if unknown:
+        raise ScheduleError(
+            f"unknown schedule key(s) {', '.join(unknown)}: "
+            "allowed are 'cron' (with optional 'timezone'), 'every' and 'at'"
+        )
+    kinds = [kind for kind in _SCHEDULE_KINDS if kind in raw]
+    if len(kinds) != 1:
+        found = " and ".join(repr(kind) for kind in kinds) if kinds else "none"
+        raise ScheduleError(f"schedule needs exactly one of 'cron', 'every' or 'at', got {found}")
+    kind = kinds[0]
+    if kind != "cron" and "timezone" in raw:
+        raise ScheduleError(f"'timezone' only applies to 'cron' schedules, not to {kind!r}")
+    value = raw[kind]
+    if kind == "cron":
+        timezone = raw.get("timezone", "UTC")
+        if not isinstance(timezone, str):
+            raise ScheduleError(
+                f"timezone must be a string such as 'Europe/Berlin', got {type(timezone).__name__}"
+            )
+        return _parse_cron(value, timezone)
+    if kind == "every":
+        return _parse_every(value)
+    return _parse_at(value)
+
+
+def _parse_cron(value: object, timezone: str) -> CronSchedule:
+    if not isinstance(value, str):
+        raise ScheduleError(
+            f"cron must be a string such as '*/5 * * * *', got {type(value).__name__}"
+        )
+    expr = " ".join(value.split())
+    _zone(timezone)
+    cron = _cron(expr)
+    if cron.next_wall(0) is None:
+        raise ScheduleError(f"invalid cron expression {value!r}: it never fires")
+    return CronSchedule(expr=expr, timezone=timezone)
+
+
+def _parse_every(value: object) -> EverySchedule:
+    if not isinstance(value, str):
+        raise ScheduleError(f"every must be a string such as '30s', got {type(value).__name__}")
+    match = _EVERY_RE.fullmatch(value)
+    if match is None:
+        raise ScheduleError(
+            f"invalid every {value!r}: expected a positive integer followed by a unit "
+            "s, m, h or d, such as '30s', '5m', '2h' or '1d'"
+        )
+    every_ms = int(match.group(1)) * _UNIT_MS[match.group(2)]
+    if every_ms <= 0:
+        raise ScheduleError(f"invalid every {value!r}: the interval must be at least 1s")
+    if every_ms > _EVERY_MAX_MS:
+        raise ScheduleError(f"invalid every {value!r}: the interval must be at most 366d")
+    return EverySchedule(every_ms=every_ms)
+
+
+def _parse_at(value: object) -> AtSchedule:
+    if not isinstance(value, str):
+        raise ScheduleError(
+            f"at must be an ISO-8601 string such as '2026-12-01T10:00:00Z', "
+            f"got {type(value).__name__}"
+        )
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ScheduleError(
+            f"invalid at {value!r}: not an ISO-8601 date-time such as '2026-12-01T10:00:00Z'"
+        ) from None
+    if moment.utcoffset() is None:
+        raise ScheduleError(
+            f"invalid at {value!r}: no UTC offset; add 'Z' or an offset such as '+01:00'"
+        )
+    return AtSchedule(at_ms=(moment - _EPOCH) // _ONE_MS)
+
+
+# --- cached cron expressions and zones ------------------------------------------------------
+
+
+class _Cron:
+    """A validated cron expression, evaluated over naive wall-clock seconds.
+
+    croniter objects are stateful, so each call passes its start and holds a lock.
+    """
+
+    __slots__ = ("_iter", "_lock")
+
+    def __init__(self, expr: str) -> None:
+        fields = expr.split()
+        if len(fields) not in (5, 6):
+            alias = " (aliases such as @daily are not supported)" if expr.startswith("@") else ""
+            raise ScheduleError(
+                f"invalid cron expression {expr!r}: expected 5 fields (minute hour "
+                "day-of-month month day-of-week), or 6 with leading seconds, "
+                f"got {len(fields)}{alias}"
+            )
+        if any(field[:1].lower() in ("h", "r") for field in fields):
+            raise ScheduleError(
+                f"invalid cron expression {expr!r}: hashed (H) and random (R) fields "
+                "are not supported"
+            )
+        try:
+            # A start time is given so that croniter never reads the clock.
+            self._iter = croniter(expr, 0.0, second_at_beginning=True)
+        except (ValueError, KeyError, TypeError, IndexError) as error:
+            raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
+        self._lock = threading.Lock()
+
+    def next_wall(self, wall_s: int) -> int | None:
+        """The first matching wall-clock second strictly after `wall_s` (naive seconds
+        since 1970-01-01T00:00), or None when none within croniter's search horizon
+        (50 years) or the datetime range."""
+        with self._lock:
+            try:
+                found = self._iter.get_next(float, start_time=float(wall_s))
+            except (ValueError, OverflowError):  # CroniterBadDateError is a ValueError
+                return None
+        return int(found)
+
+
+@lru_cache(maxsize=4096)
+def _cron(expr: str) -> _Cron:
+    return _Cron(expr)
+
+
+@lru_cache(maxsize=1024)
+def _zone(name: str) -> ZoneInfo:
+    if name in _NON_PORTABLE_ZONES or name.startswith(_NON_PORTABLE_PREFIXES):
+        raise ScheduleError(
+            f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
+        )
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ScheduleError(
+            f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
+        ) from None
+
+
+# --- offset changes ------------------------------------------------------------------------
+
+# (instant in UTC seconds at which the new offset applies, offset before, offset after)
+_Transition: TypeAlias = tuple[int, int, int]
+
+_CHUNK_S: Final = 1 << 21  # ~24.3 days
+_SAMPLE_S: Final = 6 * 3600
+# Larger than any jump of a zone's offset (24 h: Pacific/Apia skipped 2011-12-30).
+_MAX_SHIFT_S: Final = 2 * 86_400
+# Cron fire times are computed in (_MIN_S, _MAX_S], well inside the years datetime can
+# represent in every zone, with room for the offset-change lookups around them.
+_MIN_S: Final = -62_104_060_800  # 0002-01-01T00:00Z
+_MAX_S: Final = 253_368_086_400  # 9998-12-01T00:00Z
+
+
+def _offset(zone: ZoneInfo, utc_s: int) -> int:
+    offset = datetime.fromtimestamp(utc_s, zone).utcoffset()
+    return 0 if offset is None else offset // _ONE_S
+
+
+@lru_cache(maxsize=65_536)
+def _chunk_transitions(zone_name: str, chunk: int) -> tuple[_Transition, ...]:
+    """The offset changes of a zone at instants in [chunk*_CHUNK_S, (chunk+1)*_CHUNK_S)."""
+    zone = _zone(zone_name)
+    end = (chunk + 1) * _CHUNK_S - 1
+    found: list[_Transition] = []
+    left = chunk * _CHUNK_S - 1
+    left_offset = _offset(zone, left)
+    while left < end:
+        right = min(left + _SAMPLE_S, end)
+        right_offset = _offset(zone, right)
+        if right_offset == left_offset:
+            left = right
+            continue
+        # Bisect to the first second whose offset differs from left_offset.
+        low, high = left, right
+        while high - low > 1:
+            middle = (low + high) // 2
+            if _offset(zone, middle) == left_offset:
+                low = middle
+            else:
+                high = middle
+        high_offset = _offset(zone, high)
+        found.append((high, left_offset, high_offset))
+        left, left_offset = high, high_offset
+    return tuple(found)
+
+
+def _transitions(zone_name: str, low: int, high: int) -> Iterator[_Transition]:
+    """The offset changes at instants in (low, high], ascending."""
+    for chunk in range((low + 1) // _CHUNK_S, high // _CHUNK_S + 1):
+        for transition in _chunk_transitions(zone_name, chunk):
+            if low < transition[0] <= high:
+                yield transition
+
+
+# --- fire times ------------------------------------------------------------------------------
+
+
+def next_fire(schedule: Schedule, after_ms: int, dst: DstPolicy = "run_once") -> int | None:
+    """The first fire time strictly greater than after_ms, or None (a one-off already
+    past, no schedule, or a cron expression that never fires again).
+
+    Cron fire times are computed between the years 2 and 9998 (UTC)."""
+    _check_policy(dst)
+    if schedule is None:
+        return None
+    if isinstance(schedule, EverySchedule):
+        every = _every_ms(schedule)
+        return (after_ms // every + 1) * every
+    if isinstance(schedule, AtSchedule):
+        return schedule.at_ms if schedule.at_ms > after_ms else None
+    fire_s = _cron_next_s(schedule, after_ms // 1000, dst)
+    return None if fire_s is None else fire_s * 1000
+
+
+def fires_between(
+    schedule: Schedule,
+    after_ms: int,
+    until_ms: int,
+    dst: DstPolicy = "run_once",
+    limit: int = 100_000,
+) -> list[int]:
+    """All fire times t with after_ms < t <= until_ms, ascending, at most `limit`."""
+    _check_policy(dst)
+    if schedule is None or limit <= 0 or until_ms <= after_ms:
+        return []
+    if isinstance(schedule, EverySchedule):
+        every = _every_ms(schedule)
+        first = (after_ms // every + 1) * every
+        return list(range(first, until_ms + 1, every)[:limit])
+    if isinstance(schedule, AtSchedule):
+        return [schedule.at_ms] if after_ms < schedule.at_ms <= until_ms else []
+    fires: list[int] = []
+    after_s, until_s = after_ms // 1000, until_ms // 1000
+    while len(fires) < limit:
+        fire_s = _cron_next_s(schedule, after_s, dst)
+        if fire_s is None or fire_s > until_s:
+            break
+        fires.append(fire_s * 1000)
+        after_s = fire_s
+    return fires
+
+
+def _check_policy(dst: str) -> None:
+    if dst not in DST_POLICIES:
+        raise ValueError(f"unknown DST policy {dst!r}: expected one of {DST_POLICIES}")
+
+
+def _every_ms(schedule: EverySchedule) -> int:
+    if schedule.every_ms <= 0:
+        raise ScheduleError(f"every_ms must be positive, got {schedule.every_ms}")
+    return schedule.every_ms
+
+
+def _cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | None:
+    """The first fire time, in whole UTC seconds, strictly after `after_s`."""
+    cron = _cron(schedule.expr)
+    name = schedule.timezone
+    zone = _zone(name)
+    current = max(after_s, _MIN_S)
+    if name in _UTC_ZONES:
+        fire = cron.next_wall(current)
+        return None if fire is None or fire > _MAX_S else fire
+    while current < _MAX_S:
+        start = current + 1  # the earliest instant that may fire
+        offset = _offset(zone, start)
+        first_wall = start + offset
+        shifted: int | None = None  # the earliest fire from a gap's wall times
+        previous: _Transition | None = None
+        for transition in _transitions(name, start - _MAX_SHIFT_S, start):
+            previous = transition
+        if previous is not None:
+            begin, before, _ = previous
+            if before > offset and dst != "both":
+                # After a fall back: drop the second occurrence of the repeated wall times.
+                first_wall = max(first_wall, begin + before)
+            elif before < offset and dst != "skip":
+                # After a spring forward: the wall times of the gap fire at the instant
+                # they denote with the old offset, which lies at or after `begin`.
+                wall = cron.next_wall(start + before - 1)
+                if wall is not None and wall < begin + offset:
+                    shifted = wall - before
+        wall = cron.next_wall(first_wall - 1)
+        if wall is None:
+            return shifted
+        fire = wall - offset
+        if fire > _MAX_S:
+            return shifted
+        upcoming = next(_transitions(name, start, fire + _MAX_SHIFT_S), None)
+        if upcoming is None:
+            return fire if shifted is None else min(fire, shifted)
+        end, _, after = upcoming
+        in_segment = fire < end and not (
+            # Before a fall back, `skip` drops the first occurrence of repeated wall times.
+            dst == "skip" and after < offset and wall >= end + after
+        )
+        if in_segment:
+            return fire if shifted is None else min(fire, shifted)
+        if shifted is not None:
+            return shifted
+        current = end - 1
+    return None
+
+
+# --- jitter --------------------------------------------------------------------------------
+
+
+def jitter_ms(job_id: str, fire_ms: int, jitter_s: float) -> int:
+    """A stable offset in [0, jitter_s*1000) milliseconds, from a BLAKE2b hash of job_id
+    and fire_ms: the same on every machine and Python run. 0 when jitter_s <= 0."""
+    if math.isnan(jitter_s) or math.isinf(jitter_s):
+        raise ValueError(f"jitter_s must be finite, got {jitter_s}")
+    if jitter_s <= 0:
+        return 0
+    # Rounding first keeps e.g. 0.3 s (300.00000000000006 ms) to a span of 300 ms.
+    span = max(1, math.ceil(round(jitter_s * 1000, 6)))
+    digest = hashlib.blake2b(
+        f"{job_id}\x00{fire_ms}".encode(), digest_size=8, person=b"cronlog.jitter"
+    ).digest()
+    return (int.from_bytes(digest, "big") * span) >> 64

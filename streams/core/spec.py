@@ -1,0 +1,83 @@
+"""Typed, frozen job specifications (design.md section 2, `job.upsert`).
+
+Times are UTC epoch milliseconds (int) everywhere in the domain: exact, hashable, cheap
+to compare, and what Avro's timestamp-millis carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+MisfirePolicy: TypeAlias = Literal["run_all", "run_once", "skip"]
+ConcurrencyPolicy: TypeAlias = Literal["allow", "forbid", "replace"]
+# What a wall-clock time that does not exist (spring forward) or exists twice (fall back)
+# does: run_once = at the shifted time / the first occurrence; skip = not at all;
+# both = like run_once for a gap, at both occurrences for a repeat.
+DstPolicy: TypeAlias = Literal["run_once", "skip", "both"]
+
+MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("run_all", "run_once", "skip")
+CONCURRENCY_POLICIES: tuple[ConcurrencyPolicy, ...] = ("allow", "forbid", "replace")
+DST_POLICIES: tuple[DstPolicy, ...] = ("run_once", "skip", "both")
+
+
+@dataclass(frozen=True, slots=True)
+class CronSchedule:
+    """5 fields, or 6 with leading seconds; evaluated in `timezone` (IANA name)."""
+
+    expr: str
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True, slots=True)
+class EverySchedule:
+    """Fires at every multiple of `every_ms` since the Unix epoch: anchored, so it never
+    drifts, and every node computes the same instants."""
+
+    every_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AtSchedule:
+    """A one-off firing."""
+
+    at_ms: int
+
+
+# None: the job has no schedule of its own and runs when its upstreams succeeded.
+Schedule: TypeAlias = CronSchedule | EverySchedule | AtSchedule | None
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cpu: float = 0.0
+    memory_mb: int = 0
+    gpu: int = 0
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 1
+    backoff_s: float = 10.0
+    backoff_multiplier: float = 2.0
+    max_backoff_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    job_id: str
+    owner: str
+    schedule: Schedule
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # sorted (name, value) pairs
+    resources: Resources = field(default_factory=Resources)
+    timeout_s: float = 3600.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    idempotent: bool = False
+    depends_on: tuple[str, ...] = ()
+    misfire: MisfirePolicy = "run_once"
+    concurrency: ConcurrencyPolicy = "allow"
+    dst: DstPolicy = "run_once"
+    jitter_s: float = 0.0
+    priority: int = 0

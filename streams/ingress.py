@@ -1,0 +1,147 @@
+"""Ingress: the Faust agent on `commands` (design.md section 3).
+
+Untrusted JSON in; validated commands out to `job-log` as Avro keyed by job_id, stamped
+with the time ingress saw them. A command that fails validation goes to `commands.dlq`
+with its original bytes and the reason. Nothing a user sends can stop the agent.
+
+At-least-once, on purpose: a command delivered twice is harmless, because every command
+is idempotent at the ledger (upserts and flags converge, run_now and rerun dedup on
+request_id, backfills on (job, time)). The agent awaits the delivery of each batch
+before Faust may commit its offsets (notes/faust.md: "safe pattern"), and exits the
+process rather than ack a batch it could not deliver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import faust
+
+from schemas.codec import JOB_LOG
+from schemas.json import dlq_record
+from streams.core.commands import (
+    Backfill,
+    CancelRun,
+    Command,
+    DeleteJob,
+    PauseJob,
+    Rejection,
+    RerunRun,
+    ResumeJob,
+    RunNow,
+    UpsertJob,
+    command_job_id,
+    parse_command,
+)
+from streams.core.records import (
+    BackfillRequested,
+    CancelRequested,
+    JobDeleted,
+    JobPaused,
+    JobResumed,
+    JobUpserted,
+    LedgerInput,
+    RerunRequested,
+    RunNowRequested,
+)
+from streams.settings import Settings
+
+log = logging.getLogger("cronlog.ingress")
+BATCH = 200
+
+
+def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
+    match command:
+        case UpsertJob(spec=spec):
+            return JobUpserted(spec, at_ms)
+        case PauseJob(job_id=job_id):
+            return JobPaused(job_id, at_ms)
+        case ResumeJob(job_id=job_id):
+            return JobResumed(job_id, at_ms)
+        case DeleteJob(job_id=job_id):
+            return JobDeleted(job_id, at_ms)
+        case RunNow(job_id=job_id, request_id=request_id):
+            return RunNowRequested(job_id, request_id, at_ms)
+        case Backfill(job_id=job_id, from_ms=start, to_ms=end):
+            return BackfillRequested(job_id, start, end, at_ms)
+        case CancelRun(run_id=run_id, job_id=job_id):
+            return CancelRequested(job_id, run_id, at_ms)
+        case RerunRun(run_id=run_id, job_id=job_id, request_id=request_id):
+            return RerunRequested(job_id, run_id, request_id, at_ms)
+    raise TypeError(f"unhandled command {command!r}")  # pragma: no cover - exhaustive
+
+
+def route(raw: bytes | None, at_ms: int) -> tuple[str, bytes, bytes]:
+    """Decide where one raw command goes: ("job-log"|"commands.dlq", key, value)."""
+    parsed = parse_command(raw)
+    if isinstance(parsed, Rejection):
+        return "commands.dlq", b"", parsed.reason.encode()
+    job_id = command_job_id(parsed)
+    return "job-log", job_id.encode(), JOB_LOG.encode(to_ledger_input(parsed, at_ms))
+
+
+def build_app(settings: Settings) -> faust.App:
+    app = faust.App(
+        settings.group("ingress"),
+        broker=f"kafka://{settings.kafka}",
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.5,
+        producer_linger=0.005,
+        datadir=os.path.join("/tmp", f"{settings.group('ingress')}-{os.getpid()}"),
+    )
+    commands = app.topic(
+        settings.topic("commands"),
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    job_log = app.topic(
+        settings.topic("job-log"),
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    dlq = app.topic(
+        settings.topic("commands.dlq"),
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+
+    @app.agent(commands, concurrency=1)
+    async def ingress(stream: faust.StreamT[bytes]) -> None:
+        async for events in stream.take_events(BATCH, within=0.05):  # type: ignore[attr-defined]
+            pending: list[Awaitable[Any]] = []
+            now = int(time.time() * 1000)
+            for event in events:
+                raw = event.value
+                try:
+                    where, key, value = route(raw, now)
+                except Exception as exc:  # noqa: BLE001 - a bug must not drop the command
+                    where, key, value = "commands.dlq", b"", f"internal error: {exc!r}".encode()
+                if where == "job-log":
+                    pending.append(await job_log.send(key=key, value=value))
+                else:
+                    message = event.message
+                    record = dlq_record(
+                        raw or b"", value.decode(), message.topic, message.partition, message.offset
+                    )
+                    pending.append(await dlq.send(key=event.key, value=record))
+            try:
+                for future in pending:
+                    await future
+            except Exception:
+                log.exception("could not deliver a batch; exiting so nothing is acked")
+                os._exit(1)
+
+    return app

@@ -1,0 +1,65 @@
+"""Kafka client configuration shared by every cronlog process.
+
+One partitioner everywhere: `murmur2_random` is the Java client's (and aiokafka's, so
+Faust's) partitioner. librdkafka's default (CRC32) would put a job's records on another
+partition than Faust's ingress does, and the ledger relies on every record of a job, and
+its state, living in the same partition number of each topic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streams.settings import Settings
+
+PARTITIONER = "murmur2_random"
+
+# Failover in seconds (design.md section 4, point 8): a member silent for the session
+# timeout loses its partitions. 6 s tolerates a few missed 1.5 s heartbeats (GC pauses,
+# a saturated 2-core machine) while moving partitions of a killed node in ~6-8 s. The
+# broker's group.min.session.timeout.ms (2 s in the local stack) allows it.
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_INTERVAL_MS = 1500
+
+
+def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": settings.kafka,
+        "partitioner": PARTITIONER,
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        **extra,
+    }
+
+
+def transactional_producer_config(settings: Settings, transactional_id: str) -> dict[str, Any]:
+    return producer_config(
+        settings,
+        **{
+            "transactional.id": transactional_id,
+            # Short: a zombie's open transaction blocks readers (read_committed stops at
+            # the last stable offset) until the broker aborts it after this long.
+            "transaction.timeout.ms": 15000,
+        },
+    )
+
+
+def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": SESSION_TIMEOUT_MS,
+        "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
+        # Range assignment gives one member partition p of every topic it subscribes to
+        # (all cronlog topics have the same count): the co-partitioning the scheduler needs.
+        "partition.assignment.strategy": "range",
+        **extra,
+    }
+    if group is not None:
+        config["group.id"] = group
+    else:
+        config["group.id"] = "cronlog-unused"  # librdkafka needs one even for assign()
+    return config

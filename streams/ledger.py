@@ -1,0 +1,297 @@
+"""The ledger process: a fenced, transactional consume-process-produce loop over job-log.
+
+It owns the job-log partitions the consumer group gives it and, for each, the same
+partition of the compacted `jobs` and `runs` topics (its state). The pure state machine
+is streams/core/ledger.py; this module only moves bytes.
+
+Commit order of one batch (why a crash at any point is safe):
+ 1. `consume` up to `batch_size` job-log records (read_committed).
+ 2. `begin_transaction`.
+ 3. For each record in log order: decode (an undecodable one goes to commands.dlq),
+    `decide` against the in-memory state, apply the decision in memory, and produce its
+    outputs: run-events, dispatch, and the new job and run states (tombstones for
+    forgotten runs), all to the record's partition number.
+ 4. `send_offsets_to_transaction(position, consumer_group_metadata())`: the consumed
+    offsets join the transaction (KIP-447). A zombie - a member that lost its partitions
+    without noticing - fails here or at commit, because its group generation is stale.
+ 5. `commit_transaction`: outputs, state and offsets become visible together, or not at
+    all. A crash before this point aborts everything (the broker times the transaction
+    out); the next owner restores state from what was committed and resumes from the
+    committed offset, so it redoes exactly the uncommitted batch.
+On any error in 2-5 the batch's in-memory changes are thrown away with the whole state:
+abort if possible, recreate the producer, reload state, rewind to the committed offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from schemas.codec import DISPATCH, JOB_LOG, JOB_STATE, RUN_EVENTS, RUN_STATE, CodecError
+from schemas.json import dlq_record
+from streams.core.ledger import Decision, LedgerConfig, decide
+from streams.core.records import JobState, RunState
+from streams.kafka import consumer_config, transactional_producer_config
+from streams.settings import Settings
+
+log = logging.getLogger("cronlog.ledger")
+
+
+@dataclass
+class PartitionState:
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    runs: dict[str, RunState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStats:
+    batches: int
+    records: int
+    rejected: int
+    recoveries: int
+
+
+class Ledger:
+    def __init__(
+        self,
+        settings: Settings,
+        config: LedgerConfig = LedgerConfig(),
+        node_id: str | None = None,
+        batch_size: int = 500,
+    ):
+        self.settings = settings
+        self.config = config
+        self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.batch_size = batch_size
+        self.topics = {
+            n: settings.topic(n)
+            for n in ("job-log", "jobs", "runs", "run-events", "dispatch", "commands.dlq")
+        }
+        self.state: dict[int, PartitionState] = {}
+        self._stop = threading.Event()
+        self._batches = self._records = self._rejected = self._recoveries = 0
+        self.consumer = Consumer(
+            consumer_config(settings, settings.group("ledger"), **{"enable.partition.eof": False})
+        )
+        self.producer = self._new_producer()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def _new_producer(self) -> Producer:
+        # A fresh transactional.id per producer incarnation; fencing of zombies comes
+        # from the consumer group generation sent with the offsets (KIP-447).
+        txn_id = f"{self.settings.group('ledger')}-{self.node_id}-{uuid.uuid4().hex[:8]}"
+        producer = Producer(transactional_producer_config(self.settings, txn_id))
+        producer.init_transactions(30)
+        return producer
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stats(self) -> LedgerStats:
+        return LedgerStats(self._batches, self._records, self._rejected, self._recoveries)
+
+    def run(self) -> None:
+        self.consumer.subscribe(
+            [self.topics["job-log"]],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+        try:
+            while not self._stop.is_set():
+                messages = self.consumer.consume(self.batch_size, timeout=0.2)
+                records = [m for m in messages if self._usable(m)]
+                if records:
+                    self._process_batch(records)
+        finally:
+            self.consumer.close()
+
+    def _usable(self, msg: Message) -> bool:
+        error = msg.error()
+        if error is None:
+            return True
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("consumer error: %s", error)
+        return False
+
+    # -- assignment ---------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.state[tp.partition] = self._restore(tp.partition)
+        log.info(
+            "ledger %s owns job-log partitions %s",
+            self.node_id,
+            sorted(tp.partition for tp in partitions),
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.state.pop(tp.partition, None)
+
+    def _restore(self, partition: int) -> PartitionState:
+        """Read this partition of `jobs` and `runs` to its end (read_committed)."""
+        state = PartitionState()
+        reader = Consumer(consumer_config(self.settings, None, **{"enable.partition.eof": True}))
+        try:
+            for name, into, codec in (
+                ("jobs", state.jobs, JOB_STATE),
+                ("runs", state.runs, RUN_STATE),
+            ):
+                topic = self.topics[name]
+                _low, high = reader.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                reader.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+                for msg in _read_to_stable_end(reader, topic, partition, high):
+                    key = (msg.key() or b"").decode()
+                    value = msg.value()
+                    if value is None:
+                        into.pop(key, None)
+                    else:
+                        into[key] = codec.decode(value)  # type: ignore[assignment]
+                reader.unassign()
+        finally:
+            reader.close()
+        return state
+
+    # -- processing ---------------------------------------------------------------------
+    def _process_batch(self, records: list[Message]) -> None:
+        try:
+            self.producer.begin_transaction()
+            for msg in records:
+                self._process(msg)
+            self.producer.send_offsets_to_transaction(
+                self.consumer.position(self.consumer.assignment()),
+                self.consumer.consumer_group_metadata(),
+                30,
+            )
+            self.producer.commit_transaction(30)
+            self._batches += 1
+            self._records += len(records)
+        except KafkaException as exc:
+            log.error("transaction failed (%s): aborting and recovering", exc)
+            self._recover()
+
+    def _process(self, msg: Message) -> None:
+        partition = msg.partition() or 0  # never None for a consumed record
+        state = self.state.get(partition)
+        if state is None:  # revoked mid-batch: the new owner redoes it
+            raise KafkaException(KafkaError(KafkaError._STATE, "partition revoked mid-batch"))
+        try:
+            inp = JOB_LOG.decode(msg.value() or b"")
+        except CodecError as exc:
+            self.producer.produce(
+                self.topics["commands.dlq"],
+                key=msg.key(),
+                value=dlq_record(
+                    msg.value() or b"",
+                    f"undecodable job-log record: {exc}",
+                    msg.topic() or "",
+                    partition,
+                    msg.offset() or 0,
+                ),
+            )
+            return
+        key = msg.key()
+        decision = decide(
+            state.jobs.get(key.decode() if key else ""),
+            state.runs.get,
+            inp,
+            self.config,
+        )
+        if decision.rejected:
+            self._rejected += 1
+        self._apply(partition, state, decision)
+
+    def _apply(self, partition: int, state: PartitionState, decision: Decision) -> None:
+        produce: Callable[..., None] = self.producer.produce
+        if decision.job is not None:
+            job = decision.job
+            state.jobs[job.spec.job_id] = job
+            produce(
+                self.topics["jobs"],
+                key=job.spec.job_id.encode(),
+                value=JOB_STATE.encode(job),
+                partition=partition,
+            )
+        for run in decision.runs:
+            state.runs[run.run_id] = run
+            produce(
+                self.topics["runs"],
+                key=run.run_id.encode(),
+                value=RUN_STATE.encode(run),
+                partition=partition,
+            )
+        for run_id in decision.forget:
+            state.runs.pop(run_id, None)
+            produce(self.topics["runs"], key=run_id.encode(), value=None, partition=partition)
+        for event in decision.events:
+            produce(
+                self.topics["run-events"],
+                key=event.job_id.encode(),
+                value=RUN_EVENTS.encode(event),
+                partition=partition,
+            )
+        for request in decision.dispatch:
+            produce(
+                self.topics["dispatch"], key=request.run_id.encode(), value=DISPATCH.encode(request)
+            )
+
+    def _recover(self) -> None:
+        """Abort, recreate the producer, reload state, rewind to the committed offsets."""
+        self._recoveries += 1
+        try:
+            self.producer.abort_transaction(10)
+        except KafkaException as exc:
+            log.warning("abort failed (%s); the producer is replaced anyway", exc)
+        self.producer = self._new_producer()
+        assignment = self.consumer.assignment()
+        committed = self.consumer.committed(assignment, timeout=30)
+        for tp in committed:
+            self.state[tp.partition] = self._restore(tp.partition)
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+
+def _read_to_stable_end(
+    reader: Consumer, topic: str, partition: int, high: int, timeout_s: float = 60.0
+) -> list[Message]:
+    """Every committed record up to the high watermark seen before reading.
+
+    read_committed stops at the last stable offset; an open transaction of a zombie can
+    hold it below `high` until the broker aborts it, so wait (bounded by the
+    transaction timeout) instead of restoring partial state.
+    """
+    found: list[Message] = []
+    if high <= 0:
+        return found
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = reader.poll(0.5)
+        if msg is not None:
+            error = msg.error()
+            if error is None:
+                found.append(msg)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(error)
+        position = reader.position([TopicPartition(topic, partition)])[0].offset
+        if position >= high:
+            return found
+    raise KafkaException(
+        KafkaError(KafkaError._TIMED_OUT, f"could not read {topic}[{partition}] to offset {high}")
+    )

@@ -1,0 +1,169 @@
+"""The scheduler: per owned partition, timers for due jobs and run deadlines; proposes.
+
+It follows the ledger's committed state: the compacted `jobs` and `runs` topics
+(read_committed). When the group gives it partition p it reads partition p of both from
+the beginning, which rebuilds that partition's heaps from the committed state, and then
+keeps following new writes; on revocation it drops them. The range assignor hands one
+member the same partition number of both topics.
+
+Every tick it proposes to `job-log` what is due: `FireProposed(job, next_due)` up to
+`lead_ms` early (pre-dispatch), and `DeadlineReached(run, attempt, kind)` once a run's
+deadline passed. Proposals are only proposals: a duplicate, a stale one or a zombie's is
+rejected by the ledger, so a proposal that has not been answered by a state change is
+simply repeated after `repeat_ms`.
+
+Why not a Faust agent and table: a Faust table cannot follow a topic another process
+writes (it only reads its changelog during recovery), and Faust consumes
+read_uncommitted outside its exactly_once mode, which would expose the ledger's aborted
+transactions. The scheduler therefore reads the ledger's state with a read_committed
+confluent-kafka consumer, and stays a pure proposer like the Faust agents.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+
+from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
+from streams.core.duequeue import DueQueue
+from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, JobState, RunState
+from streams.kafka import consumer_config, producer_config
+from streams.settings import Settings
+
+log = logging.getLogger("cronlog.scheduler")
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class PartitionTimers:
+    # job_id -> when to propose next; due[job_id] is the scheduled time to propose.
+    fires: DueQueue[str] = field(default_factory=DueQueue)
+    due: dict[str, int] = field(default_factory=dict)
+    deadlines: DueQueue[str] = field(default_factory=DueQueue)  # run_id -> deadline
+    runs: dict[str, tuple[str, int, DeadlineKind]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    lead_ms: int = 0  # propose fires this early (pre-dispatch)
+    repeat_ms: int = 3000  # re-propose when the ledger has not answered by then
+    tick_s: float = 0.05
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: str,
+        config: SchedulerConfig = SchedulerConfig(),
+        clock: Clock = wall_clock_ms,
+    ):
+        self.settings = settings
+        self.node_id = node_id
+        self.config = config
+        self.clock = clock
+        self.jobs_topic = settings.topic("jobs")
+        self.runs_topic = settings.topic("runs")
+        self.job_log = settings.topic("job-log")
+        self.timers: dict[int, PartitionTimers] = {}
+        self.proposed = 0
+        self._stop = threading.Event()
+        self.consumer = Consumer(consumer_config(settings, settings.group("scheduler")))
+        self.producer = Producer(producer_config(settings))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.consumer.subscribe(
+            [self.jobs_topic, self.runs_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+        try:
+            while not self._stop.is_set():
+                for msg in self.consumer.consume(2000, timeout=self.config.tick_s):
+                    if msg.error() is None:
+                        self._follow(msg)
+                self._propose(self.clock())
+                self.producer.poll(0)
+        finally:
+            self.producer.flush(10)
+            self.consumer.close()
+
+    # -- assignment: rebuild from the beginning of the committed state --------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.timers.setdefault(tp.partition, PartitionTimers())
+            tp.offset = OFFSET_BEGINNING
+        consumer.assign(partitions)
+        log.info(
+            "scheduler %s owns partitions %s",
+            self.node_id,
+            sorted({tp.partition for tp in partitions}),
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.timers.pop(tp.partition, None)
+
+    def _follow(self, msg: Message) -> None:
+        timers = self.timers.get(msg.partition() or 0)
+        if timers is None:
+            return
+        key = (msg.key() or b"").decode()
+        value = msg.value()
+        try:
+            if msg.topic() == self.jobs_topic:
+                job: JobState | None = JOB_STATE.decode(value) if value else None
+                next_due = job.next_due_ms if job else None
+                if next_due is None:
+                    timers.due.pop(key, None)
+                else:
+                    timers.due[key] = next_due
+                timers.fires.set(key, next_due)
+            else:
+                run: RunState | None = RUN_STATE.decode(value) if value else None
+                if run is None or run.final or run.deadline_ms is None or not run.deadline_kind:
+                    timers.deadlines.set(key, None)
+                    timers.runs.pop(key, None)
+                else:
+                    timers.runs[key] = (run.job_id, run.attempt, run.deadline_kind)
+                    timers.deadlines.set(key, run.deadline_ms)
+        except CodecError as exc:  # the ledger wrote it; log, never stop proposing
+            log.error(
+                "undecodable state record %s[%s]@%s: %s",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                exc,
+            )
+
+    # -- proposing ------------------------------------------------------------------------
+    def _propose(self, now: int) -> None:
+        repeat = self.config.repeat_ms
+        for timers in self.timers.values():
+            # Each proposal surfaces again after `repeat` unless the ledger's answer (a
+            # new state record) replaces it first.
+            for job_id, _ in timers.fires.pop_due(now + self.config.lead_ms):
+                self._send(job_id, FireProposed(job_id, timers.due[job_id], now, self.node_id))
+                timers.fires.set(job_id, now + repeat)
+            for run_id, _ in timers.deadlines.pop_due(now):
+                job_id, attempt, kind = timers.runs[run_id]
+                self._send(job_id, DeadlineReached(job_id, run_id, attempt, kind, now))
+                timers.deadlines.set(run_id, now + repeat)
+
+    def _send(self, job_id: str, record: FireProposed | DeadlineReached) -> None:
+        self.producer.produce(self.job_log, key=job_id.encode(), value=JOB_LOG.encode(record))
+        self.proposed += 1

@@ -1,0 +1,63 @@
+"""An in-memory ledger store for pure tests: applies decisions the way the ledger process
+does (same state updates, no Kafka), and keeps every output for checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streams.core.ledger import Decision, LedgerConfig, decide
+from streams.core.records import (
+    DispatchRequest,
+    JobEvent,
+    JobState,
+    JobUpserted,
+    LedgerInput,
+    RunEvent,
+    RunState,
+)
+
+
+@dataclass
+class World:
+    config: LedgerConfig = field(default_factory=LedgerConfig)
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    runs: dict[str, RunState] = field(default_factory=dict)
+    events: list[RunEvent | JobEvent] = field(default_factory=list)
+    dispatch: list[DispatchRequest] = field(default_factory=list)
+    rejections: list[str] = field(default_factory=list)
+
+    def apply(self, inp: LedgerInput) -> Decision:
+        job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
+        decision = decide(self.jobs.get(job_id), self.runs.get, inp, self.config)
+        if decision.job is not None:
+            self.jobs[job_id] = decision.job
+        for run in decision.runs:
+            self.runs[run.run_id] = run
+        for run_id in decision.forget:
+            self.runs.pop(run_id, None)
+        self.events.extend(decision.events)
+        self.dispatch.extend(decision.dispatch)
+        if decision.rejected:
+            self.rejections.append(decision.rejected)
+        return decision
+
+    def snapshot(self) -> World:
+        """A copy that shares the (frozen) records: cheap, and safe to apply to."""
+        return World(
+            self.config,
+            dict(self.jobs),
+            dict(self.runs),
+            list(self.events),
+            list(self.dispatch),
+            list(self.rejections),
+        )
+
+    def run_events(self, run_id: str | None = None) -> list[RunEvent]:
+        return [
+            e
+            for e in self.events
+            if isinstance(e, RunEvent) and (run_id is None or e.run_id == run_id)
+        ]
+
+    def states(self, run_id: str) -> list[str]:
+        return [e.state for e in self.run_events(run_id)]

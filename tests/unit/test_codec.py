@@ -1,0 +1,503 @@
+"""Codecs of every topic: round trips, the single-object header, bad bytes, JSON views."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+from dataclasses import fields
+from typing import Any, get_args
+
+import orjson
+import pytest
+from fastavro import parse_schema, schemaless_reader
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import (
+    DISPATCH,
+    HEARTBEAT,
+    JOB_LOG,
+    JOB_STATE,
+    RUN_EVENTS,
+    RUN_STATE,
+    WORKER_INBOX,
+    Codec,
+    CodecError,
+)
+from schemas.convert import LEDGER_CLASSES
+from schemas.json import dlq_record, from_json, read_dlq_record, to_json, to_plain
+from schemas.registry import AVRO_DIR, identify
+from streams.core.records import (
+    DeadlineKind,
+    DispatchRequest,
+    FireProposed,
+    JobEvent,
+    JobState,
+    RunEvent,
+    RunState,
+    RunStateName,
+    Trigger,
+)
+from streams.core.spec import (
+    CONCURRENCY_POLICIES,
+    DST_POLICIES,
+    MISFIRE_POLICIES,
+    AtSchedule,
+    CronSchedule,
+    EverySchedule,
+    JobSpec,
+    Resources,
+    RetryPolicy,
+)
+
+CODECS: dict[str, Codec[Any]] = {
+    "job_log": JOB_LOG,
+    "run_event": RUN_EVENTS,
+    "job_state": JOB_STATE,
+    "run_state": RUN_STATE,
+    "dispatch": DISPATCH,
+    "heartbeat": HEARTBEAT,
+    "worker_inbox": WORKER_INBOX,
+}
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# -- strategies ---------------------------------------------------------------------------
+ids = st.text(alphabet="abcxyz019-_.@:", min_size=1, max_size=10)
+text = st.text(st.characters(codec="utf-8"), max_size=12)
+ms = st.integers(0, 4_102_444_800_000)  # up to 2100
+maybe_ms = st.none() | ms
+attempts = st.integers(1, 20)
+exit_codes = st.none() | st.integers(-255, 255)
+reals = st.floats(0, 1e6, allow_nan=False, allow_infinity=False)
+longs = st.integers(-(2**63), 2**63 - 1)
+pairs = st.dictionaries(ids, text, max_size=3).map(lambda d: tuple(sorted(d.items())))
+id_tuples = st.lists(ids, max_size=4).map(tuple)
+
+schedules = st.one_of(
+    st.none(),
+    st.builds(CronSchedule, text, ids),
+    st.builds(EverySchedule, st.integers(1, 10**12)),
+    st.builds(AtSchedule, ms),
+)
+resources = st.builds(Resources, reals, st.integers(0, 2**40), st.integers(0, 16), pairs)
+specs = st.builds(
+    JobSpec,
+    job_id=ids,
+    owner=ids,
+    schedule=schedules,
+    command=st.lists(text, max_size=4).map(tuple),
+    env=pairs,
+    resources=resources,
+    timeout_s=reals,
+    retry=st.builds(RetryPolicy, st.integers(1, 10), reals, reals, reals),
+    idempotent=st.booleans(),
+    depends_on=id_tuples,
+    misfire=st.sampled_from(MISFIRE_POLICIES),
+    concurrency=st.sampled_from(CONCURRENCY_POLICIES),
+    dst=st.sampled_from(DST_POLICIES),
+    jitter_s=reals,
+    priority=longs,
+)
+
+# Strategy per field name, shared by every record class (overridden where it differs).
+BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
+    "spec": specs,
+    "job_id": ids,
+    "run_id": ids,
+    "request_id": ids,
+    "worker_id": ids,
+    "event_id": ids,
+    "proposer": ids,
+    "owner": ids,
+    "attempt": attempts,
+    "exit_code": exit_codes,
+    "error": text,
+    "reason": text,
+    "kind": st.sampled_from(get_args(DeadlineKind)),
+    "trigger": st.sampled_from(get_args(Trigger)),
+    "state": st.sampled_from(get_args(RunStateName)),
+    "paused": st.booleans(),
+    "deleted": st.booleans(),
+    "live_runs": id_tuples,
+    "final_runs": id_tuples,
+    "recent_requests": id_tuples,
+    "version": st.integers(0, 10**9),
+    "seq": st.integers(0, 10**6),
+    "next_due_ms": maybe_ms,
+    "deadline_ms": maybe_ms,
+    "deadline_kind": st.none() | st.sampled_from(get_args(DeadlineKind)),
+    "started_ms": maybe_ms,
+    "finished_ms": maybe_ms,
+    "command": st.lists(text, max_size=4).map(tuple),
+    "env": pairs,
+    "resources": resources,
+    "timeout_s": reals,
+    "priority": longs,
+}
+
+
+def records_of(cls: type[Any], **overrides: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    strategies = {}
+    for f in fields(cls):
+        if f.name in overrides:
+            strategies[f.name] = overrides[f.name]
+        elif f.name.endswith("_ms") and f.name not in BY_FIELD:
+            strategies[f.name] = ms
+        else:
+            strategies[f.name] = BY_FIELD[f.name]
+    return st.builds(cls, **strategies)
+
+
+ledger_inputs = st.one_of(*(records_of(cls) for cls in LEDGER_CLASSES))
+job_events = records_of(
+    JobEvent,
+    kind=st.sampled_from(("upserted", "paused", "resumed", "deleted")),
+    spec=st.none() | specs,
+)
+run_events = records_of(RunEvent) | job_events
+job_states = records_of(JobState)
+run_states = records_of(RunState)
+dispatches = records_of(DispatchRequest)
+
+capacities = st.fixed_dictionaries(
+    {"cpu": reals, "memory_mb": st.integers(0, 2**40), "gpu": st.integers(0, 16)}
+)
+heartbeats = st.fixed_dictionaries(
+    {
+        "worker_id": ids,
+        "at_ms": ms,
+        "capacity": capacities,
+        "free": capacities,
+        "labels": st.dictionaries(ids, text, max_size=3),
+        "running": st.lists(st.fixed_dictionaries({"run_id": ids, "attempt": attempts})),
+    }
+)
+assignments = st.fixed_dictionaries(
+    {"worker_id": ids, "at_ms": ms, "dispatch": dispatches.map(DISPATCH.to_avro)}
+)
+
+
+def job_state(spec: JobSpec, **changes: Any) -> JobState:
+    values: dict[str, Any] = {
+        "spec": spec,
+        "paused": False,
+        "deleted": False,
+        "created_ms": 1,
+        "updated_ms": 2,
+        "fired_ms": 3,
+        "next_due_ms": None,
+        "live_runs": (),
+        "final_runs": (),
+        "recent_requests": ("q",),
+        "version": 5,
+    }
+    return JobState(**{**values, **changes})
+
+
+SPEC = JobSpec(
+    "nightly",
+    "team-a",
+    CronSchedule("0 2 * * *", "Europe/Berlin"),
+    ("etl", "--full"),
+    env=(("MODE", "prod"),),
+    resources=Resources(0.5, 256, 0, (("zone", "a"),)),
+)
+DISPATCH_SAMPLE = DispatchRequest(
+    run_id="r@1",
+    job_id="nightly",
+    attempt=1,
+    owner="team-a",
+    command=("etl",),
+    env=(("MODE", "prod"),),
+    resources=Resources(0.5, 256),
+    timeout_s=600.0,
+    priority=0,
+    scheduled_ms=1_000,
+    not_before_ms=1_000,
+    at_ms=900,
+)
+RUN_STATE_SAMPLE = RunState(
+    run_id="r@1",
+    job_id="nightly",
+    scheduled_ms=1_000,
+    trigger="schedule",
+    state="running",
+    attempt=1,
+    worker_id="w1",
+    created_ms=900,
+    updated_ms=950,
+    deadline_ms=2_000,
+    deadline_kind="timeout",
+    started_ms=960,
+    finished_ms=None,
+    exit_code=None,
+    reason="",
+    seq=3,
+)
+CAPACITY = {"cpu": 4.0, "memory_mb": 8192, "gpu": 0}
+# One valid record of every topic.
+FIXED: dict[str, Any] = {
+    "job_log": FireProposed("nightly", 1_700_000_000_000, 1_700_000_000_500, "node-1"),
+    "run_event": JobEvent("nightly#1", "nightly", "upserted", 5, SPEC),
+    "job_state": job_state(SPEC, next_due_ms=4, live_runs=("r@1",), final_runs=("r@0",)),
+    "run_state": RUN_STATE_SAMPLE,
+    "dispatch": DISPATCH_SAMPLE,
+    "heartbeat": {
+        "worker_id": "w1",
+        "at_ms": 5,
+        "capacity": CAPACITY,
+        "free": CAPACITY,
+        "labels": {"zone": "a"},
+        "running": [{"run_id": "r@1", "attempt": 1}],
+    },
+    "worker_inbox": {"worker_id": "w1", "at_ms": 5, "dispatch": DISPATCH.to_avro(DISPATCH_SAMPLE)},
+}
+
+
+# -- round trips --------------------------------------------------------------------------
+@PROPERTY
+@given(ledger_inputs)
+def test_job_log_round_trip(record: Any) -> None:
+    assert JOB_LOG.decode(JOB_LOG.encode(record)) == record
+
+
+@PROPERTY
+@given(run_events)
+def test_run_events_round_trip(record: RunEvent | JobEvent) -> None:
+    assert RUN_EVENTS.decode(RUN_EVENTS.encode(record)) == record
+
+
+@PROPERTY
+@given(job_states)
+def test_job_state_round_trip(record: JobState) -> None:
+    assert JOB_STATE.decode(JOB_STATE.encode(record)) == record
+
+
+@PROPERTY
+@given(run_states)
+def test_run_state_round_trip(record: RunState) -> None:
+    assert RUN_STATE.decode(RUN_STATE.encode(record)) == record
+
+
+@PROPERTY
+@given(dispatches)
+def test_dispatch_round_trip(record: DispatchRequest) -> None:
+    assert DISPATCH.decode(DISPATCH.encode(record)) == record
+
+
+@PROPERTY
+@given(heartbeats)
+def test_heartbeat_round_trip(record: dict[str, Any]) -> None:
+    assert HEARTBEAT.decode(HEARTBEAT.encode(record)) == record
+
+
+@PROPERTY
+@given(assignments)
+def test_worker_inbox_round_trip(record: dict[str, Any]) -> None:
+    decoded = WORKER_INBOX.decode(WORKER_INBOX.encode(record))
+    assert decoded == {
+        **record,
+        "dispatch": {**record["dispatch"], "command": list(record["dispatch"]["command"])},
+    }
+    # ...and the dispatch inside is a DispatchRequest again.
+    assert DISPATCH.from_avro(decoded["dispatch"]) == DISPATCH.from_avro(record["dispatch"])
+
+
+@pytest.mark.parametrize("cls", LEDGER_CLASSES, ids=lambda cls: cls.__name__)
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_every_ledger_input_class_round_trips(cls: type[Any], data: st.DataObject) -> None:
+    record = data.draw(records_of(cls))
+    back = JOB_LOG.decode(JOB_LOG.encode(record))
+    assert type(back) is cls
+    assert back == record
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        None,
+        CronSchedule("0 2 * * *", "Europe/Berlin"),
+        EverySchedule(30_000),
+        AtSchedule(1_800_000_000_000),
+    ],
+    ids=repr,
+)
+def test_every_schedule_kind_round_trips(schedule: Any) -> None:
+    spec = JobSpec("j", "o", schedule, ("true",), env=(("A", "1"),), depends_on=("x",))
+    state = job_state(spec, live_runs=("r1",))
+    assert JOB_STATE.decode(JOB_STATE.encode(state)) == state
+
+
+def test_env_and_labels_come_back_sorted() -> None:
+    spec = JobSpec(
+        "j",
+        "o",
+        None,
+        ("x",),
+        env=(("b", "2"), ("a", "1")),
+        resources=Resources(labels=(("z", "1"), ("m", "2"))),
+    )
+    state = job_state(spec)
+    back = JOB_STATE.decode(JOB_STATE.encode(state)).spec
+    assert back.env == (("a", "1"), ("b", "2"))
+    assert back.resources.labels == (("m", "2"), ("z", "1"))
+
+
+# -- the single-object header -------------------------------------------------------------
+def test_rabin_fingerprint_byte_order_matches_the_avro_spec() -> None:
+    # The spec's CRC-64-AVRO of "int" is 0x7275d51a3f395c8f, written little-endian.
+    assert bytes.fromhex(fingerprint('"int"', "CRC-64-AVRO")) == (0x7275D51A3F395C8F).to_bytes(
+        8, "little"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_header_is_marker_and_fingerprint_of_the_canonical_form(name: str) -> None:
+    codec = CODECS[name]
+    data = codec.encode(FIXED[name])
+    # Independently of the registry: the shipped file of this version, through fastavro.
+    raw = orjson.loads(
+        (AVRO_DIR / "history" / f"{name}.v{codec.current.version}.avsc").read_bytes()
+    )
+    canonical = to_parsing_canonical_form(parse_schema(raw))
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
+    assert data[:10] == codec.header
+    # A reader with nothing but the schema file decodes the body.
+    body = schemaless_reader(io.BytesIO(data[10:]), parse_schema(raw), None)
+    assert body == schemaless_reader(io.BytesIO(data[10:]), codec.current.parsed, None)
+    found = identify(data)
+    assert found is not None
+    assert (found.name, found.version) == (name, codec.current.version)
+    assert codec.version_of(data) is codec.current
+
+
+def test_fingerprints_are_distinct_across_schemas() -> None:
+    headers = [c.header for c in CODECS.values()]
+    assert len(set(headers)) == len(headers)
+
+
+# -- bad bytes ----------------------------------------------------------------------------
+def fire() -> bytes:
+    return JOB_LOG.encode(FIXED["job_log"])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "shorter than"),
+        (b"\xc3\x01\x00", "shorter than"),
+        (b'{"type": "job.upsert"}', "not Avro single-object"),
+        (b"\xc3\x02" + bytes(8) + b"\x00", "marker"),
+        (b"\xc3\x01" + bytes(8) + b"\x00", "unknown schema fingerprint"),
+    ],
+)
+def test_bad_headers_raise_codec_error(data: bytes, message: str) -> None:
+    with pytest.raises(CodecError, match=message):
+        JOB_LOG.decode(data)
+    assert identify(data) is None
+
+
+def test_truncated_bodies_raise_codec_error() -> None:
+    data = fire()
+    for cut in range(10, len(data)):
+        with pytest.raises(CodecError):
+            JOB_LOG.decode(data[:cut])
+
+
+def test_trailing_bytes_raise_codec_error() -> None:
+    with pytest.raises(CodecError, match="trailing"):
+        JOB_LOG.decode(fire() + b"\x00")
+
+
+def test_a_record_of_another_topic_is_refused() -> None:
+    data = fire()
+    with pytest.raises(CodecError, match="unknown schema fingerprint"):
+        RUN_STATE.decode(data)
+
+
+def test_bad_union_index_raises_codec_error() -> None:
+    data = fire()
+    with pytest.raises(CodecError, match="undecodable"):
+        JOB_LOG.decode(data[:10] + b"\x7f" + data[11:])  # branch 63 of 14
+
+
+def test_codec_error_is_a_value_error() -> None:
+    assert issubclass(CodecError, ValueError)
+
+
+@PROPERTY
+@given(st.sampled_from(sorted(CODECS)), st.binary(max_size=64))
+def test_garbage_after_a_valid_header_decodes_or_raises_codec_error(
+    name: str, garbage: bytes
+) -> None:
+    codec = CODECS[name]
+    with contextlib.suppress(CodecError):
+        codec.decode(codec.header + garbage)
+
+
+def test_encoding_a_wrong_record_raises_codec_error() -> None:
+    with pytest.raises(CodecError, match="cannot encode"):
+        JOB_LOG.encode(RUN_STATE_SAMPLE)  # type: ignore[arg-type]
+    with pytest.raises(CodecError, match="cannot encode"):
+        HEARTBEAT.encode({"worker_id": "w"})
+    bad_state = dataclasses.replace(RUN_STATE_SAMPLE, state="nonsense")  # type: ignore[arg-type]
+    with pytest.raises(CodecError, match="cannot encode"):
+        RUN_STATE.encode(bad_state)
+
+
+# -- JSON ---------------------------------------------------------------------------------
+@PROPERTY
+@given(ledger_inputs | run_events | job_states | run_states | dispatches | specs)
+def test_json_round_trip(record: Any) -> None:
+    data = to_json(record)
+    assert from_json(data) == record
+    assert from_json(data, type(record)) == record
+
+
+def test_json_shape_is_for_humans() -> None:
+    spec = JobSpec(
+        "nightly",
+        "team-a",
+        CronSchedule("0 2 * * *", "Europe/Berlin"),
+        ("etl",),
+        env=(("MODE", "prod"),),
+        resources=Resources(0.5, 256, 0, (("zone", "a"),)),
+    )
+    plain = to_plain(job_state(spec))
+    assert plain["type"] == "JobState"
+    assert plain["spec"]["schedule"] == {"cron": "0 2 * * *", "timezone": "Europe/Berlin"}
+    assert plain["spec"]["env"] == {"MODE": "prod"}
+    assert plain["spec"]["resources"]["labels"] == {"zone": "a"}
+    every = orjson.loads(to_json(JobSpec("j", "o", EverySchedule(5), ())))
+    assert every["type"] == "JobSpec"
+    assert every["schedule"] == {"every_ms": 5}
+    assert orjson.loads(to_json(JobSpec("j", "o", AtSchedule(7), ())))["schedule"] == {"at_ms": 7}
+
+
+def test_from_json_refuses_the_wrong_type() -> None:
+    with pytest.raises(ValueError, match="expected a RunState"):
+        from_json(to_json(FireProposed("j", 1, 2)), RunState)
+    with pytest.raises(ValueError, match="record type"):
+        from_json(b'{"type": "Nope"}')
+    with pytest.raises(ValueError, match="not a FireProposed"):
+        from_json(b'{"type": "FireProposed", "job_id": "j"}')
+
+
+def test_dlq_record_keeps_the_original_bytes_and_where_they_came_from() -> None:
+    original = b"\xc3\x01\xff not json, not avro \x00"
+    data = dlq_record(original, "unknown schema fingerprint", "cronlog.job-log", 3, 42)
+    obj = orjson.loads(data)
+    assert obj["reason"] == "unknown schema fingerprint"
+    assert (obj["topic"], obj["partition"], obj["offset"]) == ("cronlog.job-log", 3, 42)
+    letter = read_dlq_record(data)
+    assert letter.original == original
+    assert (letter.reason, letter.topic, letter.partition, letter.offset) == (
+        "unknown schema fingerprint",
+        "cronlog.job-log",
+        3,
+        42,
+    )

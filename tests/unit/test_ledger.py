@@ -1,0 +1,279 @@
+"""The ledger's state machine, rule by rule (pure: no Kafka)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from streams.core.ids import manual_run_id, scheduled_run_id
+from streams.core.ledger import LedgerConfig
+from streams.core.records import (
+    CancelRequested,
+    ClaimRequested,
+    DeadlineReached,
+    FireProposed,
+    JobDeleted,
+    JobPaused,
+    JobResumed,
+    JobUpserted,
+    RerunRequested,
+    RunFinished,
+    RunNowRequested,
+    RunStarted,
+    WorkerLost,
+)
+from streams.core.spec import EverySchedule, JobSpec, RetryPolicy
+from tests.support.world import World
+
+T0 = 1_800_000_000_000  # a multiple of 60 s
+MIN = 60_000
+
+
+def spec(**changes: object) -> JobSpec:
+    base = JobSpec(job_id="j", owner="o", schedule=EverySchedule(MIN), command=("true",))
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def world(**changes: object) -> World:
+    w = World()
+    w.apply(JobUpserted(spec(**changes), T0))
+    return w
+
+
+def rid(t: int) -> str:
+    return scheduled_run_id("j", t)
+
+
+def test_registration_schedules_the_first_fire_after_it() -> None:
+    w = world()
+    assert w.jobs["j"].next_due_ms == T0 + MIN
+    assert w.jobs["j"].fired_ms == T0
+
+
+def test_one_run_per_firing_and_duplicates_change_nothing() -> None:
+    w = world()
+    first = w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    assert [r.state for r in first.runs] == ["due"]
+    assert [e.event_id for e in first.events] == [f"{rid(T0 + MIN)}#1"]
+    assert len(first.dispatch) == 1
+    for proposer in ("a", "b", "zombie"):
+        again = w.apply(FireProposed("j", T0 + MIN, T0 + MIN + 5, proposer))
+        assert not again.changed
+        assert again.rejected == "already decided"
+    assert w.jobs["j"].next_due_ms == T0 + 2 * MIN
+    assert len(w.run_events()) == 1
+
+
+def test_bogus_and_early_proposals_are_rejected() -> None:
+    w = world()
+    assert w.apply(FireProposed("j", T0 + MIN + 1, T0 + MIN, "a")).rejected.startswith("not a")
+    far = T0 + 10 * MIN
+    assert w.apply(FireProposed("j", far, T0, "a")).rejected == "proposed too early"
+    assert w.apply(FireProposed("nope", T0, T0, "a")).rejected == "unknown job nope"
+
+
+def test_pre_dispatch_proposal_within_lead_is_accepted() -> None:
+    w = world()
+    d = w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 10_000, "a"))
+    assert d.dispatch[0].not_before_ms == T0 + MIN
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs", "skipped"),
+    [
+        ("run_all", 10, 0),
+        ("run_once", 1, 9),
+        ("skip", 0, 10),
+    ],
+)
+def test_misfire_policy_after_a_gap(policy: str, runs: int, skipped: int) -> None:
+    w = world(misfire=policy)
+    w.config = LedgerConfig(misfire_grace_ms=10_000)
+    late = T0 + 10 * MIN + 30_000  # ten firings missed, the newest 30 s ago
+    w.apply(FireProposed("j", T0 + MIN, late, "takeover"))
+    states = [e.state for e in w.run_events()]
+    assert states.count("due") == runs
+    assert states.count("skipped") == skipped
+    # Every missed firing is decided exactly once, and the watermark moved past them.
+    assert len({e.run_id for e in w.run_events()}) == 10
+    assert w.jobs["j"].fired_ms == T0 + 10 * MIN
+    assert w.jobs["j"].next_due_ms == T0 + 11 * MIN
+    if policy == "run_once":
+        assert w.states(rid(T0 + 10 * MIN)) == ["due"]
+
+
+def test_a_timely_firing_runs_whatever_the_misfire_policy() -> None:
+    w = world(misfire="skip")
+    at = T0 + 10 * MIN + 30_000  # T0+10min is 30 s old: within the 60 s grace
+    w.apply(FireProposed("j", T0 + MIN, at, "takeover"))
+    assert w.states(rid(T0 + 10 * MIN)) == ["due"]
+    assert [e.state for e in w.run_events()].count("skipped") == 9
+
+
+def test_catch_up_window_bounds_a_long_outage() -> None:
+    w = world(misfire="run_all")
+    w.config = LedgerConfig(catchup_window_ms=5 * MIN)
+    w.apply(FireProposed("j", T0 + MIN, T0 + 60 * MIN, "takeover"))
+    created = {e.run_id for e in w.run_events()}
+    assert created == {rid(T0 + k * MIN) for k in range(56, 61)}
+
+
+def _claim_start(
+    w: World, run_id: str, worker: str = "w1", attempt: int = 1, at: int = T0 + MIN
+) -> None:
+    w.apply(ClaimRequested("j", run_id, attempt, worker, at))
+    w.apply(RunStarted("j", run_id, attempt, worker, at + 10))
+
+
+def test_concurrency_forbid_skips_and_replace_cancels() -> None:
+    w = world(concurrency="forbid")
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    _claim_start(w, rid(T0 + MIN))
+    w.apply(FireProposed("j", T0 + 2 * MIN, T0 + 2 * MIN, "a"))
+    assert w.states(rid(T0 + 2 * MIN)) == ["skipped"]
+
+    w = world(concurrency="replace")
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    w.apply(FireProposed("j", T0 + 2 * MIN, T0 + 2 * MIN, "a"))
+    assert w.states(rid(T0 + MIN)) == ["due", "cancelled"]
+    assert w.states(rid(T0 + 2 * MIN)) == ["due"]
+
+
+def test_first_claim_wins_and_stale_attempts_are_rejected() -> None:
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    run_id = rid(T0 + MIN)
+    assert w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN)).runs[0].worker_id == "w1"
+    second = w.apply(ClaimRequested("j", run_id, 1, "w2", T0 + MIN + 1))
+    assert not second.changed
+    assert "already claimed by w1" in second.rejected
+    assert "stale attempt" in w.apply(ClaimRequested("j", run_id, 2, "w2", T0 + MIN)).rejected
+    assert not w.apply(RunStarted("j", run_id, 1, "w2", T0 + MIN + 2)).changed
+    assert w.apply(RunStarted("j", run_id, 1, "w1", T0 + MIN + 2)).runs[0].state == "running"
+    assert not w.apply(RunFinished("j", run_id, 1, "w2", 0, "", T0 + MIN + 3)).changed
+    w.apply(RunFinished("j", run_id, 1, "w1", 0, "", T0 + MIN + 3))
+    assert w.states(run_id) == ["due", "dispatched", "running", "succeeded"]
+    assert not w.apply(RunFinished("j", run_id, 1, "w1", 1, "", T0 + MIN + 4)).changed
+    assert w.jobs["j"].live_runs == ()
+
+
+def test_failure_of_a_non_idempotent_job_is_final() -> None:
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    _claim_start(w, rid(T0 + MIN))
+    w.apply(RunFinished("j", rid(T0 + MIN), 1, "w1", 3, "", T0 + MIN + 50))
+    assert w.states(rid(T0 + MIN))[-1] == "failed"
+    assert w.runs[rid(T0 + MIN)].reason == "exit code 3"
+
+
+def test_retries_back_off_exponentially_then_give_up() -> None:
+    w = world(
+        idempotent=True,
+        retry=RetryPolicy(max_attempts=3, backoff_s=10, backoff_multiplier=2, max_backoff_s=600),
+    )
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    run_id = rid(T0 + MIN)
+    at = T0 + MIN
+    for attempt, backoff_ms in ((1, 10_000), (2, 20_000)):
+        _claim_start(w, run_id, attempt=attempt, at=at)
+        w.apply(RunFinished("j", run_id, attempt, "w1", 1, "", at + 100))
+        run = w.runs[run_id]
+        assert run.state == "retrying"
+        assert run.deadline_kind == "retry"
+        assert run.deadline_ms is not None
+        assert backoff_ms <= run.deadline_ms - (at + 100) <= backoff_ms * 1.1
+        early = w.apply(DeadlineReached("j", run_id, attempt, "retry", run.deadline_ms - 1))
+        assert early.rejected == "deadline not reached yet"
+        at = run.deadline_ms
+        due = w.apply(DeadlineReached("j", run_id, attempt, "retry", at))
+        assert due.runs[0].attempt == attempt + 1
+        assert due.dispatch[0].attempt == attempt + 1
+    _claim_start(w, run_id, attempt=3, at=at)
+    w.apply(RunFinished("j", run_id, 3, "w1", 1, "", at + 100))
+    assert w.runs[run_id].state == "failed"
+
+
+@pytest.mark.parametrize(("idempotent", "state"), [(False, "failed"), (True, "retrying")])
+def test_lost_worker_retries_only_idempotent_jobs(idempotent: bool, state: str) -> None:
+    w = world(idempotent=idempotent, retry=RetryPolicy(max_attempts=2))
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    _claim_start(w, rid(T0 + MIN))
+    assert not w.apply(WorkerLost("j", rid(T0 + MIN), 1, "w9", T0 + 2 * MIN)).changed
+    w.apply(WorkerLost("j", rid(T0 + MIN), 1, "w1", T0 + 2 * MIN))
+    assert w.runs[rid(T0 + MIN)].state == state
+    assert "lost" in w.runs[rid(T0 + MIN)].reason
+
+
+def test_unclaimed_dispatch_is_sent_again_and_timeout_backstop_fails() -> None:
+    w = world(timeout_s=60)
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    run = w.runs[rid(T0 + MIN)]
+    assert run.deadline_kind == "claim"
+    assert run.deadline_ms is not None
+    again = w.apply(DeadlineReached("j", run.run_id, 1, "claim", run.deadline_ms))
+    assert len(again.dispatch) == 1
+    assert again.events == ()
+    _claim_start(w, run.run_id, at=T0 + 2 * MIN)
+    running = w.runs[run.run_id]
+    assert running.deadline_kind == "timeout"
+    assert running.deadline_ms == T0 + 2 * MIN + 10 + 60_000 + LedgerConfig().timeout_grace_ms
+    w.apply(DeadlineReached("j", run.run_id, 1, "timeout", running.deadline_ms))
+    assert w.runs[run.run_id].state == "failed"
+    assert w.runs[run.run_id].reason.startswith("timeout")
+
+
+def test_pause_stops_firing_and_resume_does_not_replay_the_pause() -> None:
+    w = world()
+    w.apply(JobPaused("j", T0 + 30_000))
+    assert w.jobs["j"].next_due_ms is None
+    assert w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a")).rejected
+    w.apply(JobResumed("j", T0 + 5 * MIN + 30_000))
+    assert w.jobs["j"].next_due_ms == T0 + 6 * MIN
+    assert w.run_events() == []
+
+
+def test_delete_cancels_waiting_runs_and_stops_the_job() -> None:
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    w.apply(JobDeleted("j", T0 + MIN + 5))
+    assert w.states(rid(T0 + MIN)) == ["due", "cancelled"]
+    assert w.jobs["j"].deleted
+    assert w.apply(FireProposed("j", T0 + 2 * MIN, T0 + 2 * MIN, "a")).rejected
+
+
+def test_run_now_and_rerun_are_idempotent_on_request_id() -> None:
+    w = world()
+    first = w.apply(RunNowRequested("j", "req-1", T0 + 5))
+    assert [r.run_id for r in first.runs] == [manual_run_id("j", "req-1")]
+    assert w.apply(RunNowRequested("j", "req-1", T0 + 6)).rejected == "duplicate request"
+    run_id = manual_run_id("j", "req-1")
+    _claim_start(w, run_id, at=T0 + 10)
+    w.apply(RunFinished("j", run_id, 1, "w1", 1, "", T0 + 20))
+    rerun = w.apply(RerunRequested("j", run_id, "again-1", T0 + 30))
+    assert rerun.runs[0].attempt == 2
+    assert rerun.runs[0].state == "due"
+    assert w.apply(RerunRequested("j", run_id, "again-1", T0 + 31)).rejected
+    assert "still due" in w.apply(RerunRequested("j", run_id, "again-2", T0 + 32)).rejected
+
+
+def test_cancel_is_final_and_late_reports_are_ignored() -> None:
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    _claim_start(w, rid(T0 + MIN))
+    w.apply(CancelRequested("j", rid(T0 + MIN), T0 + MIN + 20))
+    assert w.runs[rid(T0 + MIN)].state == "cancelled"
+    assert not w.apply(RunFinished("j", rid(T0 + MIN), 1, "w1", 0, "", T0 + MIN + 30)).changed
+
+
+def test_only_the_newest_final_runs_are_kept() -> None:
+    w = world()
+    w.config = LedgerConfig(keep_final_runs=3)
+    for k in range(1, 8):
+        t = T0 + k * MIN
+        w.apply(FireProposed("j", t, t, "a"))
+        _claim_start(w, rid(t), at=t)
+        w.apply(RunFinished("j", rid(t), 1, "w1", 0, "", t + 100))
+    assert set(w.runs) == {rid(T0 + k * MIN) for k in (5, 6, 7)}
+    # Forgotten runs stay decided: the watermark still rejects their proposals.
+    assert w.apply(FireProposed("j", T0 + MIN, T0 + 8 * MIN, "a")).rejected == "already decided"

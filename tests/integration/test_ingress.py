@@ -1,0 +1,92 @@
+"""Ingress on the real broker: a batch mixing valid commands with every kind of bad input.
+Every bad one lands in commands.dlq with its original bytes and a reason; every good one
+takes effect (the ledger emits its job event); the agent keeps going."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from streams.settings import Settings
+from tests.support.kafka import consumer, drain
+from tests.support.nodes import EventReader, Node, send_commands
+
+pytestmark = pytest.mark.integration
+
+
+def upsert(job_id: str, **extra: object) -> dict[str, object]:
+    return {
+        "type": "job.upsert",
+        "job_id": job_id,
+        "owner": "team-a",
+        "schedule": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"},
+        "command": ["true"],
+        **extra,
+    }
+
+
+BAD: list[tuple[bytes, str]] = [
+    (b"{this is not json", "not valid JSON"),
+    (orjson.dumps({"type": "job.explode", "job_id": "x"}), "unknown command type"),
+    (orjson.dumps(upsert("bad-cron", schedule={"cron": "61 * * * *"})), "schedule"),
+    (
+        orjson.dumps(upsert("bad-tz", schedule={"cron": "0 3 * * *", "timezone": "Mars/Base"})),
+        "Mars/Base",
+    ),
+    (orjson.dumps(upsert("neg", resources={"cpu": -1})), "resources.cpu"),
+    (orjson.dumps(upsert("big", env={"PAD": "x" * 70_000})), "bytes"),
+    (orjson.dumps(upsert("has space")), "job_id"),
+    (orjson.dumps(upsert("no-argv", command=[])), "command"),
+]
+
+
+@pytest.fixture(scope="module")
+def node(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    started = Node(topics, "ingress-n1", tmp_path_factory.mktemp("nodes")).start()
+    yield started
+    started.stop()
+
+
+def test_bad_commands_go_to_the_dlq_and_good_ones_take_effect(topics: Settings, node: Node) -> None:
+    good = [upsert(f"good-{i}") for i in range(5)]
+    batch: list[bytes | dict[str, object]] = []
+    for i, (raw, _) in enumerate(BAD):
+        batch.append(good[i % len(good)] if i < len(good) else upsert(f"good-extra-{i}"))
+        batch.append(raw)
+    batch.append({"type": "job.pause", "job_id": "good-0"})
+    send_commands(topics, batch)
+
+    dlq = consumer(topics, "commands.dlq")
+    try:
+        dead = [orjson.loads(m.value() or b"") for m in drain(dlq, len(BAD), 120, 2.0)]
+    finally:
+        dlq.close()
+    assert len(dead) == len(BAD)
+    by_original = {base64.b64decode(d["original_base64"]): d for d in dead}
+    for raw, reason in BAD:
+        assert raw in by_original, raw[:60]
+        assert reason in by_original[raw]["reason"], by_original[raw]["reason"]
+        assert by_original[raw]["topic"] == topics.topic("commands")
+
+    events = EventReader(topics, "ingress-check")
+    try:
+        expected = {c["job_id"] for c in batch if isinstance(c, dict) and c["type"] == "job.upsert"}
+        events.wait_until(
+            lambda: (
+                {e.job_id for e in events.job_events() if e.kind == "upserted"} >= expected
+                and any(e.kind == "paused" for e in events.job_events())
+            ),
+            90,
+            "job events of every valid command",
+        )
+        kinds = [(e.job_id, e.kind) for e in events.job_events()]
+    finally:
+        events.close()
+    assert ("good-0", "paused") in kinds
+    assert node.alive
+    assert len(kinds) == len(expected) + 1
+    assert Path(node.log).exists()

@@ -1,0 +1,135 @@
+"""Run `cronlog scheduler` nodes as real subprocesses, and read what they wrote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, Producer
+
+from schemas.codec import RUN_EVENTS
+from streams.core.records import JobEvent, RunEvent
+from streams.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CRONLOG_KAFKA": settings.kafka,
+        "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
+        "CRONLOG_PARTITIONS": str(settings.partitions),
+        "CRONLOG_DATABASE_URL": settings.database_url,
+    }
+
+
+class Node:
+    def __init__(self, settings: Settings, name: str, logdir: Path):
+        self.settings = settings
+        self.name = name
+        self.log = logdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Node:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "connectors.cli",
+                    "scheduler",
+                    "--node-id",
+                    self.name,
+                    "--loglevel",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env_for(self.settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def send_commands(settings: Settings, commands: list[bytes | dict[str, object]]) -> None:
+    producer = Producer({"bootstrap.servers": settings.kafka})
+    for command in commands:
+        value = command if isinstance(command, bytes) else orjson.dumps(command)
+        producer.produce(settings.topic("commands"), value=value)
+    assert producer.flush(30) == 0
+
+
+@dataclass(frozen=True)
+class Seen:
+    event: RunEvent | JobEvent
+    written_ms: int  # Kafka timestamp: when the ledger produced it
+
+
+class EventReader:
+    """Follows run-events (read_committed) from the beginning."""
+
+    def __init__(self, settings: Settings, group: str):
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka,
+                "group.id": settings.group(group),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self.consumer.subscribe([settings.topic("run-events")])
+        self.seen: list[Seen] = []
+
+    def poll_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for msg in self.consumer.consume(1000, timeout=0.2):
+                if msg.error() is None and msg.value():
+                    self.seen.append(
+                        Seen(RUN_EVENTS.decode(msg.value() or b""), msg.timestamp()[1])
+                    )
+
+    def wait_until(self, predicate: object, timeout_s: float, what: str) -> None:
+        assert callable(predicate)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if predicate():
+                return
+            self.poll_for(0.5)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def run_events(self) -> list[tuple[RunEvent, int]]:
+        return [(s.event, s.written_ms) for s in self.seen if isinstance(s.event, RunEvent)]
+
+    def job_events(self) -> list[JobEvent]:
+        return [s.event for s in self.seen if isinstance(s.event, JobEvent)]
+
+    def close(self) -> None:
+        self.consumer.close()

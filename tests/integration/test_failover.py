@@ -92,7 +92,7 @@ def test_one_run_per_firing_through_a_kill(topics: Settings, nodes: list[Node]) 
 
     registered = {e.job_id: e.at_ms for e in events.job_events() if e.kind == "upserted"}
     paused = {e.job_id: e.at_ms for e in events.job_events() if e.kind == "paused"}
-    created = Counter()
+    created: Counter[tuple[str, int]] = Counter()
     lateness_s: list[float] = []
     failover_lateness_s: list[float] = []
     for event, written_ms in events.run_events():

@@ -80,8 +80,12 @@ class Node:
 def send_commands(settings: Settings, commands: list[bytes | dict[str, object]]) -> None:
     producer = Producer({"bootstrap.servers": settings.kafka})
     for command in commands:
-        value = command if isinstance(command, bytes) else orjson.dumps(command)
-        producer.produce(settings.topic("commands"), value=value)
+        # Keyed by job_id, as the contract asks: one job's commands stay in order.
+        if isinstance(command, bytes):
+            producer.produce(settings.topic("commands"), value=command)
+        else:
+            key = str(command.get("job_id", "")).encode() or None
+            producer.produce(settings.topic("commands"), key=key, value=orjson.dumps(command))
     assert producer.flush(30) == 0
 
 

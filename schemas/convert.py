@@ -16,6 +16,7 @@ from streams.core.records import (
     CancelRequested,
     ClaimRequested,
     DeadlineReached,
+    DependencyLinked,
     DispatchRequest,
     FireProposed,
     JobDeleted,
@@ -31,6 +32,8 @@ from streams.core.records import (
     RunNowRequested,
     RunStarted,
     RunState,
+    UpstreamFinished,
+    UpstreamOutcome,
     WorkerLost,
 )
 from streams.core.spec import (
@@ -173,6 +176,16 @@ def job_state_to_avro(s: JobState) -> AvroDict:
         "final_runs": s.final_runs,
         "recent_requests": s.recent_requests,
         "version": s.version,
+        "dependents": s.dependents,
+        "upstream_outcomes": [
+            {
+                "upstream": o.upstream,
+                "scheduled_ms": o.scheduled_ms,
+                "succeeded": o.succeeded,
+                "next_ms": o.next_ms,
+            }
+            for o in s.upstream_outcomes
+        ],
     }
 
 
@@ -189,6 +202,11 @@ def job_state_from_avro(d: AvroDict) -> JobState:
         final_runs=tuple(d["final_runs"]),
         recent_requests=tuple(d["recent_requests"]),
         version=d["version"],
+        dependents=tuple(d["dependents"]),
+        upstream_outcomes=tuple(
+            UpstreamOutcome(o["upstream"], o["scheduled_ms"], o["succeeded"], o["next_ms"])
+            for o in d["upstream_outcomes"]
+        ),
     )
 
 
@@ -274,6 +292,8 @@ LEDGER_CLASSES: tuple[type[LedgerInput], ...] = (
     RunFinished,
     DeadlineReached,
     WorkerLost,
+    DependencyLinked,
+    UpstreamFinished,
 )
 
 CONVERTERS: dict[type[Any], tuple[str, ToAvro, FromAvro]] = {

@@ -247,6 +247,11 @@ class Ledger:
                 value=RUN_EVENTS.encode(event),
                 partition=partition,
             )
+        for notice in decision.notices:
+            # Another job's log: keyed by its job_id, the partitioner picks the partition.
+            produce(
+                self.topics["job-log"], key=notice.job_id.encode(), value=JOB_LOG.encode(notice)
+            )
         for request in decision.dispatch:
             produce(
                 self.topics["dispatch"], key=request.run_id.encode(), value=DISPATCH.encode(request)

@@ -27,6 +27,7 @@ from streams.core.records import (
     ClaimRequested,
     DeadlineKind,
     DeadlineReached,
+    DependencyLinked,
     DispatchRequest,
     FireProposed,
     JobDeleted,
@@ -44,6 +45,8 @@ from streams.core.records import (
     RunState,
     RunStateName,
     Trigger,
+    UpstreamFinished,
+    UpstreamOutcome,
     WorkerLost,
 )
 from streams.core.schedule import fires_between, jitter_ms, next_fire
@@ -67,6 +70,9 @@ class LedgerConfig:
     # Finished runs kept per job (for rerun and duplicate reports) before being forgotten.
     keep_final_runs: int = 20
     keep_request_ids: int = 1000
+    # A run waiting on its upstreams is skipped if they have not all finished by then.
+    dependency_wait_ms: int = 24 * 3600 * 1000
+    keep_upstream_outcomes: int = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +82,14 @@ class Decision:
     forget: tuple[str, ...] = ()  # run ids to drop from the run table (tombstones)
     events: tuple[RunEvent | JobEvent, ...] = ()
     dispatch: tuple[DispatchRequest, ...] = ()
+    # Inputs for other jobs' logs (dependency links and upstream notices), written in the
+    # same transaction as everything else.
+    notices: tuple[LedgerInput, ...] = ()
     rejected: str = ""  # why the input changed nothing, for logs and metrics
 
     @property
     def changed(self) -> bool:
-        return self.job is not None or bool(self.runs or self.forget)
+        return self.job is not None or bool(self.runs or self.forget or self.notices)
 
 
 RunLookup = Callable[[str], RunState | None]
@@ -91,6 +100,8 @@ def decide(
 ) -> Decision:
     if isinstance(inp, JobUpserted):
         return _upsert(job, inp)
+    if job is None and isinstance(inp, DependencyLinked):
+        job = _stub(inp.job_id, inp.at_ms)  # the upstream is not registered (yet)
     if job is None:
         return Decision(rejected=f"unknown job {_job_id(inp)}")
     builder = _Builder(job, runs, inp.at_ms, config)
@@ -117,7 +128,29 @@ def decide(
             builder.lost(inp)
         case BackfillRequested():
             builder.backfill(inp)
+        case DependencyLinked():
+            builder.link(inp)
+        case UpstreamFinished():
+            builder.upstream_finished(inp)
     return builder.decision()
+
+
+def _stub(job_id: str, at: int) -> JobState:
+    """A placeholder for a job others depend on before it exists: deleted, so it never
+    fires, but it keeps the links until the job is registered."""
+    return JobState(
+        spec=JobSpec(job_id=job_id, owner="", schedule=None, command=()),
+        paused=False,
+        deleted=True,
+        created_ms=at,
+        updated_ms=at,
+        fired_ms=at,
+        next_due_ms=None,
+        live_runs=(),
+        final_runs=(),
+        recent_requests=(),
+        version=0,
+    )
 
 
 def _job_id(inp: LedgerInput) -> str:
@@ -130,6 +163,8 @@ def _next_due(spec: JobSpec, after_ms: int) -> int | None:
 
 def _upsert(job: JobState | None, inp: JobUpserted) -> Decision:
     spec, at = inp.spec, inp.at_ms
+    before = () if job is None or job.deleted else job.spec.depends_on
+    notices = _links(spec.job_id, before, spec.depends_on, at)
     if job is None or job.deleted:
         # Only times after registration are due (a re-created job starts afresh, but
         # never below the old watermark: those times were decided once already).
@@ -146,6 +181,8 @@ def _upsert(job: JobState | None, inp: JobUpserted) -> Decision:
             final_runs=() if job is None else job.final_runs,
             recent_requests=() if job is None else job.recent_requests,
             version=1 if job is None else job.version + 1,
+            dependents=() if job is None else job.dependents,
+            upstream_outcomes=() if job is None else job.upstream_outcomes,
         )
     else:
         fired = job.fired_ms
@@ -161,7 +198,16 @@ def _upsert(job: JobState | None, inp: JobUpserted) -> Decision:
             version=job.version + 1,
         )
     event = JobEvent(f"{spec.job_id}#job#{new.version}", spec.job_id, "upserted", at, spec)
-    return Decision(job=new, events=(event,))
+    return Decision(job=new, events=(event,), notices=notices)
+
+
+def _links(
+    job_id: str, before: tuple[str, ...], after: tuple[str, ...], at: int
+) -> tuple[DependencyLinked, ...]:
+    """Tell each upstream added or removed that `job_id` depends on it (or no longer)."""
+    added = [DependencyLinked(u, job_id, True, at) for u in after if u not in before]
+    removed = [DependencyLinked(u, job_id, False, at) for u in before if u not in after]
+    return tuple(added + removed)
 
 
 class _Builder:
@@ -177,6 +223,7 @@ class _Builder:
         self.forget: list[str] = []
         self.events: list[RunEvent | JobEvent] = []
         self.dispatch: list[DispatchRequest] = []
+        self.notices: list[LedgerInput] = []
         self.rejected = ""
 
     # -- plumbing ---------------------------------------------------------------------
@@ -187,6 +234,7 @@ class _Builder:
             forget=tuple(self.forget),
             events=tuple(self.events),
             dispatch=tuple(self.dispatch),
+            notices=tuple(self.notices),
             rejected=self.rejected,
         )
 
@@ -249,6 +297,20 @@ class _Builder:
         )
         if final:
             self._retire(run.run_id)
+            if run.trigger != "manual":
+                spec = self.job.spec
+                after = next_fire(spec.schedule, run.scheduled_ms, spec.dst)
+                for dependent in self.job.dependents:
+                    self.notices.append(
+                        UpstreamFinished(
+                            dependent,
+                            run.job_id,
+                            run.scheduled_ms,
+                            state == "succeeded",
+                            self.at,
+                            after,
+                        )
+                    )
         return moved
 
     def _retire(self, run_id: str) -> None:
@@ -262,9 +324,16 @@ class _Builder:
             finals = finals[len(finals) - keep :]
         self.set_job(live_runs=live, final_runs=finals)
 
-    def _create(self, scheduled: int, trigger: Trigger, run_id: str, request_id: str = "") -> None:
+    def _create(
+        self,
+        scheduled: int,
+        trigger: Trigger,
+        run_id: str,
+        request_id: str = "",
+        period_start: int | None = None,
+    ) -> None:
+        """A new run: `due` at once, or `waiting` on upstreams for (period_start, scheduled]."""
         spec = self.job.spec
-        not_before = max(scheduled + jitter_ms(spec.job_id, scheduled, spec.jitter_s), self.at)
         run = RunState(
             run_id=run_id,
             job_id=spec.job_id,
@@ -283,9 +352,53 @@ class _Builder:
             reason="",
             seq=0,
             request_id=request_id,
+            period_start_ms=period_start,
         )
         self.set_job(live_runs=(*self.job.live_runs, run_id))
-        self._due(run, 1, not_before, "")
+        if spec.depends_on and period_start is not None:
+            wait = scheduled + self.config.dependency_wait_ms
+            self._evaluate(self._move(run, "waiting", deadline=(wait, "dependency")))
+        else:
+            self._release(run, "")
+
+    def _release(self, run: RunState, reason: str) -> None:
+        spec = self.job.spec
+        not_before = max(
+            run.scheduled_ms + jitter_ms(spec.job_id, run.scheduled_ms, spec.jitter_s), self.at
+        )
+        self._due(run, run.attempt, not_before, reason)
+
+    def _evaluate(self, run: RunState) -> None:
+        """Release a waiting run when every upstream succeeded for its period; skip it
+        when one finally did not; else leave it waiting."""
+        start = run.period_start_ms if run.period_start_ms is not None else run.scheduled_ms - 1
+        pending = []
+        for upstream in self.job.spec.depends_on:
+            outcome = self._outcome(upstream, start, run.scheduled_ms)
+            later = (
+                outcome is not None
+                and outcome.next_ms is not None
+                and (outcome.next_ms <= run.scheduled_ms)
+            )
+            if outcome is None or later:  # not finished, or a later run is in the period
+                pending.append(upstream)
+            elif not outcome.succeeded:
+                self._move(run, "skipped", f"upstream {upstream} did not succeed")
+                return
+        if not pending:
+            self._release(run, "upstreams succeeded")
+
+    def _outcome(self, upstream: str, after: int, until: int) -> UpstreamOutcome | None:
+        """The upstream's latest outcome scheduled in (after, until]."""
+        best: UpstreamOutcome | None = None
+        for o in self.job.upstream_outcomes:
+            if (
+                o.upstream == upstream
+                and after < o.scheduled_ms <= until
+                and (best is None or o.scheduled_ms > best.scheduled_ms)
+            ):
+                best = o
+        return best
 
     def _due(self, run: RunState, attempt: int, not_before: int, reason: str) -> None:
         """Make (run, attempt) due and ask the dispatcher to place it."""
@@ -361,6 +474,7 @@ class _Builder:
                 if run is not None and run.state in ("waiting", "due", "retrying"):
                     self._move(run, "cancelled", "job deleted")
             self.set_job(deleted=True, next_due_ms=None)
+            self.notices.extend(_links(job.spec.job_id, job.spec.depends_on, (), self.at))
             kind = "deleted"
         self.set_job(version=self.job.version + 1)
         self.events.append(
@@ -399,11 +513,13 @@ class _Builder:
             run_late = set(late)
         elif spec.misfire == "run_once" and late and not timely:
             run_late = {late[-1]}
+        previous = job.fired_ms
         for t in times:
             if t in run_late or t in timely:
-                self._fire_one(t)
+                self._fire_one(t, previous)
             else:
                 self._skip(t, "schedule", f"misfire ({spec.misfire})")
+            previous = t
         self.set_job(fired_ms=latest_due, next_due_ms=_next_due(spec, latest_due))
 
     def _last_fire_at_or_before(self, t: int) -> int:
@@ -413,7 +529,7 @@ class _Builder:
         times = fires_between(spec.schedule, window_start, t, spec.dst, limit=1_000_000)
         return times[-1] if times else self.job.fired_ms
 
-    def _fire_one(self, scheduled: int) -> None:
+    def _fire_one(self, scheduled: int, period_start: int) -> None:
         spec = self.job.spec
         run_id = scheduled_run_id(spec.job_id, scheduled)
         if self.run(run_id) is not None:
@@ -424,7 +540,7 @@ class _Builder:
         if live and spec.concurrency == "replace":
             for old in live:
                 self._move(old, "cancelled", f"replaced by {run_id}")
-        self._create(scheduled, "schedule", run_id)
+        self._create(scheduled, "schedule", run_id, period_start=period_start)
 
     def run_now(self, inp: RunNowRequested) -> None:
         if self.job.deleted:
@@ -447,8 +563,10 @@ class _Builder:
         fresh = [t for t in times if self.run(scheduled_run_id(spec.job_id, t)) is None]
         if not fresh:
             return self.reject("nothing to backfill before the job's registration")
+        previous = inp.from_ms - 1
         for t in fresh:
-            self._create(t, "backfill", scheduled_run_id(spec.job_id, t))
+            self._create(t, "backfill", scheduled_run_id(spec.job_id, t), period_start=previous)
+            previous = t
 
     def rerun(self, inp: RerunRequested) -> None:
         run = self.run(inp.run_id)
@@ -464,6 +582,55 @@ class _Builder:
             final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
         )
         self._due(run, run.attempt + 1, self.at, f"rerun {inp.request_id}")
+
+    # -- dependencies -----------------------------------------------------------------
+    def link(self, inp: DependencyLinked) -> None:
+        dependents = tuple(d for d in self.job.dependents if d != inp.dependent)
+        if inp.linked:
+            dependents = (*dependents, inp.dependent)
+        if dependents == self.job.dependents:
+            return self.reject("link unchanged")
+        self.set_job(dependents=dependents)
+
+    def upstream_finished(self, inp: UpstreamFinished) -> None:
+        job = self.job
+        if job.deleted or inp.upstream not in job.spec.depends_on:
+            return self.reject(f"{inp.upstream} is not an upstream of {job.spec.job_id}")
+        outcome = UpstreamOutcome(
+            inp.upstream, inp.scheduled_ms, inp.succeeded, inp.upstream_next_ms
+        )
+        kept = [
+            o
+            for o in job.upstream_outcomes
+            if (o.upstream, o.scheduled_ms) != (inp.upstream, inp.scheduled_ms)
+        ]
+        kept.append(outcome)
+        kept.sort(key=lambda o: o.scheduled_ms)
+        self.set_job(upstream_outcomes=tuple(kept[-self.config.keep_upstream_outcomes :]))
+        if job.spec.schedule is None:
+            return self._dag_step(inp)
+        for run_id in job.live_runs:
+            run = self.run(run_id)
+            if run is not None and run.state == "waiting":
+                self._evaluate(run)
+
+    def _dag_step(self, inp: UpstreamFinished) -> None:
+        """A job without a schedule runs once per period in which all upstreams succeeded."""
+        t = inp.scheduled_ms
+        if t <= self.job.fired_ms or self.job.paused:
+            return None
+        run_id = scheduled_run_id(self.job.spec.job_id, t)
+        if not inp.succeeded:
+            self.set_job(fired_ms=t)
+            return self._skip(t, "dependency", f"upstream {inp.upstream} did not succeed")
+        after = self.job.fired_ms
+        if all(
+            (o := self._outcome(u, after, t)) is not None and o.succeeded
+            for u in self.job.spec.depends_on
+        ):
+            self.set_job(fired_ms=t)
+            self._create(t, "dependency", run_id)
+        return None
 
     def _remember(self, request_id: str) -> None:
         keep = self.config.keep_request_ids
@@ -547,6 +714,8 @@ class _Builder:
             self._dispatch(again, self.at)
         elif inp.kind == "retry":
             self._due(run, run.attempt + 1, self.at, f"retry {run.attempt + 1}")
+        elif inp.kind == "dependency":
+            self._move(run, "skipped", "upstreams did not all succeed in time")
         else:
             self._fail_attempt(
                 run, "timeout: no report from the worker", retry_allowed=self.job.spec.idempotent

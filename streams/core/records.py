@@ -26,7 +26,7 @@ RunStateName: TypeAlias = Literal[
 ]
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "skipped"})
 Trigger: TypeAlias = Literal["schedule", "backfill", "manual", "dependency"]
-DeadlineKind: TypeAlias = Literal["claim", "timeout", "retry"]
+DeadlineKind: TypeAlias = Literal["claim", "timeout", "retry", "dependency"]
 
 
 # -- job-log: the ledger's input ---------------------------------------------------------
@@ -146,6 +146,32 @@ class WorkerLost:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class DependencyLinked:
+    """Job `dependent` declares `job_id` an upstream (linked=False: no longer). Written by
+    the dependent's ledger to the upstream's log, so the upstream knows whom to notify."""
+
+    job_id: str
+    dependent: str
+    linked: bool
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamFinished:
+    """The upstream's run for `scheduled_ms` reached a final state. Written by the
+    upstream's ledger to the log of each dependent (`job_id`)."""
+
+    job_id: str
+    upstream: str
+    scheduled_ms: int
+    succeeded: bool
+    at_ms: int
+    # The upstream's next fire after scheduled_ms: a dependent whose period reaches it
+    # waits for that later run instead.
+    upstream_next_ms: int | None = None
+
+
 LedgerInput: TypeAlias = (
     JobUpserted
     | JobPaused
@@ -161,10 +187,20 @@ LedgerInput: TypeAlias = (
     | RunFinished
     | DeadlineReached
     | WorkerLost
+    | DependencyLinked
+    | UpstreamFinished
 )
 
 
 # -- state: compacted jobs and runs topics ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UpstreamOutcome:
+    upstream: str
+    scheduled_ms: int
+    succeeded: bool
+    next_ms: int | None = None  # the upstream's next fire after scheduled_ms
+
+
 @dataclass(frozen=True, slots=True)
 class JobState:
     spec: JobSpec
@@ -180,6 +216,10 @@ class JobState:
     final_runs: tuple[str, ...]  # the newest final runs still kept (rerun, late reports)
     recent_requests: tuple[str, ...]  # run_now/rerun request ids already applied
     version: int  # transitions of this job (event ids)
+    dependents: tuple[str, ...] = ()  # jobs that depend on this one (notified when runs end)
+    # Recent final outcomes of this job's upstreams: an upstream may finish before the
+    # downstream run of its period exists.
+    upstream_outcomes: tuple[UpstreamOutcome, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +241,8 @@ class RunState:
     reason: str
     seq: int  # transitions so far: event ids are f"{run_id}#{seq}"
     request_id: str = ""
+    # A waiting run depends on its upstreams' runs scheduled in (period_start_ms, scheduled].
+    period_start_ms: int | None = None
 
     @property
     def final(self) -> bool:

@@ -25,8 +25,17 @@ class World:
     events: list[RunEvent | JobEvent] = field(default_factory=list)
     dispatch: list[DispatchRequest] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
+    # Notices for other jobs' logs; delivered at once unless a test takes them itself.
+    outbox: list[LedgerInput] = field(default_factory=list)
+    deliver_notices: bool = True
 
     def apply(self, inp: LedgerInput) -> Decision:
+        decision = self._apply_one(inp)
+        while self.deliver_notices and self.outbox:
+            self._apply_one(self.outbox.pop(0))
+        return decision
+
+    def _apply_one(self, inp: LedgerInput) -> Decision:
         job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
         decision = decide(self.jobs.get(job_id), self.runs.get, inp, self.config)
         if decision.job is not None:
@@ -37,6 +46,7 @@ class World:
             self.runs.pop(run_id, None)
         self.events.extend(decision.events)
         self.dispatch.extend(decision.dispatch)
+        self.outbox.extend(decision.notices)
         if decision.rejected:
             self.rejections.append(decision.rejected)
         return decision
@@ -50,6 +60,8 @@ class World:
             list(self.events),
             list(self.dispatch),
             list(self.rejections),
+            list(self.outbox),
+            self.deliver_notices,
         )
 
     def run_events(self, run_id: str | None = None) -> list[RunEvent]:

@@ -39,6 +39,7 @@ from streams.core.records import (
     RunState,
     RunStateName,
     Trigger,
+    UpstreamOutcome,
 )
 from streams.core.spec import (
     CONCURRENCY_POLICIES,
@@ -135,6 +136,17 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "resources": resources,
     "timeout_s": reals,
     "priority": longs,
+    "dependent": ids,
+    "upstream": ids,
+    "linked": st.booleans(),
+    "succeeded": st.booleans(),
+    "dependents": id_tuples,
+    "upstream_outcomes": st.lists(
+        st.builds(UpstreamOutcome, ids, st.integers(0, 2**45), st.booleans(), maybe_ms),
+        max_size=3,
+    ).map(tuple),
+    "period_start_ms": maybe_ms,
+    "upstream_next_ms": maybe_ms,
 }
 
 

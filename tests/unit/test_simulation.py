@@ -42,7 +42,8 @@ SEEDS = int(os.environ.get("CRONLOG_SIM_SEEDS", "200"))
 STEPS = int(os.environ.get("CRONLOG_SIM_STEPS", "1500"))
 
 LEGAL: dict[str | None, set[str]] = {
-    None: {"due", "skipped"},
+    None: {"due", "skipped", "waiting"},
+    "waiting": {"due", "skipped", "cancelled"},
     "due": {"dispatched", "cancelled"},
     "dispatched": {"running", "succeeded", "failed", "retrying", "cancelled"},
     "running": {"succeeded", "failed", "retrying", "cancelled"},
@@ -58,13 +59,14 @@ CONFIG = LedgerConfig(
     misfire_grace_ms=3000,
     catchup_window_ms=120_000,
     max_lead_ms=2000,
+    dependency_wait_ms=20_000,
 )
 
 
 class Sim:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
-        self.world = World(config=CONFIG)
+        self.world = World(config=CONFIG, deliver_notices=False)
         self.now = T0
         self.log: list[LedgerInput] = []
         self.inflight: list[LedgerInput] = []
@@ -94,12 +96,16 @@ class Sim:
                 ),
                 misfire=self.rng.choice(["run_all", "run_once", "skip"]),
                 concurrency=self.rng.choice(["allow", "allow", "forbid", "replace"]),
+                depends_on=(f"job{i - 1}",) if i and self.rng.random() < 0.4 else (),
             )
             self.deliver_now(JobUpserted(spec, self.now))
 
     def deliver_now(self, inp: LedgerInput) -> None:
         self.log.append(inp)
         self.world.apply(inp)
+        # Notices for other jobs travel through the log like everything else.
+        self.inflight.extend(self.world.outbox)
+        self.world.outbox.clear()
 
     # -- actors -----------------------------------------------------------------------
     def scheduler(self, view: World, proposer: str) -> None:
@@ -158,6 +164,7 @@ class Sim:
         replayed = snapshot.snapshot()
         for inp in self.log[position:]:
             replayed.apply(inp)
+            replayed.outbox.clear()
         assert replayed.events == self.world.events
         assert replayed.dispatch == self.world.dispatch
         assert replayed.jobs == self.world.jobs

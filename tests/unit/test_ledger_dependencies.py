@@ -1,0 +1,131 @@
+"""Dependencies (design.md section 1): a run waits for its upstreams' runs of the same
+period, is released when all succeeded, skipped when one finally did not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from streams.core.ids import scheduled_run_id
+from streams.core.ledger import LedgerConfig
+from streams.core.records import (
+    ClaimRequested,
+    DeadlineReached,
+    FireProposed,
+    JobUpserted,
+    RunFinished,
+    RunStarted,
+)
+from streams.core.spec import EverySchedule, JobSpec
+from tests.support.world import World
+
+T0 = 1_800_000_000_000
+MIN = 60_000
+
+
+def job(job_id: str, every: int | None = MIN, depends_on: tuple[str, ...] = ()) -> JobSpec:
+    schedule = EverySchedule(every) if every else None
+    return JobSpec(
+        job_id=job_id, owner="o", schedule=schedule, command=("true",), depends_on=depends_on
+    )
+
+
+def finish(w: World, job_id: str, t: int, code: int, at: int) -> None:
+    run_id = scheduled_run_id(job_id, t)
+    w.apply(ClaimRequested(job_id, run_id, 1, "w", at))
+    w.apply(RunStarted(job_id, run_id, 1, "w", at))
+    w.apply(RunFinished(job_id, run_id, 1, "w", code, "", at))
+
+
+def setup(*specs: JobSpec) -> World:
+    w = World()
+    for spec in specs:
+        w.apply(JobUpserted(spec, T0))
+    return w
+
+
+def test_downstream_waits_then_runs_when_the_upstream_succeeded() -> None:
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    assert w.jobs["a"].dependents == ("b",)
+    t = T0 + MIN
+    w.apply(FireProposed("b", t, t, "n"))
+    w.apply(FireProposed("a", t, t, "n"))
+    assert w.states(scheduled_run_id("b", t)) == ["waiting"]
+    finish(w, "a", t, 0, t + 5)
+    assert w.states(scheduled_run_id("b", t)) == ["waiting", "due"]
+    assert w.dispatch[-1].run_id == scheduled_run_id("b", t)
+
+
+def test_an_upstream_success_before_the_downstream_run_exists_is_remembered() -> None:
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    t = T0 + MIN
+    w.apply(FireProposed("a", t, t, "n"))
+    finish(w, "a", t, 0, t + 1)
+    w.apply(FireProposed("b", t, t + 2, "n"))
+    assert w.states(scheduled_run_id("b", t)) == ["waiting", "due"]
+
+
+def test_a_finally_failed_upstream_skips_the_downstream_with_a_reason() -> None:
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    t = T0 + MIN
+    w.apply(FireProposed("a", t, t, "n"))
+    w.apply(FireProposed("b", t, t, "n"))
+    finish(w, "a", t, 1, t + 5)
+    run = w.runs[scheduled_run_id("b", t)]
+    assert run.state == "skipped"
+    assert run.reason == "upstream a did not succeed"
+
+
+def test_the_period_is_the_downstreams_interval() -> None:
+    # b every 2 min depends on a every minute: b@T needs a's latest run in (T-2m, T].
+    w = setup(job("a"), job("b", every=2 * MIN, depends_on=("a",)))
+    t = T0 + 2 * MIN
+    for k in (1, 2):
+        w.apply(FireProposed("a", T0 + k * MIN, T0 + k * MIN, "n"))
+    finish(w, "a", T0 + MIN, 0, T0 + MIN + 1)
+    w.apply(FireProposed("b", t, t, "n"))
+    assert w.runs[scheduled_run_id("b", t)].state == "waiting"  # a@T not finished yet
+    finish(w, "a", t, 0, t + 3)
+    assert w.runs[scheduled_run_id("b", t)].state == "due"
+
+
+def test_upstreams_that_never_finish_end_the_wait() -> None:
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    w.config = LedgerConfig(dependency_wait_ms=10 * MIN)
+    t = T0 + MIN
+    w.apply(FireProposed("b", t, t, "n"))
+    run = w.runs[scheduled_run_id("b", t)]
+    assert run.deadline_kind == "dependency"
+    assert run.deadline_ms == t + 10 * MIN
+    w.apply(DeadlineReached("b", run.run_id, 1, "dependency", t + 10 * MIN))
+    assert w.runs[run.run_id].state == "skipped"
+
+
+def test_a_dag_step_runs_once_per_period_all_upstreams_succeeded() -> None:
+    w = setup(job("a1"), job("a2"), job("step", every=None, depends_on=("a1", "a2")))
+    t = T0 + MIN
+    for upstream in ("a1", "a2"):
+        w.apply(FireProposed(upstream, t, t, "n"))
+    finish(w, "a1", t, 0, t + 1)
+    assert scheduled_run_id("step", t) not in w.runs
+    finish(w, "a2", t, 0, t + 2)
+    step = w.runs[scheduled_run_id("step", t)]
+    assert (step.state, step.trigger) == ("due", "dependency")
+
+    t2 = T0 + 2 * MIN
+    for upstream in ("a1", "a2"):
+        w.apply(FireProposed(upstream, t2, t2, "n"))
+    finish(w, "a1", t2, 1, t2 + 1)
+    assert w.runs[scheduled_run_id("step", t2)].state == "skipped"
+    finish(w, "a2", t2, 0, t2 + 2)  # too late to matter: the period is decided
+    assert w.states(scheduled_run_id("step", t2)) == ["skipped"]
+
+
+def test_links_survive_the_upstream_registering_later_and_are_removed() -> None:
+    w = World()
+    w.apply(JobUpserted(job("b", depends_on=("a",)), T0))
+    assert w.jobs["a"].deleted  # a placeholder that never fires
+    w.apply(JobUpserted(job("a"), T0 + 1))
+    assert w.jobs["a"].dependents == ("b",)
+    assert not w.jobs["a"].deleted
+    w.apply(JobUpserted(replace(job("b"), depends_on=()), T0 + 2))
+    assert w.jobs["a"].dependents == ()

@@ -84,7 +84,7 @@ class Decision:
     dispatch: tuple[DispatchRequest, ...] = ()
     # Inputs for other jobs' logs (dependency links and upstream notices), written in the
     # same transaction as everything else.
-    notices: tuple[LedgerInput, ...] = ()
+    notices: tuple[DependencyLinked | UpstreamFinished, ...] = ()
     rejected: str = ""  # why the input changed nothing, for logs and metrics
 
     @property
@@ -223,7 +223,7 @@ class _Builder:
         self.forget: list[str] = []
         self.events: list[RunEvent | JobEvent] = []
         self.dispatch: list[DispatchRequest] = []
-        self.notices: list[LedgerInput] = []
+        self.notices: list[DependencyLinked | UpstreamFinished] = []
         self.rejected = ""
 
     # -- plumbing ---------------------------------------------------------------------

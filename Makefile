@@ -37,9 +37,11 @@ topics: stack
 
 run: topics
 	@$(BIN)/cronlog stack status
-	@echo "cronlog's services (scheduler, workers, projector, API) arrive with the next"
-	@echo "issues; for now the stack is up and the topics and tables exist."
-	@echo "Stop with: $(BIN)/cronlog stack down"
+	@echo "Starting a scheduler node (ingress, ledger, scheduler) in the foreground."
+	@echo "Register a job from another shell, e.g.:"
+	@echo "  $(BIN)/cronlog submit '{\"type\":\"job.upsert\",\"job_id\":\"hello\",\"owner\":\"me\",\"schedule\":{\"every\":\"10s\"},\"command\":[\"echo\",\"hi\"]}'"
+	@echo "Ctrl-C stops the node; $(BIN)/cronlog stack down stops Kafka and PostgreSQL."
+	$(BIN)/cronlog run
 
 test: topics
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import zoneinfo
 from typing import Annotated
 
 import orjson
@@ -160,7 +161,96 @@ def scheduler(
     run_node(settings, node_id=node_id, lead_ms=int(lead_s * 1000), loglevel=loglevel)
 
 
+@app.command("submit")
+def submit(
+    command: Annotated[str, typer.Argument(help="A JSON command, or - to read one per line.")],
+) -> None:
+    """Validate JSON commands and produce them to `commands`, keyed by job_id."""
+    from confluent_kafka import Producer
+
+    from streams.core.commands import Rejection, command_job_id, parse_command
+
+    settings = _settings()
+    lines = sys.stdin.read().splitlines() if command == "-" else [command]
+    producer = Producer({"bootstrap.servers": settings.kafka, "partitioner": "murmur2_random"})
+    failed = 0
+    for line in (raw for raw in lines if raw.strip()):
+        parsed = parse_command(line.encode())
+        if isinstance(parsed, Rejection):
+            typer.secho(f"rejected: {parsed.reason}", fg=typer.colors.RED, err=True)
+            failed += 1
+            continue
+        producer.produce(
+            settings.topic("commands"), key=command_job_id(parsed).encode(), value=line.encode()
+        )
+    if producer.flush(30):
+        raise _fail(f"could not deliver to Kafka at {settings.kafka}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("events")
+def events(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading.")] = False,
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+) -> None:
+    """Print run-events (job and run transitions) as JSON lines, oldest first."""
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    from schemas.codec import RUN_EVENTS, CodecError
+    from schemas.json import to_json
+
+    settings = _settings()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka,
+            "group.id": f"cronlog-cli-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.subscribe([settings.topic("run-events")])
+    at_end: set[int] = set()
+    try:
+        while True:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if not follow and at_end and len(at_end) >= settings.partitions:
+                    break
+                continue
+            if msg.error() is not None:
+                at_end.add(msg.partition() or 0)
+                continue
+            try:
+                event = RUN_EVENTS.decode(msg.value() or b"")
+            except CodecError as exc:
+                typer.secho(f"undecodable event at offset {msg.offset()}: {exc}", err=True)
+                continue
+            if job is None or event.job_id == job:
+                sys.stdout.write(to_json(event).decode() + "\n")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+@app.command("run")
+def run_all(
+    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 0.0,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Everything on one machine (for `make run`): for now one scheduler node."""
+    scheduler(node_id="local", lead_s=lead_s, loglevel=loglevel)
+
+
 def main() -> None:
+    # Every node computes fire times from the same time zone database: the tzdata
+    # package pinned with cronlog, not whatever the host has in /usr/share/zoneinfo.
+    zoneinfo.reset_tzpath(to=[])
     app()
 
 

@@ -334,9 +334,26 @@ class _Builder:
     ) -> None:
         """A new run: `due` at once, or `waiting` on upstreams for (period_start, scheduled]."""
         spec = self.job.spec
-        run = RunState(
+        run = self._fresh_run(run_id, scheduled, trigger, request_id, period_start)
+        self.set_job(live_runs=(*self.job.live_runs, run_id))
+        if spec.depends_on and period_start is not None:
+            wait = scheduled + self.config.dependency_wait_ms
+            self._evaluate(self._move(run, "waiting", deadline=(wait, "dependency")))
+        else:
+            self._release(run, "")
+
+    def _fresh_run(
+        self,
+        run_id: str,
+        scheduled: int,
+        trigger: Trigger,
+        request_id: str = "",
+        period_start: int | None = None,
+    ) -> RunState:
+        """A run before its first transition (`_move` gives it its state and event)."""
+        return RunState(
             run_id=run_id,
-            job_id=spec.job_id,
+            job_id=self.job.spec.job_id,
             scheduled_ms=scheduled,
             trigger=trigger,
             state="due",
@@ -354,12 +371,6 @@ class _Builder:
             request_id=request_id,
             period_start_ms=period_start,
         )
-        self.set_job(live_runs=(*self.job.live_runs, run_id))
-        if spec.depends_on and period_start is not None:
-            wait = scheduled + self.config.dependency_wait_ms
-            self._evaluate(self._move(run, "waiting", deadline=(wait, "dependency")))
-        else:
-            self._release(run, "")
 
     def _release(self, run: RunState, reason: str) -> None:
         spec = self.job.spec
@@ -430,24 +441,7 @@ class _Builder:
     def _skip(self, scheduled: int, trigger: Trigger, reason: str) -> None:
         """A firing decided not to run: recorded as a run that is at once `skipped`."""
         run_id = scheduled_run_id(self.job.spec.job_id, scheduled)
-        run = RunState(
-            run_id=run_id,
-            job_id=self.job.spec.job_id,
-            scheduled_ms=scheduled,
-            trigger=trigger,
-            state="skipped",
-            attempt=1,
-            worker_id="",
-            created_ms=self.at,
-            updated_ms=self.at,
-            deadline_ms=None,
-            deadline_kind=None,
-            started_ms=None,
-            finished_ms=None,
-            exit_code=None,
-            reason=reason,
-            seq=-1,
-        )
+        run = replace(self._fresh_run(run_id, scheduled, trigger), seq=-1)
         self.set_job(live_runs=(*self.job.live_runs, run_id))
         self._move(run, "skipped", reason)
 

@@ -9,8 +9,8 @@ version wrote a record (`Codec.version_of`, `schemas.registry.identify`).
 
     JOB_LOG.encode(FireProposed(...)) -> bytes;  JOB_LOG.decode(data) -> LedgerInput
     RUN_EVENTS (RunEvent | JobEvent), JOB_STATE, RUN_STATE, DISPATCH: the same
-    HEARTBEAT, WORKER_INBOX: plain dicts shaped like heartbeat.avsc / worker_inbox.avsc
-    (the DispatchRequest inside an assignment: schemas.convert.dispatch_from_avro)
+    HEARTBEAT: plain dicts shaped like heartbeat.avsc
+    WORKER_INBOX: WorkerAssignment | ClaimReply | CancelOrder
     codec.to_avro / codec.from_avro: the record <-> dict conversions alone
 
 Undecodable bytes raise CodecError (a ValueError): send the record to a dead letter place.
@@ -27,6 +27,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from schemas.convert import (
     CONVERTERS,
     LEDGER_CLASSES,
+    WORKER_CLASSES,
     AvroDict,
     dispatch_from_avro,
     dispatch_to_avro,
@@ -43,6 +44,7 @@ from streams.core.records import (
     LedgerInput,
     RunEvent,
     RunState,
+    WorkerMessage,
 )
 
 T = TypeVar("T")
@@ -188,9 +190,7 @@ DISPATCH: Codec[DispatchRequest] = Codec(_SCHEMAS["dispatch"], dispatch_to_avro,
 HEARTBEAT: Codec[dict[str, Any]] = Codec(
     _SCHEMAS["heartbeat"], _identity, _identity, record_names=False
 )
-WORKER_INBOX: Codec[dict[str, Any]] = Codec(
-    _SCHEMAS["worker_inbox"], _identity, _identity, record_names=False
-)
+WORKER_INBOX: Codec[WorkerMessage] = Codec(_SCHEMAS["worker_inbox"], *_union_body(WORKER_CLASSES))
 
 # topic (without prefix) -> its codec
 BY_TOPIC: dict[str, Codec[Any]] = {

@@ -13,10 +13,13 @@ from typing import Any, TypeAlias
 
 from streams.core.records import (
     BackfillRequested,
+    CancelOrder,
     CancelRequested,
+    ClaimReply,
     ClaimRequested,
     DeadlineReached,
     DependencyLinked,
+    DispatchFailed,
     DispatchRequest,
     FireProposed,
     JobDeleted,
@@ -34,6 +37,7 @@ from streams.core.records import (
     RunState,
     UpstreamFinished,
     UpstreamOutcome,
+    WorkerAssignment,
     WorkerLost,
 )
 from streams.core.spec import (
@@ -268,6 +272,17 @@ def dispatch_from_avro(d: AvroDict) -> DispatchRequest:
 run_state_to_avro, run_state_from_avro = _flat(RunState)
 
 
+def assignment_to_avro(a: WorkerAssignment) -> AvroDict:
+    return {"worker_id": a.worker_id, "at_ms": a.at_ms, "dispatch": dispatch_to_avro(a.dispatch)}
+
+
+def assignment_from_avro(d: AvroDict) -> WorkerAssignment:
+    return WorkerAssignment(d["worker_id"], d["at_ms"], dispatch_from_avro(d["dispatch"]))
+
+
+WORKER_CLASSES: tuple[type[Any], ...] = (WorkerAssignment, ClaimReply, CancelOrder)
+
+
 # -- every record class: Avro full name, to dict, from dict --------------------------------
 ToAvro: TypeAlias = Callable[[Any], AvroDict]
 FromAvro: TypeAlias = Callable[[AvroDict], Any]
@@ -294,6 +309,7 @@ LEDGER_CLASSES: tuple[type[LedgerInput], ...] = (
     WorkerLost,
     DependencyLinked,
     UpstreamFinished,
+    DispatchFailed,
 )
 
 CONVERTERS: dict[type[Any], tuple[str, ToAvro, FromAvro]] = {
@@ -307,5 +323,8 @@ CONVERTERS: dict[type[Any], tuple[str, ToAvro, FromAvro]] = {
         _entry(JobEvent, job_event_to_avro, job_event_from_avro),
         _entry(DispatchRequest, dispatch_to_avro, dispatch_from_avro),
         _entry(JobSpec, spec_to_avro, spec_from_avro),
+        _entry(WorkerAssignment, assignment_to_avro, assignment_from_avro),
+        _entry(ClaimReply, *_flat(ClaimReply)),
+        _entry(CancelOrder, *_flat(CancelOrder)),
     )
 }

@@ -43,7 +43,15 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from schemas.codec import DISPATCH, JOB_LOG, JOB_STATE, RUN_EVENTS, RUN_STATE, CodecError
+from schemas.codec import (
+    DISPATCH,
+    JOB_LOG,
+    JOB_STATE,
+    RUN_EVENTS,
+    RUN_STATE,
+    WORKER_INBOX,
+    CodecError,
+)
 from schemas.json import dlq_record
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
@@ -81,7 +89,15 @@ class Ledger:
         self.batch_size = batch_size
         self.topics = {
             n: settings.topic(n)
-            for n in ("job-log", "jobs", "runs", "run-events", "dispatch", "commands.dlq")
+            for n in (
+                "job-log",
+                "jobs",
+                "runs",
+                "run-events",
+                "dispatch",
+                "commands.dlq",
+                "worker-inbox",
+            )
         }
         self.state: dict[int, PartitionState] = {}
         self._stop = threading.Event()
@@ -246,6 +262,12 @@ class Ledger:
                 key=event.job_id.encode(),
                 value=RUN_EVENTS.encode(event),
                 partition=partition,
+            )
+        for reply in decision.replies:
+            produce(
+                self.topics["worker-inbox"],
+                key=reply.worker_id.encode(),
+                value=WORKER_INBOX.encode(reply),
             )
         for notice in decision.notices:
             # Another job's log: keyed by its job_id, the partitioner picks the partition.

@@ -23,11 +23,14 @@ from dataclasses import dataclass, replace
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.records import (
     BackfillRequested,
+    CancelOrder,
     CancelRequested,
+    ClaimReply,
     ClaimRequested,
     DeadlineKind,
     DeadlineReached,
     DependencyLinked,
+    DispatchFailed,
     DispatchRequest,
     FireProposed,
     JobDeleted,
@@ -85,11 +88,15 @@ class Decision:
     # Inputs for other jobs' logs (dependency links and upstream notices), written in the
     # same transaction as everything else.
     notices: tuple[DependencyLinked | UpstreamFinished, ...] = ()
+    # Messages to workers (worker-inbox): claim replies and orders to stop an attempt.
+    replies: tuple[ClaimReply | CancelOrder, ...] = ()
     rejected: str = ""  # why the input changed nothing, for logs and metrics
 
     @property
     def changed(self) -> bool:
-        return self.job is not None or bool(self.runs or self.forget or self.notices)
+        return self.job is not None or bool(
+            self.runs or self.forget or self.notices or self.replies
+        )
 
 
 RunLookup = Callable[[str], RunState | None]
@@ -132,6 +139,8 @@ def decide(
             builder.link(inp)
         case UpstreamFinished():
             builder.upstream_finished(inp)
+        case DispatchFailed():
+            builder.dispatch_failed(inp)
     return builder.decision()
 
 
@@ -224,6 +233,7 @@ class _Builder:
         self.events: list[RunEvent | JobEvent] = []
         self.dispatch: list[DispatchRequest] = []
         self.notices: list[DependencyLinked | UpstreamFinished] = []
+        self.replies: list[ClaimReply | CancelOrder] = []
         self.rejected = ""
 
     # -- plumbing ---------------------------------------------------------------------
@@ -235,6 +245,7 @@ class _Builder:
             events=tuple(self.events),
             dispatch=tuple(self.dispatch),
             notices=tuple(self.notices),
+            replies=tuple(self.replies),
             rejected=self.rejected,
         )
 
@@ -533,6 +544,7 @@ class _Builder:
             return self._skip(scheduled, "schedule", f"concurrency forbid: {live[0].run_id} live")
         if live and spec.concurrency == "replace":
             for old in live:
+                self._stop_order(old, f"replaced by {run_id}")
                 self._move(old, "cancelled", f"replaced by {run_id}")
         self._create(scheduled, "schedule", run_id, period_start=period_start)
 
@@ -634,6 +646,7 @@ class _Builder:
         run = self.run(inp.run_id)
         if run is None or run.final:
             return self.reject("run is not live")
+        self._stop_order(run, "cancelled by request")
         self._move(run, "cancelled", "cancelled by request")
 
     # -- worker traffic ---------------------------------------------------------------
@@ -648,13 +661,39 @@ class _Builder:
         return run
 
     def claim(self, inp: ClaimRequested) -> None:
+        """First claim of the current attempt wins; every claimant gets an answer."""
+        run = self._current(inp.run_id, inp.attempt)
+        if run is not None and run.state == "due":
+            backstop = self._timeout_backstop(max(self.at, run.scheduled_ms))
+            self._move(
+                run, "dispatched", "", worker_id=inp.worker_id, deadline=(backstop, "timeout")
+            )
+            granted, reason = True, ""
+        elif run is not None and run.worker_id == inp.worker_id and run.state == "dispatched":
+            granted, reason = True, "already granted"  # a repeated claim: answer again
+        else:
+            if run is not None:
+                self.reject(f"already claimed by {run.worker_id or 'nobody'} ({run.state})")
+            granted, reason = False, self.rejected
+        self.replies.append(
+            ClaimReply(inp.worker_id, inp.run_id, inp.attempt, granted, reason, self.at)
+        )
+
+    def _stop_order(self, run: RunState, reason: str) -> None:
+        """Tell the worker holding (run, attempt) to stop it, if one holds it."""
+        if run.worker_id and run.state in ("dispatched", "running"):
+            self.replies.append(
+                CancelOrder(run.worker_id, run.run_id, run.attempt, reason, self.at)
+            )
+
+    def dispatch_failed(self, inp: DispatchFailed) -> None:
         run = self._current(inp.run_id, inp.attempt)
         if run is None:
             return None
         if run.state != "due":
-            return self.reject(f"already claimed by {run.worker_id or 'nobody'} ({run.state})")
-        backstop = self._timeout_backstop(max(self.at, run.scheduled_ms))
-        self._move(run, "dispatched", "", worker_id=inp.worker_id, deadline=(backstop, "timeout"))
+            return self.reject(f"dispatch failure for a run that is {run.state}")
+        self._move(run, "failed", inp.reason)
+        return None
 
     def started(self, inp: RunStarted) -> None:
         run = self._current(inp.run_id, inp.attempt)
@@ -688,6 +727,8 @@ class _Builder:
         if run.worker_id != inp.worker_id or run.state not in ("dispatched", "running"):
             return self.reject(f"worker {inp.worker_id} does not hold this attempt")
         # Whether a lost attempt did its work is unknown: only idempotent jobs run again.
+        # Should the worker come back, it must not keep running the attempt.
+        self._stop_order(run, "declared lost")
         self._fail_attempt(
             run, f"lost: worker {inp.worker_id}", retry_allowed=self.job.spec.idempotent
         )
@@ -711,6 +752,7 @@ class _Builder:
         elif inp.kind == "dependency":
             self._move(run, "skipped", "upstreams did not all succeed in time")
         else:
+            self._stop_order(run, "no report before the timeout backstop")
             self._fail_attempt(
                 run, "timeout: no report from the worker", retry_allowed=self.job.spec.idempotent
             )

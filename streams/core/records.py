@@ -172,6 +172,17 @@ class UpstreamFinished:
     upstream_next_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DispatchFailed:
+    """The dispatcher found no worker that could ever run (run, attempt)."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    reason: str
+    at_ms: int
+
+
 LedgerInput: TypeAlias = (
     JobUpserted
     | JobPaused
@@ -189,6 +200,7 @@ LedgerInput: TypeAlias = (
     | WorkerLost
     | DependencyLinked
     | UpstreamFinished
+    | DispatchFailed
 )
 
 
@@ -294,3 +306,39 @@ class DispatchRequest:
     scheduled_ms: int
     not_before_ms: int  # start no earlier (pre-dispatch, jitter)
     at_ms: int
+
+
+# -- worker-inbox: messages to one worker, keyed by worker_id ----------------------------
+@dataclass(frozen=True, slots=True)
+class WorkerAssignment:
+    """The dispatcher placed (run, attempt) on this worker: claim it, then run it."""
+
+    worker_id: str
+    at_ms: int
+    dispatch: DispatchRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimReply:
+    """The ledger's answer to a claim: only a granted claim may start the run."""
+
+    worker_id: str
+    run_id: str
+    attempt: int
+    granted: bool
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOrder:
+    """Stop (run, attempt) if it runs here: cancelled, or the attempt is no longer yours."""
+
+    worker_id: str
+    run_id: str
+    attempt: int
+    reason: str
+    at_ms: int
+
+
+WorkerMessage: TypeAlias = WorkerAssignment | ClaimReply | CancelOrder

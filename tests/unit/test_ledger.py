@@ -10,6 +10,7 @@ from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger import LedgerConfig
 from streams.core.records import (
     CancelRequested,
+    ClaimReply,
     ClaimRequested,
     DeadlineReached,
     FireProposed,
@@ -146,8 +147,17 @@ def test_first_claim_wins_and_stale_attempts_are_rejected() -> None:
     run_id = rid(T0 + MIN)
     assert w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN)).runs[0].worker_id == "w1"
     second = w.apply(ClaimRequested("j", run_id, 1, "w2", T0 + MIN + 1))
-    assert not second.changed
+    assert second.runs == ()
+    assert second.job is None
     assert "already claimed by w1" in second.rejected
+    assert [(r.worker_id, r.granted) for r in second.replies if isinstance(r, ClaimReply)] == [
+        ("w2", False)
+    ]
+    again = w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 1))
+    assert [(r.worker_id, r.granted) for r in again.replies if isinstance(r, ClaimReply)] == [
+        ("w1", True)
+    ]
+    assert again.runs == ()
     assert "stale attempt" in w.apply(ClaimRequested("j", run_id, 2, "w2", T0 + MIN)).rejected
     assert not w.apply(RunStarted("j", run_id, 1, "w2", T0 + MIN + 2)).changed
     assert w.apply(RunStarted("j", run_id, 1, "w1", T0 + MIN + 2)).runs[0].state == "running"

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
 import sys
 import zoneinfo
+from pathlib import Path
 from typing import Annotated
 
 import orjson
@@ -148,7 +151,7 @@ def db_migrate() -> None:
 @app.command("scheduler")
 def scheduler(
     node_id: Annotated[str | None, typer.Option(help="Name of this node (logs).")] = None,
-    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 0.0,
+    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
@@ -238,13 +241,82 @@ def events(
         consumer.close()
 
 
-@app.command("run")
-def run_all(
-    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 0.0,
+@app.command("worker")
+def worker(
+    worker_id: Annotated[str, typer.Option("--id", help="Stable id of this worker.")],
+    cpu: Annotated[float, typer.Option(help="CPUs this worker offers.")] = 1.0,
+    memory_mb: Annotated[int, typer.Option(help="Memory (MiB) this worker offers.")] = 1024,
+    gpu: Annotated[int, typer.Option(help="GPUs this worker offers.")] = 0,
+    label: Annotated[list[str] | None, typer.Option(help="A label k=v (repeatable).")] = None,
+    executor: Annotated[str, typer.Option(help="process, or noop (benchmarks).")] = "process",
+    heartbeat_s: Annotated[float, typer.Option(help="Heartbeat interval.")] = 3.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
-    """Everything on one machine (for `make run`): for now one scheduler node."""
-    scheduler(node_id="local", lead_s=lead_s, loglevel=loglevel)
+    """A worker: advertises capacity, claims runs placed on it and executes them."""
+    from connectors.worker.worker import Worker, WorkerConfig
+    from streams.core.placement import Capacity
+
+    settings = _settings()
+    if executor not in ("process", "noop"):
+        raise _fail("--executor must be process or noop", 2)
+    if cpu < 0 or memory_mb < 0 or gpu < 0:
+        raise _fail("--cpu, --memory-mb and --gpu must not be negative", 2)
+    labels: list[tuple[str, str]] = []
+    for item in label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--label must be k=v, got {item!r}", 2)
+        labels.append((key, value))
+    state = Path(os.environ.get("CRONLOG_STATE_DIR") or StackPaths.default().state) / "workers"
+    logging.basicConfig(
+        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    config = WorkerConfig(
+        worker_id,
+        Capacity(cpu, memory_mb, gpu),
+        tuple(sorted(labels)),
+        "noop" if executor == "noop" else "process",
+        state,
+        heartbeat_s,
+    )
+    running = Worker(settings, config)
+    signal.signal(signal.SIGTERM, lambda *_: running.stop())
+    try:
+        running.run()
+    except KeyboardInterrupt:
+        running.stop()
+
+
+@app.command("run")
+def run_all(
+    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Everything on one machine (for `make run`): a scheduler node and a local worker."""
+    cpus = os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * 1024 * 1024)
+    worker_proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "connectors.cli",
+            "worker",
+            "--id",
+            "local",
+            "--cpu",
+            str(cpus),
+            "--memory-mb",
+            str(memory),
+            "--loglevel",
+            loglevel,
+        ]
+    )
+    typer.echo(f"cronlog: worker 'local' started (cpu={cpus}, memory_mb={memory})", err=True)
+    try:
+        scheduler(node_id="local", lead_s=lead_s, loglevel=loglevel)
+    finally:
+        worker_proc.terminate()
+        worker_proc.wait(30)
 
 
 def main() -> None:

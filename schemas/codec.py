@@ -193,7 +193,11 @@ HEARTBEAT: Codec[dict[str, Any]] = Codec(
 WORKER_INBOX: Codec[WorkerMessage] = Codec(_SCHEMAS["worker_inbox"], *_union_body(WORKER_CLASSES))
 
 # topic (without prefix) -> its codec
+RUN_LOG: Codec[dict[str, Any]] = Codec(
+    _SCHEMAS["run_log"], _identity, _identity, record_names=False
+)
+
 BY_TOPIC: dict[str, Codec[Any]] = {
     c.topic: c
-    for c in (JOB_LOG, RUN_EVENTS, JOB_STATE, RUN_STATE, DISPATCH, HEARTBEAT, WORKER_INBOX)
+    for c in (JOB_LOG, RUN_EVENTS, JOB_STATE, RUN_STATE, DISPATCH, HEARTBEAT, WORKER_INBOX, RUN_LOG)
 }

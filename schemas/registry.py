@@ -44,6 +44,7 @@ TOPIC_SCHEMAS: dict[str, str] = {
     "dispatch": "dispatch",
     "heartbeat": "heartbeats",
     "worker_inbox": "worker-inbox",
+    "run_log": "run-logs",
 }
 
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})

@@ -1,6 +1,7 @@
-"""A scheduler node (`cronlog scheduler`): ingress, ledger and scheduler in one process.
+"""A scheduler node (`cronlog scheduler`): ingress, ledger, scheduler and dispatcher.
 
-The ledger and the scheduler are confluent-kafka loops on their own threads; the Faust
+The ledger, the scheduler and the dispatcher are confluent-kafka loops on their own
+threads; the Faust
 ingress agent owns the main thread and its event loop (Faust handles SIGTERM/SIGINT and
 stops the node cleanly). Any loop that dies takes the whole process down with it: a
 half-alive node that holds partitions without serving them would stall its jobs until
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from faust.worker import Worker
 
 from streams.core.ledger import LedgerConfig
+from streams.dispatcher import Dispatcher
 from streams.ingress import build_app
 from streams.ledger import Ledger
 from streams.scheduler import Scheduler, SchedulerConfig
@@ -41,22 +43,28 @@ def _guarded(name: str, target: Callable[[], None]) -> threading.Thread:
 def run_node(
     settings: Settings,
     node_id: str | None = None,
-    lead_ms: int = 0,
+    lead_ms: int = 10_000,
     ledger_config: LedgerConfig = LedgerConfig(),
     loglevel: str = "info",
 ) -> None:
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
     ledger = Ledger(settings, ledger_config, node_id=node_id)
     scheduler = Scheduler(settings, node_id, SchedulerConfig(lead_ms=lead_ms))
-    threads = [_guarded("ledger", ledger.run), _guarded("scheduler", scheduler.run)]
+    dispatcher = Dispatcher(settings, node_id)
+    parts: dict[str, Ledger | Scheduler | Dispatcher] = {
+        "ledger": ledger,
+        "scheduler": scheduler,
+        "dispatcher": dispatcher,
+    }
+    threads = [_guarded(name, part.run) for name, part in parts.items()]
     for thread in threads:
         thread.start()
-    log.info("node %s started: ledger, scheduler and ingress", node_id)
+    log.info("node %s started: ingress, ledger, scheduler, dispatcher", node_id)
     app = build_app(settings)
     try:
         Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
     finally:
-        ledger.stop()
-        scheduler.stop()
+        for part in parts.values():
+            part.stop()
         for thread in threads:
             thread.join(15)

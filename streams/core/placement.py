@@ -208,7 +208,7 @@ def batch_order(
         indices.sort(key=lambda i: (_size_key(items[i].need, scale), i))
         w = _weight(weights, owner)
         for rank, i in enumerate(indices):
-            round_of[i] = 0
+            round_of[i] = rank // w
     order = sorted(
         range(len(items)),
         key=lambda i: (-items[i].priority, round_of[i], _size_key(items[i].need, scale), i),

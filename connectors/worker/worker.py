@@ -334,6 +334,8 @@ class Worker:
                     if not attempt.reported_start and result.get("started_ms"):
                         self._report_start(attempt, int(result["started_ms"]))  # type: ignore[call-overload]
                     self._tail_logs(attempt)
+                    if attempt.supervisor is not None:
+                        attempt.supervisor.wait(10)  # it exits right after writing the result
                     self._report_finish(attempt, result, int(result["finished_ms"]))  # type: ignore[call-overload]
 
     def _report_start(self, attempt: Attempt, at_ms: int) -> None:

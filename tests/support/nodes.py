@@ -137,3 +137,90 @@ class EventReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+class WorkerProc:
+    """A real `cronlog worker` process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str,
+        logdir: Path,
+        cpu: float = 1,
+        memory_mb: int = 512,
+        gpu: int = 0,
+        labels: tuple[str, ...] = (),
+        heartbeat_s: float = 1.0,
+    ):
+        self.settings = settings
+        self.worker_id = worker_id
+        self.log = logdir / f"{worker_id}.log"
+        self.state = logdir / "state"
+        self.argv = [
+            sys.executable,
+            "-m",
+            "connectors.cli",
+            "worker",
+            "--id",
+            worker_id,
+            "--cpu",
+            str(cpu),
+            "--memory-mb",
+            str(memory_mb),
+            "--gpu",
+            str(gpu),
+            "--heartbeat-s",
+            str(heartbeat_s),
+            "--loglevel",
+            "warning",
+            *(arg for label in labels for arg in ("--label", label)),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProc:
+        env = {**env_for(self.settings), "CRONLOG_STATE_DIR": str(self.state)}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        assert self.proc is not None
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def job(job_id: str, command: list[str], **extra: object) -> dict[str, object]:
+    """A job.upsert; without a schedule it gets a far one-off, so it runs only on demand."""
+    extra.setdefault("schedule", {"at": "2099-01-01T00:00:00Z"})
+    return {
+        "type": "job.upsert",
+        "job_id": job_id,
+        "owner": extra.pop("owner", "t"),
+        "command": command,
+        **extra,
+    }
+
+
+def runs_by_id(events: EventReader) -> dict[str, list[RunEvent]]:
+    found: dict[str, list[RunEvent]] = {}
+    for event, _ in events.run_events():
+        found.setdefault(event.run_id, []).append(event)
+    return found

@@ -1,0 +1,180 @@
+"""Workers on the real broker with real processes: one run per firing across three
+workers of different sizes; placement by cpu, memory, gpu and labels; a run no worker
+could ever fit fails with the reason; timeouts and cancel kill the process group."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.settings import Settings
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    WorkerProc,
+    job,
+    runs_by_id,
+    send_commands,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    topics: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Node, list[WorkerProc]]]:
+    logs = tmp_path_factory.mktemp("cluster")
+    node = Node(topics, "wk-n1", logs).start()
+    workers = [
+        WorkerProc(topics, "small", logs, cpu=1, memory_mb=256).start(),
+        WorkerProc(topics, "big", logs, cpu=2, memory_mb=2048, labels=("zone=b",)).start(),
+        WorkerProc(topics, "gpu", logs, cpu=1, memory_mb=1024, gpu=1).start(),
+    ]
+    yield node, workers
+    for worker in workers:
+        worker.stop()
+    node.stop()
+
+
+@pytest.fixture(scope="module")
+def events(topics: Settings, cluster: object) -> Iterator[EventReader]:
+    reader = EventReader(topics, "workers-check")
+    yield reader
+    reader.close()
+
+
+def final_states(events: EventReader, job_id: str) -> dict[str, list[str]]:
+    return {
+        run_id: [e.state for e in evs]
+        for run_id, evs in runs_by_id(events).items()
+        if evs[0].job_id == job_id
+    }
+
+
+def wait_final(events: EventReader, job_id: str, count: int, timeout_s: float = 90) -> None:
+    finals = ("succeeded", "failed", "cancelled", "skipped")
+    events.wait_until(
+        lambda: sum(s[-1] in finals for s in final_states(events, job_id).values()) >= count,
+        timeout_s,
+        f"{count} final runs of {job_id}",
+    )
+
+
+def test_one_run_per_firing_across_three_workers(
+    topics: Settings, events: EventReader, tmp_path: Path
+) -> None:
+    out = tmp_path / "runs.txt"
+    send_commands(
+        topics,
+        [
+            job(
+                "every2",
+                ["sh", "-c", f'echo "$CRONLOG_RUN_ID $CRONLOG_ATTEMPT" >> {out}'],
+                schedule={"every": "2s"},
+                resources={"cpu": 0.5, "memory_mb": 64},
+            )
+        ],
+    )
+    events.poll_for(24)
+    send_commands(topics, [{"type": "job.pause", "job_id": "every2"}])
+    events.poll_for(12)
+    states = final_states(events, "every2")
+    succeeded = {run for run, s in states.items() if s[-1] == "succeeded"}
+    lines = out.read_text().splitlines()
+    assert len(lines) == len(set(lines)), "a (run, attempt) ran twice"
+    ran = Counter(line.split()[0] for line in lines)
+    assert max(ran.values()) == 1
+    assert set(ran) == succeeded  # every success ran exactly once, nothing else ran
+    assert len(succeeded) >= 8
+    workers = {
+        e.worker_id
+        for evs in runs_by_id(events).values()
+        for e in evs
+        if e.job_id == "every2" and e.state == "dispatched"
+    }
+    assert len(workers) >= 2  # spread over the workers
+
+
+def test_placement_respects_resources_and_labels(topics: Settings, events: EventReader) -> None:
+    send_commands(
+        topics,
+        [
+            job("needs-2cpu", ["true"], resources={"cpu": 1.5, "memory_mb": 100}),
+            job("needs-zone-b", ["true"], resources={"cpu": 0.1, "labels": {"zone": "b"}}),
+            job("needs-gpu", ["true"], resources={"cpu": 0.1, "gpu": 1}),
+            job("too-big", ["true"], resources={"cpu": 64}),
+        ],
+    )
+    time.sleep(1)
+    send_commands(
+        topics,
+        [
+            {"type": "job.run_now", "job_id": jid, "request_id": f"r{i}"}
+            for jid in ("needs-2cpu", "needs-zone-b", "needs-gpu", "too-big")
+            for i in range(3)
+        ],
+    )
+    for jid in ("needs-2cpu", "needs-zone-b", "needs-gpu", "too-big"):
+        wait_final(events, jid, 3)
+    expected = {"needs-2cpu": "big", "needs-zone-b": "big", "needs-gpu": "gpu"}
+    for jid, worker in expected.items():
+        placed = {
+            e.worker_id
+            for evs in runs_by_id(events).values()
+            for e in evs
+            if e.job_id == jid and e.state == "dispatched"
+        }
+        assert placed == {worker}, jid
+        assert all(s[-1] == "succeeded" for s in final_states(events, jid).values()), jid
+    too_big = [evs[-1] for evs in runs_by_id(events).values() if evs[0].job_id == "too-big"]
+    assert {e.state for e in too_big} == {"failed"}
+    assert all("no worker could ever fit" in e.reason for e in too_big)
+
+
+def _alive(marker: str) -> bool:
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False)
+    return found.returncode == 0
+
+
+def test_timeout_kills_the_group_and_cancel_stops_a_running_run(
+    topics: Settings, events: EventReader
+) -> None:
+    send_commands(
+        topics,
+        [
+            job("slow", ["sh", "-c", "sleep 31.4159 & sleep 31.4159; wait"], timeout_s=2),
+            job("cancel-me", ["sleep", "27.1828"], timeout_s=600),
+        ],
+    )
+    time.sleep(1)
+    send_commands(
+        topics,
+        [
+            {"type": "job.run_now", "job_id": "slow", "request_id": "t1"},
+            {"type": "job.run_now", "job_id": "cancel-me", "request_id": "c1"},
+        ],
+    )
+    events.wait_until(
+        lambda: any(s[-1] == "running" for s in final_states(events, "cancel-me").values()),
+        60,
+        "cancel-me running",
+    )
+    assert _alive("sleep 27.1828")
+    send_commands(topics, [{"type": "run.cancel", "run_id": "cancel-me@manual:c1"}])
+    wait_final(events, "slow", 1)
+    wait_final(events, "cancel-me", 1)
+    slow = runs_by_id(events)["slow@manual:t1"]
+    assert slow[-1].state == "failed"
+    assert "timed_out" in slow[-1].reason
+    assert runs_by_id(events)["cancel-me@manual:c1"][-1].state == "cancelled"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (_alive("sleep 27.1828") or _alive("sleep 31.4159")):
+        time.sleep(0.5)
+    assert not _alive("sleep 27.1828"), "the cancelled run's process still runs"
+    assert not _alive("sleep 31.4159"), "the timed-out run's process group still runs"

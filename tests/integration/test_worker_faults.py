@@ -1,0 +1,159 @@
+"""Worker faults with real processes: kill -9 of a worker mid-run (an idempotent run is
+retried on another worker, a non-idempotent one ends failed: lost), and SIGSTOP past the
+heartbeat timeout (the watchdog kills the job before the worker is declared dead; after
+SIGCONT its stale report is rejected; no (run, attempt) ran twice)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.settings import Settings
+from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+
+pytestmark = pytest.mark.integration
+REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "worker-faults.json"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    topics: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Node, dict[str, WorkerProc]]]:
+    logs = tmp_path_factory.mktemp("faults")
+    node = Node(topics, "fault-n1", logs).start()
+    workers = {w: WorkerProc(topics, w, logs, cpu=1, memory_mb=512).start() for w in ("wa", "wb")}
+    yield node, workers
+    for worker in workers.values():
+        worker.stop()
+    node.stop()
+
+
+@pytest.fixture(scope="module")
+def events(topics: Settings, cluster: object) -> Iterator[EventReader]:
+    reader = EventReader(topics, "faults-check")
+    yield reader
+    reader.close()
+
+
+def run_events(events: EventReader, run_id: str) -> list[tuple[int, str, str, str]]:
+    return [(e.attempt, e.state, e.worker_id, e.reason) for e in runs_by_id(events).get(run_id, [])]
+
+
+def wait_state(
+    events: EventReader, run_id: str, state: str, timeout_s: float = 90, attempt: int | None = None
+) -> tuple[int, str, str, str]:
+    def found() -> tuple[int, str, str, str] | None:
+        for item in run_events(events, run_id):
+            if item[1] == state and (attempt is None or item[0] == attempt):
+                return item
+        return None
+
+    events.wait_until(lambda: found() is not None, timeout_s, f"{run_id} {state}")
+    result = found()
+    assert result is not None
+    return result
+
+
+def alive(marker: str) -> bool:
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False).returncode == 0
+
+
+def record(**figures: object) -> None:
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    REPORT.write_text(json.dumps({**old, **figures}, indent=2))
+
+
+def test_kill_9_mid_run(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+    tmp_path: Path,
+) -> None:
+    _, workers = cluster
+    marks = tmp_path / "starts.txt"
+    command = ["sh", "-c", f'echo "$CRONLOG_RUN_ID $CRONLOG_ATTEMPT" >> {marks}; sleep 6']
+    send_commands(
+        topics,
+        [
+            job(
+                "idem",
+                command,
+                idempotent=True,
+                retry={"max_attempts": 3, "backoff_s": 1, "max_backoff_s": 2},
+            ),
+            job("nonidem", command),
+        ],
+    )
+    time.sleep(1)
+    send_commands(topics, [{"type": "job.run_now", "job_id": "idem", "request_id": "k1"}])
+    _, _, victim, _ = wait_state(events, "idem@manual:k1", "running")
+    killed = time.time()
+    workers[victim].kill()
+    lost = wait_state(events, "idem@manual:k1", "retrying")
+    assert "lost" in lost[3]
+    detected_s = time.time() - killed
+    again = wait_state(events, "idem@manual:k1", "succeeded", attempt=2)
+    assert again[2] != victim  # retried on the other worker
+    workers[victim].start()  # comes back with the same id and journal
+
+    send_commands(topics, [{"type": "job.run_now", "job_id": "nonidem", "request_id": "k2"}])
+    _, _, victim2, _ = wait_state(events, "nonidem@manual:k2", "running")
+    workers[victim2].kill()
+    failed = wait_state(events, "nonidem@manual:k2", "failed")
+    assert failed[3].startswith("lost")
+    workers[victim2].start()
+    events.poll_for(8)  # the restarted workers report what they left behind
+
+    starts = marks.read_text().split("\n")
+    attempts = [line for line in starts if line]
+    assert len(attempts) == len(set(attempts)), "a (run, attempt) started twice"
+    assert sorted(attempts) == ["idem@manual:k1 1", "idem@manual:k1 2", "nonidem@manual:k2 1"]
+    for run_id in ("idem@manual:k1", "nonidem@manual:k2"):
+        states = [s for _, s, _, _ in run_events(events, run_id)]
+        assert states[-1] in ("succeeded", "failed")
+        assert states.count(states[-1]) == 1  # nothing after the final state
+    record(kill9_detection_s=round(detected_s, 2))
+
+
+def test_sigstop_past_the_heartbeat_timeout(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+    tmp_path: Path,
+) -> None:
+    _, workers = cluster
+    marks = tmp_path / "starts.txt"
+    send_commands(
+        topics, [job("stopme", ["sh", "-c", f'echo "$CRONLOG_RUN_ID" >> {marks}; sleep 40.777'])]
+    )
+    time.sleep(1)
+    send_commands(topics, [{"type": "job.run_now", "job_id": "stopme", "request_id": "s1"}])
+    _, _, victim, _ = wait_state(events, "stopme@manual:s1", "running")
+    assert alive("sleep 40.777")
+    stopped = time.time()
+    workers[victim].signal(signal.SIGSTOP)
+    deadline = time.time() + 30
+    while alive("sleep 40.777") and time.time() < deadline:
+        time.sleep(0.2)
+    fenced_after_s = time.time() - stopped
+    assert not alive("sleep 40.777"), "the watchdog did not kill the job"
+    failed = wait_state(events, "stopme@manual:s1", "failed")
+    declared_after_s = time.time() - stopped
+    assert failed[3].startswith("lost")
+    assert fenced_after_s < declared_after_s  # killed before being declared dead
+    workers[victim].signal(signal.SIGCONT)
+    events.poll_for(8)  # its stale "fenced" report arrives and must change nothing
+    states = [s for _, s, _, _ in run_events(events, "stopme@manual:s1")]
+    assert states == ["due", "dispatched", "running", "failed"]
+    assert marks.read_text().split() == ["stopme@manual:s1"]
+    record(
+        sigstop_job_killed_after_s=round(fenced_after_s, 2),
+        sigstop_declared_dead_after_s=round(declared_after_s, 2),
+    )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.core.records import RunEvent
 from streams.settings import Settings
 from tests.support.nodes import (
     EventReader,
@@ -178,3 +179,70 @@ def test_timeout_kills_the_group_and_cancel_stops_a_running_run(
         time.sleep(0.5)
     assert not _alive("sleep 27.1828"), "the cancelled run's process still runs"
     assert not _alive("sleep 31.4159"), "the timed-out run's process group still runs"
+
+
+def test_dependency_chain_and_a_failing_idempotent_job(
+    topics: Settings, events: EventReader
+) -> None:
+    every = {"every": "3s"}
+    send_commands(
+        topics,
+        [
+            job("x", ["true"], schedule=every),
+            job("y", ["true"], schedule=every, depends_on=["x"]),
+            job("z", ["true"], schedule=every, depends_on=["y"]),
+            job(
+                "flaky",
+                ["false"],
+                schedule={"every": "6s"},
+                idempotent=True,
+                retry={
+                    "max_attempts": 2,
+                    "backoff_s": 1,
+                    "backoff_multiplier": 2,
+                    "max_backoff_s": 4,
+                },
+            ),
+            job("after-flaky", ["true"], schedule={"every": "6s"}, depends_on=["flaky"]),
+        ],
+    )
+    events.poll_for(25)
+    send_commands(
+        topics,
+        [{"type": "job.pause", "job_id": j} for j in ("x", "y", "z", "flaky", "after-flaky")],
+    )
+    events.poll_for(15)
+    runs = runs_by_id(events)
+
+    def by_period(job_id: str) -> dict[int, list[RunEvent]]:
+        return {evs[0].scheduled_ms: evs for evs in runs.values() if evs[0].job_id == job_id}
+
+    x, y, z = by_period("x"), by_period("y"), by_period("z")
+    ordered = 0
+    for t, x_events in x.items():
+        if t not in y or t not in z or x_events[-1].state != "succeeded":
+            continue
+        if z[t][-1].state != "succeeded":
+            continue  # the last periods may still be in flight at pause time
+        ordered += 1
+        x_done = next(e.at_ms for e in x_events if e.state == "succeeded")
+        y_due = next(e.at_ms for e in y[t] if e.state == "due")
+        y_done = next(e.at_ms for e in y[t] if e.state == "succeeded")
+        z_due = next(e.at_ms for e in z[t] if e.state == "due")
+        assert [e.state for e in y[t]][:2] == ["waiting", "due"]
+        assert x_done <= y_due, "y started before x succeeded"
+        assert y_done <= z_due, "z started before y succeeded"
+    assert ordered >= 3
+
+    flaky = [evs for evs in by_period("flaky").values() if evs[-1].state == "failed"]
+    assert flaky, "no flaky run finished"
+    for evs in flaky:
+        states = [(e.attempt, e.state) for e in evs]
+        assert (1, "retrying") in states
+        assert (2, "failed") in states
+        retry_at = next(e.at_ms for e in evs if e.state == "retrying")
+        second = next(e.at_ms for e in evs if e.state == "due" and e.attempt == 2)
+        assert second - retry_at >= 1000  # the backoff was honoured
+        downstream = by_period("after-flaky")[evs[0].scheduled_ms]
+        assert downstream[-1].state == "skipped"
+        assert downstream[-1].reason == "upstream flaky did not succeed"

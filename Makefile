@@ -55,8 +55,10 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: venv
-	@echo "no benchmarks yet: they arrive with the performance issue (bench/)."
+bench: topics
+	$(BIN)/python -m bench.burst --jobs 2000 --executor noop
+	$(BIN)/python -m bench.burst --jobs 200 --executor process
+	$(BIN)/python -m bench.detector --seconds 60 --workers 4
 
 clean:
 	-@test -x $(BIN)/cronlog && $(BIN)/cronlog stack down

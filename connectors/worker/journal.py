@@ -51,7 +51,11 @@ class Journal:
         )
         self._file.write(line + b"\n")
         self._file.flush()
-        os.fsync(self._file.fileno())
+        # Durable before the run starts ("granted", "started"): that is what prevents a
+        # second start after a crash. A lost "reported" line only repeats a report,
+        # which the ledger ignores.
+        if phase != "reported":
+            os.fsync(self._file.fileno())
         entry = self.entries.setdefault((run_id, attempt), Entry(run_id, attempt, job_id, ""))
         entry.phase = phase
         entry.info.update(info)

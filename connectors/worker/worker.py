@@ -318,8 +318,9 @@ class Worker:
                     continue
                 if self.config.executor == "noop":
                     if now >= attempt.dispatch.not_before_ms:
-                        self._report_start(attempt, now)
-                        self._report_finish(attempt, {"outcome": "exited", "exit_code": 0}, now)
+                        at = int(time.time() * 1000)  # per run: an honest start time
+                        self._report_start(attempt, at)
+                        self._report_finish(attempt, {"outcome": "exited", "exit_code": 0}, at)
                     continue
                 self._tail_logs(attempt)
                 if attempt.supervisor is not None:

@@ -1,0 +1,101 @@
+"""Burst: N one-off jobs all due in the same second, with pre-dispatch on.
+
+Prints p50/p99/max start lateness (the worker's actual start minus the scheduled time)
+and the time until every run finished. `python -m bench.burst --jobs 2000`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.common import bench_settings, percentile, report
+from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--executor", choices=("noop", "process"), default="noop")
+    parser.add_argument(
+        "--lead-in-s",
+        type=float,
+        default=45.0,
+        help="how far ahead the burst is scheduled (registration time)",
+    )
+    args = parser.parse_args()
+    with bench_settings("burst") as settings, tempfile.TemporaryDirectory() as tmp:
+        logs = Path(tmp)
+        node = Node(settings, "bench-node", logs).start()
+        workers = [
+            WorkerProc(settings, f"bw{i}", logs, cpu=1000, memory_mb=10**6, heartbeat_s=3.0)
+            for i in range(args.workers)
+        ]
+        for worker in workers:
+            worker.argv += ["--executor", args.executor]
+            worker.start()
+        events = EventReader(settings, "bench")
+        try:
+            due_s = int(time.time() + args.lead_in_s)
+            due = datetime.fromtimestamp(due_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            started = time.monotonic()
+            send_commands(
+                settings,
+                [
+                    {
+                        "type": "job.upsert",
+                        "job_id": f"burst-{i:06d}",
+                        "owner": f"o{i % 10}",
+                        "schedule": {"at": due},
+                        "command": ["true"],
+                    }
+                    for i in range(args.jobs)
+                ],
+            )
+            registered_s = time.monotonic() - started
+            finished: dict[str, int] = {}
+            starts: dict[str, int] = {}
+            deadline = time.time() + args.lead_in_s + 300
+            while len(finished) < args.jobs and time.time() < deadline:
+                events.poll_for(1.0)
+                for event, _ in events.run_events():
+                    if event.state == "running":
+                        starts[event.run_id] = event.at_ms - event.scheduled_ms
+                    elif event.state == "succeeded":
+                        finished[event.run_id] = event.at_ms
+            lateness = [ms / 1000 for ms in starts.values()]
+            if len(finished) < args.jobs:
+                by_run: dict[str, list[str]] = {}
+                for event, _ in events.run_events():
+                    by_run.setdefault(event.run_id, []).append(event.state)
+                stuck = {r: s for r, s in by_run.items() if r not in finished}
+                print("unfinished:", len(stuck), list(stuck.items())[:5])
+            report(
+                f"burst-{args.executor}",
+                {
+                    "jobs": args.jobs,
+                    "workers": args.workers,
+                    "executor": args.executor,
+                    "pre_dispatch_lead_s": 10.0,
+                    "registration_s": registered_s,
+                    "runs_started": len(starts),
+                    "runs_succeeded": len(finished),
+                    "start_lateness_p50_s": percentile(lateness, 0.5),
+                    "start_lateness_p99_s": percentile(lateness, 0.99),
+                    "start_lateness_max_s": max(lateness, default=float("nan")),
+                    "all_finished_after_due_s": (max(finished.values(), default=0) / 1000 - due_s),
+                },
+            )
+        finally:
+            events.close()
+            for worker in workers:
+                worker.stop()
+            node.stop()
+
+
+if __name__ == "__main__":
+    main()

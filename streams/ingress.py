@@ -94,6 +94,7 @@ def build_app(settings: Settings) -> faust.App:
         broker_session_timeout=6.0,
         broker_heartbeat_interval=1.5,
         producer_linger=0.005,
+        consumer_auto_offset_reset="earliest",  # a new group must not skip commands
         datadir=os.path.join("/tmp", f"{settings.group('ingress')}-{os.getpid()}"),
     )
     commands = app.topic(

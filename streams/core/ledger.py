@@ -464,6 +464,18 @@ class _Builder:
         if isinstance(inp, JobPaused):
             if job.paused:
                 return self.reject("already paused")
+            # Runs created ahead of their time (pre-dispatch) for after the pause have
+            # not started: they go with the pause.
+            for run_id in job.live_runs:
+                run = self.run(run_id)
+                if (
+                    run is not None
+                    and run.scheduled_ms > self.at
+                    and run.trigger == "schedule"
+                    and run.state in ("waiting", "due", "dispatched")
+                ):
+                    self._stop_order(run, "job paused")
+                    self._move(run, "cancelled", "job paused before the run was due")
             self.set_job(paused=True, next_due_ms=None)
             kind = "paused"
         elif isinstance(inp, JobResumed):

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.integration
 
 JOBS = 120
 EVERY_MS = 2000
+# Lateness here is when the run was created against its due time: negative when it was
+# created ahead (the nodes pre-dispatch 10 s early), which also absorbs most of a failover.
 REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "failover.json"
 
 
@@ -95,6 +97,12 @@ def test_one_run_per_firing_through_a_kill(topics: Settings, nodes: list[Node]) 
     created: Counter[tuple[str, int]] = Counter()
     lateness_s: list[float] = []
     failover_lateness_s: list[float] = []
+    # Runs created ahead (pre-dispatch) for times after the pause are cancelled by it.
+    paused_ahead = {
+        (e.job_id, e.scheduled_ms)
+        for e, _ in events.run_events()
+        if e.state == "cancelled" and e.reason.startswith("job paused")
+    }
     for event, written_ms in events.run_events():
         if event.job_id == "probe" or event.state not in ("due", "skipped") or event.attempt != 1:
             continue
@@ -113,7 +121,7 @@ def test_one_run_per_firing_through_a_kill(topics: Settings, nodes: list[Node]) 
     }
     duplicates = [k for k, n in created.items() if n > 1]
     missed = sorted(expected - set(created))
-    extra = sorted(set(created) - expected)
+    extra = sorted(set(created) - expected - paused_ahead)
     report = {
         "jobs": JOBS,
         "firings_checked": len(expected),

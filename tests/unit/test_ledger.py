@@ -243,6 +243,15 @@ def test_pause_stops_firing_and_resume_does_not_replay_the_pause() -> None:
     assert w.run_events() == []
 
 
+def test_pause_cancels_runs_created_ahead_for_after_the_pause() -> None:
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 10_000, "a"))  # pre-dispatched
+    w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 9_000))
+    decision = w.apply(JobPaused("j", T0 + MIN - 5_000))
+    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
+    assert [r.worker_id for r in decision.replies] == ["w1"]  # told to drop it
+
+
 def test_delete_cancels_waiting_runs_and_stops_the_job() -> None:
     w = world()
     w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))

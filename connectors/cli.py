@@ -287,6 +287,25 @@ def worker(
         running.stop()
 
 
+@app.command("projector")
+def projector(
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Project run-events, jobs, heartbeats and run-logs into PostgreSQL, exactly once."""
+    from projections.projector import Projector
+
+    settings = _settings()
+    logging.basicConfig(
+        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    running = Projector(settings)
+    signal.signal(signal.SIGTERM, lambda *_: running.stop())
+    try:
+        running.run()
+    except KeyboardInterrupt:
+        running.stop()
+
+
 @app.command("run")
 def run_all(
     lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,

@@ -281,6 +281,7 @@ class Auditor:
         self._job_events = 0
         self._undecodable = 0
         self._last_ms: int | None = None
+        self._finished = False
 
     # -- input ------------------------------------------------------------------------------
     def record(self, event: RunEvent | JobEvent, partition: int, offset: int) -> None:
@@ -308,7 +309,13 @@ class Auditor:
         self._violate("undecodable", job_id, "", partition, offset, error)
 
     def _violate(
-        self, kind: ViolationKind, job_id: str, run_id: str, partition: int, offset: int, detail: str
+        self,
+        kind: ViolationKind,
+        job_id: str,
+        run_id: str,
+        partition: int,
+        offset: int,
+        detail: str,
     ) -> None:
         self._counts[kind] += 1
         if len(self._violations) < self.config.keep_violations:
@@ -328,7 +335,8 @@ class Auditor:
             )
             return
         seq = int(tail)
-        creation = seq <= 1 and e.state in TRANSITIONS[None]
+        # A rerun of a skipped run (seq 0) is seq 1 too, but with attempt 2.
+        creation = seq <= 1 and e.state in TRANSITIONS[None] and e.attempt == 1
         run = self._runs.get(e.run_id)
         if run is None:
             self._create(job, e, seq, creation, partition, offset)
@@ -429,6 +437,9 @@ class Auditor:
 
         `now_ms`: the newest time the reader saw (e.g. timestamps of records it skipped);
         the newest event time is used when later."""
+        if self._finished:
+            raise RuntimeError("Auditor.finish may be called once")
+        self._finished = True
         now = self._last_ms
         if now_ms is not None and (now is None or now_ms > now):
             now = now_ms
@@ -642,8 +653,10 @@ def format_report(
         f"p99 {_seconds(lat.p99_ms)}, max {_seconds(lat.max_ms)}\n"
     )
     if lat.count:
-        top = max(count for _, count in lat.histogram)
-        for label, count in lat.histogram:
+        used = [i for i, (_, count) in enumerate(lat.histogram) if count]
+        shown_buckets = lat.histogram[used[0] : used[-1] + 1]  # without empty ends
+        top = max(count for _, count in shown_buckets)
+        for label, count in shown_buckets:
             bar = "#" * (0 if not count else max(1, round(40 * count / top)))
             w(f"  {label:>9} |{bar:<40}| {count:,}\n")
     total = report.total_violations

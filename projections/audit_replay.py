@@ -1,0 +1,333 @@
+"""`cronlog audit`: replay `run-events` from Kafka and verify it (projections/audit.py).
+
+The reader assigns every partition of the topic (no consumer group is joined and no
+offsets are committed), reads ``read_committed`` from a start offset to an end offset
+fixed when it begins, decodes each record with `schemas.codec.RUN_EVENTS` (the only
+knowledge it needs: it works on a topic it did not write) and hands it to the pure
+`Auditor`.
+
+- ``from_ms`` / ``to_ms`` select by record timestamp, per partition, through
+  ``offsets_for_times``: the range starts at the first offset whose timestamp is >=
+  from_ms and ends before the first offset whose timestamp is > to_ms (the ledger stamps
+  its records when it writes them). A range that starts inside the log is audited in
+  partial mode: a run first seen mid-life is not a violation.
+- ``job`` keeps the records whose key is that job id (run-events is keyed by job id)
+  without decoding the others; their timestamps still advance "now", so a job that
+  stopped firing is caught.
+- A partition is finished at the end offset or at end-of-partition (with
+  ``read_committed`` that is the last stable offset: records of a transaction still
+  open are in flight, not history).
+- Progress goes to `err` every `progress_every` records.
+
+Exit codes of `run_audit`: 0 clean, 1 violations, 2 usage or connection errors.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, TextIO
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+
+from projections.audit import AuditConfig, Auditor, AuditReport, format_report
+from schemas.codec import RUN_EVENTS, CodecError
+from streams.core.ids import iso_utc
+from streams.settings import Settings
+
+__all__ = ["AuditError", "ReplayStats", "parse_time", "replay", "run_audit"]
+
+EXIT_CLEAN: Final = 0
+EXIT_VIOLATIONS: Final = 1
+EXIT_ERROR: Final = 2
+
+_BATCH: Final = 10_000
+_FATAL_CODES: Final = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    }
+)
+
+
+class AuditError(RuntimeError):
+    """The audit cannot run: bad arguments, no broker, no topic. Exit code 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayStats:
+    records: int  # records read in the range (decoded, skipped by --job, undecodable)
+    seconds: float
+    partitions: int
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+def parse_time(text: str) -> int:
+    """A --from/--to value: epoch milliseconds, or ISO-8601 with an offset or Z
+    (a date alone is midnight UTC). Raises AuditError."""
+    raw = text.strip()
+    if raw.lstrip("-").isdigit():
+        return int(raw)
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise AuditError(
+            f"invalid time {text!r}: use ISO-8601 such as 2026-05-01T00:00:00Z, "
+            "or epoch milliseconds"
+        ) from None
+    if moment.tzinfo is None:
+        if "T" in raw or " " in raw:
+            raise AuditError(f"invalid time {text!r}: add Z or an offset such as +02:00")
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _consumer(settings: Settings) -> Any:
+    return Consumer(
+        {
+            "bootstrap.servers": settings.kafka,
+            # assign() needs a group id, but no group is joined and nothing is committed.
+            "group.id": f"{settings.group('audit')}-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 8 * 1024 * 1024,
+            "queued.max.messages.kbytes": 256 * 1024,
+            "socket.timeout.ms": 10_000,
+        }
+    )
+
+
+def _ranges(
+    consumer: Any,
+    topic: str,
+    from_ms: int | None,
+    to_ms: int | None,
+    timeout_s: float,
+) -> dict[int, tuple[int, int]]:
+    """partition -> [start, end) offsets to read."""
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise AuditError(f"cannot reach Kafka: {exc}") from exc
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        why = found.error if found is not None and found.error is not None else "not found"
+        raise AuditError(f"topic {topic} is not available ({why})")
+    partitions = sorted(found.partitions)
+    try:
+        bounds = {
+            p: consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=timeout_s, cached=False
+            )
+            for p in partitions
+        }
+        starts = {p: low for p, (low, _) in bounds.items()}
+        ends = {p: high for p, (_, high) in bounds.items()}
+        if from_ms is not None:
+            for tp in consumer.offsets_for_times(
+                [TopicPartition(topic, p, from_ms) for p in partitions], timeout=timeout_s
+            ):
+                # -1 (OFFSET_END): no record at or after from_ms.
+                starts[tp.partition] = ends[tp.partition] if tp.offset < 0 else tp.offset
+        if to_ms is not None:
+            for tp in consumer.offsets_for_times(
+                [TopicPartition(topic, p, to_ms + 1) for p in partitions], timeout=timeout_s
+            ):
+                if tp.offset >= 0:
+                    ends[tp.partition] = min(ends[tp.partition], tp.offset)
+    except KafkaException as exc:
+        raise AuditError(f"cannot read the offsets of {topic}: {exc}") from exc
+    return {p: (max(starts[p], bounds[p][0]), ends[p]) for p in partitions}
+
+
+def replay(
+    settings: Settings,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+    job: str | None = None,
+    *,
+    config: AuditConfig | None = None,
+    progress: TextIO | None = None,
+    progress_every: int = 100_000,
+    timeout_s: float = 10.0,
+    stall_s: float = 60.0,
+    now_ms: int | None = None,
+) -> tuple[AuditReport, ReplayStats]:
+    """Read the range of run-events and audit it. Raises AuditError.
+
+    `now_ms`: "now" for the missing-firing and not-final checks when later than the
+    newest record read (e.g. the wall clock, to catch an installation that stopped
+    writing altogether); by default the newest record read."""
+    if from_ms is not None and to_ms is not None and from_ms > to_ms:
+        raise AuditError(f"--from ({iso_utc(from_ms)}) is after --to ({iso_utc(to_ms)})")
+    if config is None:
+        config = AuditConfig(partial=from_ms is not None)
+    topic = settings.topic("run-events")
+    auditor = Auditor(config)
+    job_key = job.encode() if job is not None else None
+    skipped_ms: int | None = None  # the newest timestamp of records skipped by --job
+    consumer = _consumer(settings)
+    began = time.monotonic()
+    records = 0
+    try:
+        ranges = _ranges(consumer, topic, from_ms, to_ms, timeout_s)
+        pending = {p: r for p, r in ranges.items() if r[0] < r[1]}
+        total = sum(end - start for start, end in pending.values())
+        if pending:
+            consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in pending.items()])
+        next_report = progress_every
+        last_progress = time.monotonic()
+
+        def done(partition: int) -> None:
+            if pending.pop(partition, None) is not None:
+                consumer.pause([TopicPartition(topic, partition)])
+
+        while pending:
+            try:
+                batch = consumer.consume(_BATCH, timeout=0.5)
+            except KafkaException as exc:
+                raise AuditError(f"cannot read {topic}: {exc}") from exc
+            if not batch:
+                if time.monotonic() - last_progress > stall_s:
+                    raise AuditError(
+                        f"no progress on {topic} for {stall_s:.0f} s; "
+                        f"partitions {sorted(pending)} unfinished"
+                    )
+                positions = consumer.position([TopicPartition(topic, p) for p in list(pending)])
+                for tp in positions:
+                    if tp.offset >= 0 and tp.offset >= pending[tp.partition][1]:
+                        done(tp.partition)
+                continue
+            last_progress = time.monotonic()
+            for msg in batch:
+                partition = msg.partition()
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        done(partition)
+                        continue
+                    if error.fatal() or error.code() in _FATAL_CODES:
+                        raise AuditError(f"cannot read {topic}: {error.str()}")
+                    continue  # transient (the client retries); the stall guard bounds it
+                span = pending.get(partition)
+                if span is None:
+                    continue  # already finished
+                offset = msg.offset()
+                if offset >= span[1]:
+                    done(partition)
+                    continue
+                records += 1
+                key = msg.key()
+                if job_key is not None and key != job_key:
+                    kind, stamp = msg.timestamp()
+                    if kind != TIMESTAMP_NOT_AVAILABLE and (
+                        skipped_ms is None or stamp > skipped_ms
+                    ):
+                        skipped_ms = stamp
+                else:
+                    try:
+                        event = RUN_EVENTS.decode(msg.value() or b"")
+                    except CodecError as exc:
+                        auditor.undecodable(partition, offset, str(exc), key)
+                    else:
+                        if job is None or event.job_id == job:
+                            auditor.record(event, partition, offset)
+                if offset >= span[1] - 1:
+                    done(partition)
+            if progress is not None and records >= next_report:
+                elapsed = time.monotonic() - began
+                share = f" ({100 * records / total:.0f}%)" if total else ""
+                progress.write(
+                    f"audit: {records:,} records{share}, {records / max(elapsed, 1e-9):,.0f}/s\n"
+                )
+                progress.flush()
+                next_report += progress_every
+    finally:
+        consumer.close()
+    stats = ReplayStats(records, time.monotonic() - began, len(ranges))
+    newest = max((t for t in (skipped_ms, now_ms) if t is not None), default=None)
+    return auditor.finish(newest), stats
+
+
+def run_audit(
+    settings: Settings,
+    from_ms: int | None,
+    to_ms: int | None,
+    job: str | None,
+    out: TextIO,
+    *,
+    err: TextIO | None = None,
+    config: AuditConfig | None = None,
+    limit: int = 20,
+    timeout_s: float = 10.0,
+    now_ms: int | None = None,
+) -> int:
+    """`cronlog audit`: replay, print the summary and the first `limit` violations to
+    `out`; progress and errors to `err` (stderr). Returns the process exit code: 0 clean,
+    1 violations, 2 usage or connection errors."""
+    err = sys.stderr if err is None else err
+    topic = settings.topic("run-events")
+    try:
+        report, stats = replay(
+            settings,
+            from_ms,
+            to_ms,
+            job,
+            config=config,
+            progress=err,
+            timeout_s=timeout_s,
+            now_ms=now_ms,
+        )
+    except AuditError as exc:
+        err.write(f"cronlog audit: {exc}\n")
+        return EXIT_ERROR
+    scope = [f"topic {topic} ({stats.partitions} partitions)"]
+    if from_ms is not None or to_ms is not None:
+        low = iso_utc(from_ms) if from_ms is not None else "the beginning"
+        high = iso_utc(to_ms) if to_ms is not None else "the end"
+        scope.append(f"records from {low} to {high}")
+    if job is not None:
+        scope.append(f"job {job}")
+    out.write(f"cronlog audit: {', '.join(scope)}\n")
+    out.write(
+        f"read     {stats.records:,} records in {stats.seconds:.2f} s "
+        f"({stats.rate:,.0f} records/s)\n"
+    )
+    format_report(report, out, topic=topic, limit=limit)
+    return EXIT_CLEAN if report.clean else EXIT_VIOLATIONS
+
+
+if __name__ == "__main__":  # a stop-gap entry point until the CLI calls run_audit
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m projections.audit_replay")
+    parser.add_argument("--from", dest="from_", default=None)
+    parser.add_argument("--to", default=None)
+    parser.add_argument("--job", default=None)
+    args = parser.parse_args()
+    try:
+        start = None if args.from_ is None else parse_time(args.from_)
+        stop = None if args.to is None else parse_time(args.to)
+    except AuditError as exc:
+        sys.stderr.write(f"cronlog audit: {exc}\n")
+        raise SystemExit(EXIT_ERROR) from None
+    raise SystemExit(run_audit(Settings.from_env(), start, stop, args.job, sys.stdout))

@@ -1,0 +1,168 @@
+"""The projector on real Kafka and PostgreSQL: a live cluster's history projected, the
+projector killed with SIGKILL mid-stream and restarted; the result must equal a fresh
+replay of the same topics into another database, row for row. An undecodable event goes
+to the dead-letter table with its topic, partition and offset."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from streams.settings import Settings
+from tests.support.isolation import create_database, drop_database, unique_name
+from tests.support.nodes import ROOT, EventReader, Node, WorkerProc, env_for, job, send_commands
+from tests.support.services import Services
+
+pytestmark = pytest.mark.integration
+TABLES = {
+    "jobs": "SELECT job_id, owner, spec, paused, deleted FROM jobs ORDER BY 1",
+    "runs": "SELECT run_id, job_id, scheduled_at, trigger, state, attempt, worker_id,"
+    " started_at, finished_at, exit_code, error FROM runs ORDER BY 1",
+    "run_transitions": "SELECT * FROM run_transitions ORDER BY 1",
+    "run_logs": "SELECT * FROM run_logs ORDER BY 1, 2, 3, 4",
+    "workers": "SELECT worker_id, capacity, labels FROM workers ORDER BY 1",
+}
+
+
+class ProjectorProc:
+    def __init__(self, settings: Settings, log: Path):
+        self.settings, self.log = settings, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ProjectorProc:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "connectors.cli", "projector", "--loglevel", "warning"],
+                cwd=ROOT,
+                env=env_for(self.settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {name: conn.execute(sql).fetchall() for name, sql in TABLES.items()}
+
+
+def wait_caught_up(url: str, transitions: int, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    count = -1
+    while time.monotonic() < deadline:
+        try:
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+                count = row[0] if row else 0
+        except psycopg.Error:
+            count = -1
+        if count == transitions:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"projection has {count} transitions, the topic {transitions}")
+
+
+@pytest.fixture
+def second_database(services: Services) -> Iterator[str]:
+    name = unique_name("replay")
+    url, kind = create_database(services.database_url, name)
+    yield url
+    drop_database(services.database_url, name, kind)
+
+
+def test_killed_projector_equals_a_fresh_replay(
+    topics: Settings, tmp_path: Path, second_database: str
+) -> None:
+    node = Node(topics, "proj-n1", tmp_path).start()
+    worker = WorkerProc(topics, "proj-w1", tmp_path, cpu=2, memory_mb=512).start()
+    projector = ProjectorProc(topics, tmp_path / "projector.log").start()
+    try:
+        send_commands(
+            topics, [job("hello", ["sh", "-c", "echo out; echo err >&2"], schedule={"every": "2s"})]
+        )
+        time.sleep(10)
+        projector.kill()  # mid-stream: events keep flowing while it is dead
+        time.sleep(4)
+        projector.start()
+        time.sleep(6)
+        send_commands(topics, [{"type": "job.pause", "job_id": "hello"}])
+        time.sleep(5)
+    finally:
+        worker.stop()
+        node.stop()
+    try:
+        events = EventReader(topics, "projector-check")
+        try:
+            events.poll_for(3)
+            transitions = len(events.run_events())
+        finally:
+            events.close()
+        assert transitions > 20
+        wait_caught_up(topics.database_url, transitions)
+    finally:
+        projector.stop()
+
+    replay = ProjectorProc(
+        topics.with_(database_url=second_database), tmp_path / "replay.log"
+    ).start()
+    try:
+        wait_caught_up(second_database, transitions)
+    finally:
+        replay.stop()
+    live, fresh = snapshot(topics.database_url), snapshot(second_database)
+    for table in TABLES:
+        assert live[table] == fresh[table], table
+    assert any(row[4] == "succeeded" for row in live["runs"])
+    assert {row[3] for row in live["run_logs"]} == {"stdout", "stderr"}
+    with psycopg.connect(topics.database_url) as conn:
+        late = conn.execute("SELECT count(*) FROM run_lateness").fetchone()
+    assert late is not None
+    assert late[0] > 0
+
+
+def test_an_undecodable_event_goes_to_dead_letters(topics: Settings, tmp_path: Path) -> None:
+    producer = Producer({"bootstrap.servers": topics.kafka})
+    delivered: list[tuple[int | None, int | None]] = []
+    producer.produce(
+        topics.topic("run-events"),
+        key=b"x",
+        value=b"\xc3\x01garbage",
+        on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())),
+    )
+    producer.flush(10)
+    projector = ProjectorProc(topics, tmp_path / "poison.log").start()
+    try:
+        deadline = time.monotonic() + 60
+        rows: list[tuple[Any, ...]] = []
+        while time.monotonic() < deadline and not rows:
+            with psycopg.connect(topics.database_url) as conn:
+                rows = conn.execute(
+                    'SELECT topic, partition, "offset", reason FROM projector_dead_letters'
+                ).fetchall()
+            time.sleep(0.5)
+    finally:
+        projector.stop()
+    assert [(r[0], r[1], r[2]) for r in rows] == [(topics.topic("run-events"), *delivered[0])]
+    assert rows[0][3]

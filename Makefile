@@ -59,6 +59,7 @@ bench: topics
 	$(BIN)/python -m bench.burst --jobs 2000 --executor noop
 	$(BIN)/python -m bench.burst --jobs 200 --executor process
 	$(BIN)/python -m bench.detector --seconds 60 --workers 4
+	$(BIN)/python -m bench.projector --events 100000
 
 clean:
 	-@test -x $(BIN)/cronlog && $(BIN)/cronlog stack down

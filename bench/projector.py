@@ -1,0 +1,86 @@
+"""Projector throughput: N synthetic run transitions produced to run-events, then the time
+for a fresh projector to write them all into PostgreSQL.
+`python -m bench.projector --events 100000`."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import psycopg
+from confluent_kafka import Producer
+
+from bench.common import bench_settings, report
+from projections.projector import Projector
+from schemas.codec import RUN_EVENTS
+from streams.core.records import RunEvent
+from streams.kafka import producer_config
+from tests.support.isolation import create_database, drop_database, unique_name
+
+STATES = ("due", "dispatched", "running", "succeeded")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=100_000)
+    args = parser.parse_args()
+    with bench_settings("projector") as settings:
+        name = unique_name("bench_projector")
+        url, kind = create_database(settings.database_url, name)
+        try:
+            producer = Producer(producer_config(settings, **{"linger.ms": 20}))
+            t0 = 1_800_000_000_000
+            runs = args.events // len(STATES)
+            for r in range(runs):
+                job = f"job-{r % 500}"
+                run_id = f"{job}@{t0 + r * 1000}"
+                for seq, state in enumerate(STATES, start=1):
+                    event = RunEvent(
+                        f"{run_id}#{seq}",
+                        job,
+                        run_id,
+                        t0 + r * 1000,
+                        "schedule",
+                        1,
+                        state,
+                        t0 + r * 1000 + seq,
+                        "w1",
+                        "",
+                        0 if state == "succeeded" else None,
+                    )
+                    producer.produce(
+                        settings.topic("run-events"),
+                        key=job.encode(),
+                        value=RUN_EVENTS.encode(event),
+                    )
+                    if len(producer) > 50_000:
+                        producer.poll(0.1)
+            producer.flush(60)
+            total = runs * len(STATES)
+            projector = Projector(settings.with_(database_url=url), batch_size=5000)
+            thread = threading.Thread(target=projector.run, daemon=True)
+            started = time.monotonic()
+            thread.start()
+            while projector.projected < total and time.monotonic() - started < 600:
+                time.sleep(0.2)
+            elapsed = time.monotonic() - started
+            projector.stop()
+            thread.join(30)
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+            report(
+                "projector",
+                {
+                    "events": total,
+                    "projected_rows": row[0] if row else 0,
+                    "seconds": elapsed,
+                    "events_per_s": total / elapsed,
+                },
+            )
+        finally:
+            drop_database(settings.database_url, name, kind)
+
+
+if __name__ == "__main__":
+    main()

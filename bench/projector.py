@@ -14,11 +14,11 @@ from confluent_kafka import Producer
 from bench.common import bench_settings, report
 from projections.projector import Projector
 from schemas.codec import RUN_EVENTS
-from streams.core.records import RunEvent
+from streams.core.records import RunEvent, RunStateName
 from streams.kafka import producer_config
 from tests.support.isolation import create_database, drop_database, unique_name
 
-STATES = ("due", "dispatched", "running", "succeeded")
+STATES: tuple[RunStateName, ...] = ("due", "dispatched", "running", "succeeded")
 
 
 def main() -> None:

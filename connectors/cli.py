@@ -311,31 +311,39 @@ def run_all(
     lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
-    """Everything on one machine (for `make run`): a scheduler node and a local worker."""
+    """Everything on one machine (for `make run`): a scheduler node, a local worker and
+    the projector."""
     cpus = os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * 1024 * 1024)
-    worker_proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "connectors.cli",
-            "worker",
-            "--id",
-            "local",
-            "--cpu",
-            str(cpus),
-            "--memory-mb",
-            str(memory),
-            "--loglevel",
-            loglevel,
-        ]
+    me = [sys.executable, "-m", "connectors.cli"]
+    helpers = [
+        subprocess.Popen(
+            [
+                *me,
+                "worker",
+                "--id",
+                "local",
+                "--cpu",
+                str(cpus),
+                "--memory-mb",
+                str(memory),
+                "--loglevel",
+                loglevel,
+            ]
+        ),
+        subprocess.Popen([*me, "projector", "--loglevel", loglevel]),
+    ]
+    typer.echo(
+        f"cronlog: worker 'local' (cpu={cpus}, memory_mb={memory}) and the projector started",
+        err=True,
     )
-    typer.echo(f"cronlog: worker 'local' started (cpu={cpus}, memory_mb={memory})", err=True)
     try:
         scheduler(node_id="local", lead_s=lead_s, loglevel=loglevel)
     finally:
-        worker_proc.terminate()
-        worker_proc.wait(30)
+        for proc in helpers:
+            proc.terminate()
+        for proc in helpers:
+            proc.wait(30)
 
 
 def main() -> None:

@@ -31,17 +31,23 @@ start of an interval and at or before its end (the ledger's fired watermark move
 registration/resume time, and a pause or deletion stops firing). A second ``upserted``
 with another schedule or DST policy ends the interval of the old schedule at its at_ms
 and starts one of the new schedule there (a schedule change is never retroactive). The
-last interval ends at ``now - safety_margin`` where ``now`` is the newest event time read,
-so firings in flight are not flagged. A fire time in an active interval without any run
-record (created or skipped) is a violation unless the ledger may legitimately have
-decided it without a record: the decision that moved past it (the earliest-made
-creation of a run of the job scheduled later) was made a catch-up window
-(24 h) or more after it, or that decision recorded `max_catchup_runs` firings at once (the
-ledger keeps only the newest ones of an oversized catch-up). With no later decision at
-all, every overdue fire time is flagged: the job has stopped firing. Only jobs whose
-``upserted`` event is part of the replay are checked (a ``--from`` window may start
-after it). Runs created ahead (pre-dispatch) for times after a pause are cancelled by
-the ledger; they are not in an active interval and are not expected, which is fine.
+last interval ends at ``now - safety_margin`` (120 s), where ``now`` is the newest event
+time read (or a later time the reader passes), so firings in flight are not flagged.
+
+A fire time in an active interval without any run record (created or skipped) is a
+violation unless the ledger may legitimately have decided it without a record:
+
+- the decision that moved past it (the earliest-made creation of a run of the job
+  scheduled later) was made 24 h (the ledger's catch-up window) or more after it: a late
+  proposal records only the firings of the last 24 h; or
+- that decision recorded `max_catchup_runs` (1000) firings at once: the ledger caps one
+  catch-up at that many records.
+
+With no later decision at all, every overdue fire time is flagged: the job has stopped
+firing. Only jobs whose ``upserted`` event is in the replay are checked (a ``--from``
+window may start after it). Runs created ahead (pre-dispatch) for times after a pause
+are cancelled by the ledger ("job paused ..."); their times are not in an active
+interval, so they are neither expected nor flagged.
 
 Not final. A run is given `allowance_ms(spec)`: max_attempts x (timeout + the ledger's
 timeout grace + a claim timeout), twice the nominal retry backoffs, 24 h more when the
@@ -49,9 +55,8 @@ job has dependencies (a run may wait that long for its upstreams), and 10 minute
 slack, counted from the later of its scheduled time and its creation (or its rerun).
 A job whose spec is not in the replay gets `unknown_spec_allowance_ms`.
 
-Transitions follow the ledger (`streams/core/ledger.py`). One deviation from the team
-brief's table: a ``skipped`` run may be rerun (``skipped -> due``), because the ledger's
-rerun accepts every final state.
+Transitions follow the ledger (`streams/core/ledger.py`), including ``skipped -> due``:
+the ledger's rerun accepts every final state, a skipped firing included.
 
 Start lateness is ``running.at_ms - scheduled_ms`` of first attempts (retries and reruns
 start late on purpose), backfill runs excluded (created long after their time).
@@ -175,7 +180,8 @@ class AuditReport:
     job_events: int
     undecodable: int
     live_runs: int  # not final at the end
-    unchecked_jobs: int  # jobs with runs but no `upserted` in the replay
+    # jobs with runs but no `upserted` in the replay, or a schedule that cannot be evaluated
+    unchecked_jobs: int
     expected_firings: int  # fire times checked for a record
     excused_firings: int  # missing, but older than the catch-up window of their decision
     counts: dict[ViolationKind, int]
@@ -210,6 +216,15 @@ def allowance_ms(spec: JobSpec, config: AuditConfig = AuditConfig()) -> int:
     return allowance
 
 
+# Seq numbers and attempts are tracked as bits of an int; beyond this (never in practice)
+# they are not tracked, so a forged huge number cannot make an enormous int.
+_MAX_TRACKED: Final = 4096
+
+
+def _bit(n: int) -> int:
+    return 1 << n if 0 <= n < _MAX_TRACKED else 0
+
+
 class _Run:
     __slots__ = (
         "attempt",
@@ -231,7 +246,7 @@ class _Run:
         self.state = event.state
         self.attempt = event.attempt
         self.seq = seq
-        self.seqs = 1 << seq  # bit set of the seq numbers seen
+        self.seqs = _bit(seq)  # bit set of the seq numbers seen
         self.claimed = 0  # bit set of attempts with a `dispatched` event
         self.started = 0  # bit set of attempts with a `running` event
         self.since_ms = event.at_ms  # creation, or the latest rerun
@@ -341,7 +356,7 @@ class Auditor:
         if run is None:
             self._create(job, e, seq, creation, partition, offset)
             return
-        attempt_bit = 1 << e.attempt if e.attempt >= 0 else 0
+        attempt_bit = _bit(e.attempt)
         kind: ViolationKind | None = None
         detail = ""
         if e.state == "dispatched" and run.claimed & attempt_bit:
@@ -350,7 +365,7 @@ class Auditor:
             kind, detail = "double_start", f"attempt {e.attempt} started again (seq {seq})"
         elif creation:
             kind, detail = "duplicate_run", f"created again ({e.state}, seq {seq})"
-        elif run.seqs >> seq & 1:
+        elif run.seqs & _bit(seq):
             kind, detail = "duplicate_run", f"seq {seq} repeated ({e.state})"
         elif seq < run.seq:
             kind = "illegal_transition"
@@ -369,7 +384,7 @@ class Auditor:
             run.started |= attempt_bit
             if kind is None:
                 self._start_lateness(e)
-        run.seqs |= 1 << seq
+        run.seqs |= _bit(seq)
         if seq > run.seq:
             if e.state == "due" and run.state in FINAL_STATES:
                 run.since_ms = e.at_ms  # a rerun: a new life
@@ -394,13 +409,15 @@ class Auditor:
                     f"a second run for {iso_utc(e.scheduled_ms)}: {other[0]!r} exists",
                 )
         if e.state == "dispatched":
-            run.claimed = 1 << e.attempt if e.attempt >= 0 else 0
+            run.claimed = _bit(e.attempt)
         elif e.state == "running":
-            run.started = 1 << e.attempt if e.attempt >= 0 else 0
+            run.started = _bit(e.attempt)
         if creation and (seq == 0) == (e.state == "skipped") and e.attempt == 1:
             return
         if self.config.partial and seq > 1:
-            return  # the run began before the replayed range
+            if e.state == "running":  # the run began before the replayed range
+                self._start_lateness(e)
+            return
         self._violate(
             "illegal_transition",
             e.job_id,
@@ -449,7 +466,11 @@ class Auditor:
                 if job.spec is None:
                     unchecked += 1 if job.fires else 0
                     continue
-                e, x = self._missing_firings(job, now - self.config.safety_margin_ms)
+                try:
+                    e, x = self._missing_firings(job, now - self.config.safety_margin_ms)
+                except ValueError:  # a schedule this code cannot evaluate (ScheduleError)
+                    unchecked += 1
+                    continue
                 expected += e
                 excused += x
         live = self._not_final(now)
@@ -643,7 +664,7 @@ def format_report(
         f"{report.excused_firings:,} excused (beyond the catch-up window)"
     )
     if report.unchecked_jobs:
-        w(f", {report.unchecked_jobs:,} jobs unchecked (registration not in the replay)")
+        w(f", {report.unchecked_jobs:,} jobs unchecked (no registration in the replay)")
     w("\n")
     if report.now_ms is not None:
         w(f"newest   {iso_utc(report.now_ms)}\n")

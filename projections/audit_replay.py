@@ -203,7 +203,7 @@ def replay(
 
         while pending:
             try:
-                batch = consumer.consume(_BATCH, timeout=0.5)
+                batch = consumer.consume(_BATCH, timeout=0.2)
             except KafkaException as exc:
                 raise AuditError(f"cannot read {topic}: {exc}") from exc
             if not batch:

@@ -306,6 +306,24 @@ def projector(
         running.stop()
 
 
+@app.command("audit")
+def audit(
+    since: Annotated[str | None, typer.Option("--from", help="ISO-8601 or epoch ms.")] = None,
+    until: Annotated[str | None, typer.Option("--to", help="ISO-8601 or epoch ms.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+) -> None:
+    """Replay run-events and verify them; exit 1 on any violation, 2 on errors."""
+    from projections.audit_replay import AuditError, parse_time, run_audit
+
+    settings = _settings()
+    try:
+        from_ms = parse_time(since) if since else None
+        to_ms = parse_time(until) if until else None
+    except AuditError as exc:
+        raise _fail(str(exc), 2) from exc
+    raise typer.Exit(run_audit(settings, from_ms, to_ms, job, sys.stdout))
+
+
 @app.command("run")
 def run_all(
     lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,

@@ -112,6 +112,9 @@ def _consumer(settings: Settings) -> Any:
             "max.partition.fetch.bytes": 8 * 1024 * 1024,
             "queued.max.messages.kbytes": 256 * 1024,
             "socket.timeout.ms": 10_000,
+            # Only critical client logs: the audit reports connection failures itself
+            # (exit 2) instead of a stream of librdkafka retries on stderr.
+            "log_level": 2,
         }
     )
 
@@ -185,7 +188,10 @@ def replay(
     auditor = Auditor(config)
     job_key = job.encode() if job is not None else None
     skipped_ms: int | None = None  # the newest timestamp of records skipped by --job
-    consumer = _consumer(settings)
+    try:
+        consumer = _consumer(settings)
+    except KafkaException as exc:
+        raise AuditError(f"cannot create a Kafka consumer for {settings.kafka}: {exc}") from exc
     began = time.monotonic()
     records = 0
     try:

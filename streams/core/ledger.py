@@ -178,11 +178,15 @@ def _upsert(job: JobState | None, inp: JobUpserted) -> Decision:
         # Only times after registration are due (a re-created job starts afresh, but
         # never below the old watermark: those times were decided once already).
         fired = at if job is None else max(job.fired_ms, at)
+        # A re-created job keeps its first registration time: backfill creates runs only
+        # before it, where the ledger never decided anything (a placeholder, version 0,
+        # never decided anything at all).
+        first = at if job is None or job.version == 0 else job.created_ms
         new = JobState(
             spec=spec,
             paused=False,
             deleted=False,
-            created_ms=at,
+            created_ms=first,
             updated_ms=at,
             fired_ms=fired,
             next_due_ms=_next_due(spec, fired),
@@ -518,9 +522,9 @@ class _Builder:
         # Everything undecided up to the proposal, or up to now when it comes late.
         latest_due = max(inp.scheduled_ms, self._last_fire_at_or_before(self.at))
         floor = max(job.fired_ms, self.at - cfg.catchup_window_ms)
-        times = fires_between(
-            spec.schedule, floor, latest_due, spec.dst, limit=cfg.max_catchup_runs + 1
-        )
+        # All of the window, then the newest `max_catchup_runs` of them: the newest are the
+        # ones that matter (the on-time firing is among them); older ones are dropped.
+        times = fires_between(spec.schedule, floor, latest_due, spec.dst, limit=10_000_000)
         if len(times) > cfg.max_catchup_runs:
             times = times[-cfg.max_catchup_runs :]
         late = [t for t in times if self.at - t > cfg.misfire_grace_ms]

@@ -1,0 +1,623 @@
+"""The audit checker (projections/audit.py), pure: histories with fake offsets.
+
+Clean histories come from the real ledger (tests/support/world.py), so the checker is
+held to what the ledger actually writes: pre-dispatch, pause and resume, misfire skips,
+retries, reruns, schedule changes, a catch-up beyond the 24 h window, deletion.
+Violations are injected into them, or built by hand.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import pytest
+
+from projections.audit import (
+    TRANSITIONS,
+    AuditConfig,
+    Auditor,
+    AuditReport,
+    allowance_ms,
+    audit,
+    format_report,
+)
+from streams.core.ids import scheduled_run_id
+from streams.core.records import (
+    BackfillRequested,
+    ClaimRequested,
+    DeadlineReached,
+    FireProposed,
+    JobDeleted,
+    JobEvent,
+    JobPaused,
+    JobResumed,
+    JobUpserted,
+    RerunRequested,
+    RunEvent,
+    RunFinished,
+    RunStarted,
+    RunStateName,
+    Trigger,
+)
+from streams.core.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
+from tests.support.world import World
+
+T0 = 1_800_000_000_000  # a multiple of 60 s
+MIN = 60_000
+HOUR = 60 * MIN
+
+Event = RunEvent | JobEvent
+
+
+def spec(job_id: str = "j", **changes: object) -> JobSpec:
+    base = JobSpec(
+        job_id=job_id,
+        owner="o",
+        schedule=EverySchedule(MIN),
+        command=("true",),
+        timeout_s=60,
+        retry=RetryPolicy(max_attempts=2, backoff_s=5),
+        idempotent=True,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def rid(t: int, job: str = "j") -> str:
+    return scheduled_run_id(job, t)
+
+
+class Ledger:
+    """Drives the real ledger through typical lives of runs."""
+
+    def __init__(self, base: int = T0) -> None:
+        self.w = World()
+        self.base = base
+
+    def at(self, minutes: float) -> int:
+        return self.base + int(minutes * MIN)
+
+    def register(self, job_spec: JobSpec, at: int) -> None:
+        self.w.apply(JobUpserted(job_spec, at))
+
+    def fire(self, job: str, t: int, at: int | None = None) -> None:
+        """Proposed 10 s early (pre-dispatch), unless `at` says otherwise."""
+        self.w.apply(FireProposed(job, t, t - 10_000 if at is None else at, "node-a"))
+
+    def execute(self, job: str, t: int, attempt: int = 1, exit_code: int = 0) -> None:
+        """Claim, start (300 ms late) and finish the current attempt of the run for t."""
+        run = self.w.runs[rid(t, job)]
+        assert run.state == "due", run
+        begin = max(t, run.updated_ms)
+        self.w.apply(ClaimRequested(job, run.run_id, attempt, "w1", begin - 5_000))
+        self.w.apply(RunStarted(job, run.run_id, attempt, "w1", begin + 300))
+        self.w.apply(RunFinished(job, run.run_id, attempt, "w1", exit_code, "", begin + 2_000))
+
+    def cycle(self, job: str, t: int) -> None:
+        self.fire(job, t)
+        self.execute(job, t)
+
+    def events(self) -> list[Event]:
+        return list(self.w.events)
+
+
+def clean_history(base: int = T0) -> list[Event]:
+    """Two jobs over ~2 h: every-minute j with pre-dispatch, a pause that cancels a run
+    created ahead, a resume, a retry, a rerun, a misfire catch-up with skips, a schedule
+    change, deletion; and a cron job k in a zone. `base`: a multiple of 10 minutes, so
+    that the schedules (every 2 min, */5 min) fire at the minutes used here."""
+    assert base % (10 * MIN) == 0, base
+    led = Ledger(base)
+    at = led.at
+    led.register(spec(), at(0))
+    led.register(spec("k", schedule=CronSchedule("*/5 * * * *", "Europe/Berlin")), at(0) + 7)
+    for minute in range(1, 6):
+        led.cycle("j", at(minute))
+    # Created ahead for minute 6, then the pause 5 s before it cancels it.
+    led.fire("j", at(6))
+    led.w.apply(JobPaused("j", at(6) - 5_000))
+    assert led.w.runs[rid(at(6))].state == "cancelled"
+    led.w.apply(JobResumed("j", at(15) + 20_000))  # next due: minute 16
+    # Minute 16 fails once, is retried after the backoff and succeeds.
+    led.fire("j", at(16))
+    led.execute("j", at(16), exit_code=1)
+    retrying = led.w.runs[rid(at(16))]
+    assert retrying.state == "retrying"
+    assert retrying.deadline_ms is not None
+    led.w.apply(DeadlineReached("j", retrying.run_id, 1, "retry", retrying.deadline_ms))
+    led.execute("j", at(16), attempt=2)
+    for minute in range(17, 21):
+        led.cycle("j", at(minute))
+    # A rerun of minute 17 (a new attempt of the same run).
+    led.w.apply(RerunRequested("j", rid(at(17)), "again-1", at(21) - 1_000))
+    rerun = led.w.runs[rid(at(17))]
+    assert rerun.state == "due"
+    assert rerun.attempt == 2
+    led.execute("j", at(17), attempt=2)
+    # The scheduler is away from minute 21 to 30: a late proposal skips 21..29 (misfire).
+    led.fire("j", at(21), at=at(30) + 30_000)
+    assert led.w.runs[rid(at(25))].state == "skipped"
+    led.execute("j", at(30))
+    for minute in range(31, 41):
+        led.cycle("j", at(minute))
+    # From minute 40 on j fires every 2 minutes.
+    led.register(spec(schedule=EverySchedule(2 * MIN)), at(40) + 30_000)
+    for minute in range(42, 121, 2):
+        led.cycle("j", at(minute))
+    led.w.apply(JobDeleted("j", at(121)))
+    for minute in range(5, 131, 5):
+        led.cycle("k", at(minute))
+    return led.events()
+
+
+def located(events: list[Event]) -> list[tuple[Event, int, int]]:
+    """Fake Kafka positions: all in partition 0, offsets in list order."""
+    return [(event, 0, offset) for offset, event in enumerate(events)]
+
+
+DEFAULT = AuditConfig()
+
+
+def check(events: list[Event], config: AuditConfig = DEFAULT, **kw: int) -> AuditReport:
+    return audit(located(events), config, **kw)
+
+
+def kinds(report: AuditReport) -> dict[str, int]:
+    return {kind: n for kind, n in report.counts.items() if n}
+
+
+def run_event(
+    t: int,
+    seq: int,
+    state: RunStateName,
+    at: int,
+    attempt: int = 1,
+    job: str = "j",
+    trigger: Trigger = "schedule",
+    worker: str = "",
+) -> RunEvent:
+    run_id = rid(t, job)
+    return RunEvent(f"{run_id}#{seq}", job, run_id, t, trigger, attempt, state, at, worker, "")
+
+
+def job_event(kind: str, at: int, job_spec: JobSpec | None = None, job: str = "j") -> JobEvent:
+    return JobEvent(f"{job}#job#{at}", job, kind, at, job_spec)  # type: ignore[arg-type]
+
+
+def life(t: int, job: str = "j") -> list[RunEvent]:
+    """A run that goes due, dispatched, running, succeeded."""
+    return [
+        run_event(t, 1, "due", t - 10_000, job=job),
+        run_event(t, 2, "dispatched", t - 9_000, job=job, worker="w"),
+        run_event(t, 3, "running", t + 500, job=job, worker="w"),
+        run_event(t, 4, "succeeded", t + 2_000, job=job, worker="w"),
+    ]
+
+
+def simple_history(minutes: int = 10, job: str = "j") -> list[Event]:
+    events: list[Event] = [job_event("upserted", T0, spec(job), job=job)]
+    for k in range(1, minutes + 1):
+        events.extend(life(T0 + k * MIN, job))
+    return events
+
+
+# -- clean histories ----------------------------------------------------------------------
+def test_a_clean_ledger_history_passes() -> None:
+    events = clean_history()
+    report = check(events)
+    assert report.clean, report.violations[:5]
+    assert report.jobs == 2
+    assert report.events == len(events)
+    assert report.live_runs == 0
+    skipped = [e for e in events if isinstance(e, RunEvent) and e.state == "skipped"]
+    assert len(skipped) == 9
+    assert report.expected_firings == 95
+    assert report.lateness.count == 87  # first attempts (not the retry, not the rerun)
+    assert report.lateness.p50_ms == 300
+
+
+def test_the_clean_history_really_has_the_interesting_transitions() -> None:
+    states = {
+        (e.state, e.reason.split(" ")[0])
+        for e in clean_history()
+        if isinstance(e, RunEvent) and e.state in ("cancelled", "retrying", "skipped", "due")
+    }
+    assert ("cancelled", "job") in states  # paused before the run was due
+    assert ("retrying", "exit") in states
+    assert ("skipped", "misfire") in states
+    assert ("due", "rerun") in states
+    assert ("due", "retry") in states
+
+
+def test_runs_of_a_job_in_progress_at_the_end_are_fine() -> None:
+    events = simple_history(5)
+    t = T0 + 6 * MIN
+    events += [run_event(t, 1, "due", t - 10_000), run_event(t, 2, "dispatched", t - 9_000)]
+    report = check(events)
+    assert report.clean
+    assert report.live_runs == 1
+
+
+def test_firings_in_the_safety_margin_are_not_yet_missing() -> None:
+    events = simple_history(5)
+    # The newest event is 100 s after the 5th run: the 6th firing (60 s after it) is
+    # inside the 120 s margin.
+    report = check(events, now_ms=T0 + 5 * MIN + 100_000)
+    assert report.clean
+    late = check(events, now_ms=T0 + 5 * MIN + 190_000)
+    assert kinds(late) == {"missing_firing": 1}
+
+
+def test_a_catch_up_beyond_the_24_h_window_is_excused() -> None:
+    led = Ledger()
+    led.register(spec(schedule=EverySchedule(HOUR), misfire="skip"), T0)
+    led.cycle("j", T0 + HOUR)
+    # Nobody proposed for 30 hours: the ledger skips the last 24 h and forgets the rest.
+    led.fire("j", T0 + 2 * HOUR, at=T0 + 31 * HOUR + 30_000)
+    led.execute("j", T0 + 31 * HOUR)
+    report = check(led.events())
+    assert report.clean, report.violations[:3]
+    assert report.excused_firings == 6  # hours 2..7: older than 24 h before the proposal
+
+
+def test_an_oversized_catch_up_is_excused() -> None:
+    """A late decision records at most max_catchup_runs firings (the newest ones); the
+    older undecided ones may go without a record."""
+    second = 1_000
+    events: list[Event] = [job_event("upserted", T0, spec(schedule=EverySchedule(second)))]
+    decided_at = T0 + 1_500 * second + 100
+    events += [run_event(T0 + k * second, 0, "skipped", decided_at) for k in range(501, 1_501)]
+    report = check(events, now_ms=decided_at)
+    assert report.clean, report.violations[:3]
+    assert report.excused_firings == 500  # seconds 1..500
+    smaller = check(events, AuditConfig(max_catchup_runs=1_001), now_ms=decided_at)
+    assert kinds(smaller) == {"missing_firing": 500}
+
+
+def test_the_ledger_records_the_newest_firings_of_an_oversized_catch_up() -> None:
+    led = Ledger()
+    led.register(spec(schedule=EverySchedule(1_000), misfire="skip"), T0)
+    led.fire("j", T0 + 1_000, at=T0 + 1_500 * 1_000)  # 1,500 missed seconds
+    report = check(led.events(), now_ms=T0 + 1_500 * 1_000)
+    assert report.counts["missing_firing"] == 0, report.violations[:2]
+
+
+def test_a_backfill_after_re_registration_creates_no_second_run() -> None:
+    led = Ledger()
+    led.register(spec(), T0)
+    for minute in range(1, 31):
+        led.cycle("j", T0 + minute * MIN)
+    led.w.apply(JobDeleted("j", T0 + 31 * MIN))
+    led.register(spec(), T0 + 40 * MIN)
+    led.w.apply(BackfillRequested("j", T0, T0 + 35 * MIN, T0 + 41 * MIN))
+    report = check(led.events(), now_ms=T0 + 42 * MIN)
+    assert report.counts["duplicate_run"] == 0, report.violations[:2]
+
+
+def test_a_re_registered_job_fires_again_only_after_its_new_registration() -> None:
+    events = simple_history(3)
+    events.append(job_event("deleted", T0 + 3 * MIN + 10_000))
+    events.append(job_event("upserted", T0 + 10 * MIN + 5_000, spec()))
+    events.extend(life(T0 + 11 * MIN))
+    assert check(events).clean
+
+
+def test_runs_of_a_windowed_replay_may_begin_mid_life() -> None:
+    events: list[Event] = list(life(T0 + MIN)[2:])
+    assert kinds(check(events)) == {"illegal_transition": 1}
+    report = check(events, AuditConfig(partial=True))
+    assert report.clean
+    assert report.unchecked_jobs == 1  # its registration is not in the window
+
+
+def test_a_job_deleted_while_paused_and_registered_again() -> None:
+    events = simple_history(3)
+    events.append(job_event("paused", T0 + 3 * MIN + 10_000))
+    events.append(job_event("deleted", T0 + 5 * MIN))
+    events.append(job_event("resumed", T0 + 6 * MIN))  # ignored: the job is deleted
+    events.append(job_event("upserted", T0 + 9 * MIN + 30_000, spec()))
+    for minute in range(10, 15):
+        events.extend(life(T0 + minute * MIN))
+    assert check(events).clean
+
+
+# -- violations -----------------------------------------------------------------------------
+def test_a_repeated_creation_is_a_duplicate_run() -> None:
+    events = clean_history()
+    first = next(e for e in events if isinstance(e, RunEvent) and e.run_id == rid(T0 + 3 * MIN))
+    events.append(replace(first, at_ms=first.at_ms + 2 * HOUR))
+    report = check(events)
+    assert kinds(report) == {"duplicate_run": 1}
+    (v,) = report.violations
+    assert (v.run_id, v.partition, v.offset) == (first.run_id, 0, len(events) - 1)
+
+
+def test_a_skipped_firing_that_is_then_created_is_a_duplicate_run() -> None:
+    events = simple_history(3)
+    t = T0 + 4 * MIN
+    events += [run_event(t, 0, "skipped", t + 61_000), run_event(t, 1, "due", t + 62_000)]
+    assert kinds(check(events)) == {"duplicate_run": 1}
+
+
+def test_two_run_ids_for_one_firing_are_a_duplicate_run() -> None:
+    events = simple_history(3)
+    t = T0 + 2 * MIN
+    other = "j@second-id"
+    events.append(RunEvent(f"{other}#1", "j", other, t, "schedule", 1, "due", t, "", ""))
+    report = check(events)
+    assert kinds(report)["duplicate_run"] == 1
+    assert report.of_kind("duplicate_run")[0].run_id == other
+
+
+def test_a_repeated_seq_is_a_duplicate_run() -> None:
+    events = simple_history(3)
+    events.append(life(T0 + 2 * MIN)[3])  # "succeeded" once more
+    assert kinds(check(events)) == {"duplicate_run": 1}
+
+
+def test_a_missing_firing_is_reported_at_the_next_decision() -> None:
+    events = [
+        e
+        for e in clean_history()
+        if not (isinstance(e, RunEvent) and e.run_id == rid(T0 + 33 * MIN))
+    ]
+    located_events = located(events)
+    report = audit(located_events)
+    assert kinds(report) == {"missing_firing": 1}
+    (v,) = report.violations
+    assert v.job_id == "j"
+    assert "08:33:00Z" in v.detail  # T0 + 33 min
+    next_creation = next(
+        (p, o)
+        for e, p, o in located_events
+        if isinstance(e, RunEvent) and e.event_id == f"{rid(T0 + 34 * MIN)}#1"
+    )
+    assert (v.partition, v.offset) == next_creation
+
+
+def test_a_job_that_stopped_firing_is_reported_at_its_last_event() -> None:
+    events = simple_history(5)
+    events.append(life(T0 + 20 * MIN, "other")[0])  # time moves on elsewhere
+    report = check(events)
+    # Minutes 6..17 were due (18 and later are inside the 120 s margin of minute 20 - 10 s).
+    assert report.counts["missing_firing"] == 12
+    assert {v.offset for v in report.of_kind("missing_firing")} == {len(events) - 2}
+
+
+def test_no_firing_is_expected_while_paused_but_after_the_resume() -> None:
+    events = simple_history(3)
+    events.append(job_event("paused", T0 + 3 * MIN + 1))
+    events.append(job_event("resumed", T0 + 8 * MIN + 30_000))
+    for minute in range(10, 15):  # minute 9 is missing
+        events.extend(life(T0 + minute * MIN))
+    report = check(events)
+    assert kinds(report) == {"missing_firing": 1}
+    assert "08:09:00Z" in report.violations[0].detail  # T0 + 9 min
+
+
+def test_a_schedule_change_applies_from_its_time() -> None:
+    events = simple_history(3)
+    events.append(
+        job_event("upserted", T0 + 3 * MIN + 30_000, spec(schedule=EverySchedule(5 * MIN)))
+    )
+    events.extend(life(T0 + 5 * MIN))
+    events.extend(life(T0 + 10 * MIN))
+    assert check(events).clean
+    events.extend(life(T0 + 20 * MIN))  # minute 15 of the new schedule is missing
+    assert kinds(check(events)) == {"missing_firing": 1}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        # due -> running (no claim)
+        (lambda t: [run_event(t, 1, "due", t), run_event(t, 2, "running", t)], "not a legal"),
+        # a seq gap
+        (lambda t: [run_event(t, 1, "due", t), run_event(t, 3, "dispatched", t)], "seq gap"),
+        # out of order: seq 3 then seq 2
+        (
+            lambda t: [
+                run_event(t, 1, "due", t),
+                run_event(t, 3, "dispatched", t),
+                run_event(t, 2, "cancelled", t),
+            ],
+            "out-of-order",
+        ),
+        # a retry that keeps the attempt number
+        (
+            lambda t: [
+                run_event(t, 1, "due", t),
+                run_event(t, 2, "dispatched", t),
+                run_event(t, 3, "retrying", t),
+                run_event(t, 4, "due", t, attempt=1),
+            ],
+            "expected 2",
+        ),
+        # a run that begins running
+        (lambda t: [run_event(t, 1, "running", t)], "first event"),
+        # a skip with seq 1
+        (lambda t: [run_event(t, 1, "skipped", t)], "first event"),
+        # a final run that moves on without a rerun
+        (lambda t: [*life(t), run_event(t, 5, "failed", t, worker="w")], "not a legal"),
+    ],
+    ids=[
+        "no-claim",
+        "seq-gap",
+        "out-of-order",
+        "retry-attempt",
+        "begins-running",
+        "skip-seq-1",
+        "after-final",
+    ],
+)
+def test_illegal_transitions(mutate: object, expected: str) -> None:
+    assert callable(mutate)
+    events = simple_history(3)
+    t = T0 + 4 * MIN
+    events.extend(mutate(t))
+    report = check(events, now_ms=t + MIN)
+    assert report.counts["illegal_transition"] >= 1, report.violations
+    assert any(expected in v.detail for v in report.of_kind("illegal_transition"))
+    assert set(kinds(report)) == {"illegal_transition"}
+
+
+def test_a_malformed_event_id_is_an_illegal_transition() -> None:
+    events = simple_history(3)
+    bad = replace(life(T0 + 4 * MIN)[0], event_id="j@whatever#x")
+    events.append(bad)
+    report = check(events, now_ms=T0 + 4 * MIN)
+    assert kinds(report) == {"illegal_transition": 1}
+    assert "malformed" in report.violations[0].detail
+
+
+_PATHS: dict[str, list[RunStateName]] = {
+    "waiting": ["waiting"],
+    "due": ["due"],
+    "dispatched": ["due", "dispatched"],
+    "running": ["due", "dispatched", "running"],
+    "retrying": ["due", "dispatched", "retrying"],
+    "succeeded": ["due", "dispatched", "succeeded"],
+    "failed": ["due", "failed"],
+    "cancelled": ["due", "cancelled"],
+    "skipped": ["skipped"],
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [(source, target) for source, targets in TRANSITIONS.items() for target in sorted(targets)],
+)
+def test_every_transition_of_the_table_is_legal(source: str | None, target: str) -> None:
+    t = T0 + MIN
+    path: list[RunStateName] = [*(_PATHS[source] if source is not None else []), target]  # type: ignore[list-item]
+    seq = 0 if path[0] == "skipped" else 1
+    attempt = 1
+    auditor = Auditor()
+    for offset, state in enumerate(path):
+        if offset and state == "due" and path[offset - 1] != "waiting":
+            attempt += 1  # a retry or a rerun
+        auditor.record(run_event(t, seq, state, t, attempt=attempt), 0, offset)
+        seq += 1
+    report = auditor.finish(now_ms=t)
+    assert report.clean, report.violations
+
+
+def test_a_second_claim_of_an_attempt_is_a_double_claim() -> None:
+    events = simple_history(3)
+    t = T0 + 2 * MIN
+    events.append(run_event(t, 2, "dispatched", t - 8_000, worker="zombie"))
+    report = check(events)
+    assert kinds(report) == {"double_claim": 1}
+    assert report.violations[0].offset == len(events) - 1
+
+
+def test_a_second_start_of_an_attempt_is_a_double_start() -> None:
+    events = simple_history(3)
+    t = T0 + 2 * MIN
+    events.append(run_event(t, 5, "running", t + 3_000, worker="w2"))
+    report = check(events)
+    assert kinds(report) == {"double_start": 1}
+    assert report.violations[0].run_id == rid(t)
+
+
+def test_a_second_attempt_may_start_once_more() -> None:
+    events = simple_history(1)
+    t = T0 + MIN
+    events += [
+        run_event(t, 5, "due", t + 5_000, attempt=2),
+        run_event(t, 6, "dispatched", t + 6_000, attempt=2),
+        run_event(t, 7, "running", t + 7_000, attempt=2),
+        run_event(t, 8, "succeeded", t + 8_000, attempt=2),
+    ]
+    assert check(events, now_ms=t + MIN).clean
+
+
+def test_a_run_that_never_ends_is_not_final() -> None:
+    events = simple_history(2)
+    t = T0 + 3 * MIN
+    events += [run_event(t, 1, "due", t - 10_000), run_event(t, 2, "dispatched", t - 9_000)]
+    allowed = allowance_ms(spec())
+    assert check(events, now_ms=t + allowed - 1).counts["not_final"] == 0
+    report = check(events, AuditConfig(safety_margin_ms=10**12), now_ms=t + allowed + 1)
+    assert kinds(report) == {"not_final": 1}
+    (v,) = report.violations
+    assert (v.run_id, v.offset) == (rid(t), len(events) - 1)
+    assert "still dispatched" in v.detail
+
+
+def test_the_allowance_covers_attempts_backoff_and_dependencies() -> None:
+    base = spec(timeout_s=100, retry=RetryPolicy(max_attempts=3, backoff_s=10, max_backoff_s=15))
+    # 3 x (100 s + 30 s + 30 s) + 2 x (10 s + 15 s) + 10 min
+    assert allowance_ms(base) == 3 * 160_000 + 50_000 + 600_000
+    assert allowance_ms(replace(base, depends_on=("up",))) == allowance_ms(base) + 24 * HOUR
+
+
+def test_a_run_of_an_unknown_job_gets_the_fallback_allowance() -> None:
+    t = T0
+    events: list[Event] = [run_event(t, 1, "due", t)]
+    assert check(events, now_ms=t + 24 * HOUR).clean
+    assert kinds(check(events, AuditConfig(safety_margin_ms=0), now_ms=t + 25 * HOUR)) == {
+        "not_final": 1
+    }
+
+
+def test_undecodable_records_are_counted_and_reported() -> None:
+    auditor = Auditor()
+    for event, p, o in located(simple_history(2)):
+        auditor.record(event, p, o)
+    auditor.undecodable(0, 42, "not Avro", b"j")
+    report = auditor.finish()
+    assert report.undecodable == 1
+    assert kinds(report) == {"undecodable": 1}
+    assert (report.violations[0].offset, report.violations[0].job_id) == (42, "j")
+
+
+def test_an_auditor_finishes_once() -> None:
+    auditor = Auditor()
+    auditor.finish()
+    with pytest.raises(RuntimeError, match="once"):
+        auditor.finish()
+
+
+def test_violations_are_counted_beyond_those_kept() -> None:
+    events = simple_history(1)
+    events.append(job_event("upserted", T0 + 3 * HOUR, spec("x"), job="x"))
+    report = check(events, AuditConfig(keep_violations=3))
+    assert report.counts["missing_firing"] > 100
+    assert len(report.violations) == 3
+
+
+# -- the text -------------------------------------------------------------------------------
+def test_the_report_shows_counts_lateness_and_the_first_violations() -> None:
+    events = clean_history()
+    events.append(replace(life(T0 + 2 * MIN)[2], event_id=f"{rid(T0 + 2 * MIN)}#5"))
+    report = check(events)
+    out = io.StringIO()
+    format_report(report, out, topic="x.run-events")
+    text = out.getvalue()
+    assert "jobs     2" in text
+    assert "p50 0.30 s" in text
+    assert "double_start       1" in text
+    assert f"x.run-events[0]@{len(events) - 1}" in text
+    assert "|" in text
+    assert "#" in text
+
+
+def test_a_clean_report_says_so() -> None:
+    out = io.StringIO()
+    format_report(check(simple_history(3)), out)
+    assert "violations 0 (clean)" in out.getvalue()
+
+
+def test_lateness_percentiles() -> None:
+    events: list[Event] = [job_event("upserted", T0, spec(schedule=None))]
+    for k in range(100):
+        t = T0 + (k + 1) * MIN
+        events += [
+            run_event(t, 1, "due", t, trigger="manual"),
+            run_event(t, 2, "dispatched", t, trigger="manual"),
+            run_event(t, 3, "running", t + (k + 1) * 10, trigger="manual"),
+        ]
+    lat = check(events, now_ms=T0 + 101 * MIN).lateness
+    assert (lat.count, lat.p50_ms, lat.p99_ms, lat.max_ms) == (100, 500, 990, 1000)
+    assert dict(lat.histogram)["0-0.1 s"] == 9

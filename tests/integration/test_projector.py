@@ -5,9 +5,6 @@ to the dead-letter table with its topic, partition and offset."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +16,7 @@ from confluent_kafka import Producer
 
 from streams.settings import Settings
 from tests.support.isolation import create_database, drop_database, unique_name
-from tests.support.nodes import ROOT, EventReader, Node, WorkerProc, env_for, job, send_commands
+from tests.support.nodes import EventReader, Node, ProjectorProc, WorkerProc, job, send_commands
 from tests.support.services import Services
 
 pytestmark = pytest.mark.integration
@@ -31,36 +28,6 @@ TABLES = {
     "run_logs": "SELECT * FROM run_logs ORDER BY 1, 2, 3, 4",
     "workers": "SELECT worker_id, capacity, labels FROM workers ORDER BY 1",
 }
-
-
-class ProjectorProc:
-    def __init__(self, settings: Settings, log: Path):
-        self.settings, self.log = settings, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ProjectorProc:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "connectors.cli", "projector", "--loglevel", "warning"],
-                cwd=ROOT,
-                env=env_for(self.settings),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        return self
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:

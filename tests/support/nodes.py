@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import orjson
 from confluent_kafka import Consumer, Producer
@@ -30,41 +31,48 @@ def env_for(settings: Settings) -> dict[str, str]:
     }
 
 
-class Node:
-    def __init__(self, settings: Settings, name: str, logdir: Path):
+class CronlogProcess:
+    """A real `cronlog ...` subprocess with its own log file."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        name: str,
+        logdir: Path,
+        args: list[str],
+        extra_env: dict[str, str] | None = None,
+    ):
         self.settings = settings
         self.name = name
         self.log = logdir / f"{name}.log"
+        self.argv = [sys.executable, "-m", "connectors.cli", *args]
+        self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Node:
+    def start(self) -> Self:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "connectors.cli",
-                    "scheduler",
-                    "--node-id",
-                    self.name,
-                    "--loglevel",
-                    "warning",
-                ],
+                self.argv,
                 cwd=ROOT,
-                env=env_for(self.settings),
+                env={**env_for(self.settings), **self.extra_env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
         return self
 
-    def kill(self) -> None:
+    def signal(self, sig: int) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        assert self.proc is not None
         self.proc.wait(30)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        self.proc.send_signal(signal.SIGCONT)  # a stopped process must be able to exit
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(30)
@@ -75,6 +83,20 @@ class Node:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class Node(CronlogProcess):
+    """A scheduler node: ingress, ledger, scheduler, dispatcher."""
+
+    def __init__(self, settings: Settings, name: str, logdir: Path):
+        super().__init__(
+            settings, name, logdir, ["scheduler", "--node-id", name, "--loglevel", "warning"]
+        )
+
+
+class ProjectorProc(CronlogProcess):
+    def __init__(self, settings: Settings, log: Path):
+        super().__init__(settings, log.stem, log.parent, ["projector", "--loglevel", "warning"])
 
 
 def send_commands(settings: Settings, commands: list[bytes | dict[str, object]]) -> None:
@@ -139,8 +161,8 @@ class EventReader:
         self.consumer.close()
 
 
-class WorkerProc:
-    """A real `cronlog worker` process."""
+class WorkerProc(CronlogProcess):
+    """A real `cronlog worker` process, with its state under the log folder."""
 
     def __init__(
         self,
@@ -153,14 +175,7 @@ class WorkerProc:
         labels: tuple[str, ...] = (),
         heartbeat_s: float = 1.0,
     ):
-        self.settings = settings
-        self.worker_id = worker_id
-        self.log = logdir / f"{worker_id}.log"
-        self.state = logdir / "state"
-        self.argv = [
-            sys.executable,
-            "-m",
-            "connectors.cli",
+        args = [
             "worker",
             "--id",
             worker_id,
@@ -176,35 +191,10 @@ class WorkerProc:
             "warning",
             *(arg for label in labels for arg in ("--label", label)),
         ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> WorkerProc:
-        env = {**env_for(self.settings), "CRONLOG_STATE_DIR": str(self.state)}
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-        return self
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        assert self.proc is not None
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        super().__init__(
+            settings, worker_id, logdir, args, {"CRONLOG_STATE_DIR": str(logdir / "state")}
+        )
+        self.worker_id = worker_id
 
 
 def job(job_id: str, command: list[str], **extra: object) -> dict[str, object]:

@@ -5,6 +5,7 @@ to the dead-letter table with its topic, partition and offset."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from connectors.stack import Stack, StackPaths
 from streams.settings import Settings
 from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.nodes import EventReader, Node, ProjectorProc, WorkerProc, job, send_commands
@@ -133,3 +135,45 @@ def test_an_undecodable_event_goes_to_dead_letters(topics: Settings, tmp_path: P
         projector.stop()
     assert [(r[0], r[1], r[2]) for r in rows] == [(topics.topic("run-events"), *delivered[0])]
     assert rows[0][3]
+
+
+def test_catches_up_after_postgres_is_down_for_30_s(
+    topics: Settings, services: Services, tmp_path: Path
+) -> None:
+    if services.source != "native":
+        pytest.skip("stops the native stack's PostgreSQL")
+    postgres = Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))).postgres
+    node = Node(topics, "pgdown-n1", tmp_path).start()
+    worker = WorkerProc(topics, "pgdown-w1", tmp_path, cpu=2, memory_mb=512).start()
+    projector = ProjectorProc(topics, tmp_path / "pgdown.log").start()
+    try:
+        send_commands(topics, [job("tick", ["true"], schedule={"every": "1s"})])
+        time.sleep(8)
+        assert postgres.down()
+        try:
+            time.sleep(30)  # runs keep flowing into Kafka meanwhile
+        finally:
+            postgres.up(log=lambda _: None)
+        time.sleep(4)
+        send_commands(topics, [{"type": "job.pause", "job_id": "tick"}])
+        time.sleep(4)
+    finally:
+        worker.stop()
+        node.stop()
+    try:
+        events = EventReader(topics, "pgdown-check")
+        try:
+            events.poll_for(3)
+            transitions = len(events.run_events())
+        finally:
+            events.close()
+        assert transitions > 100
+        wait_caught_up(topics.database_url, transitions)
+        assert projector.alive
+    finally:
+        projector.stop()
+    with psycopg.connect(topics.database_url) as conn:
+        runs = conn.execute("SELECT count(*), count(DISTINCT run_id) FROM runs").fetchone()
+    assert runs is not None
+    assert runs[0] == runs[1]
+    assert "unavailable" in (tmp_path / "pgdown.log").read_text()

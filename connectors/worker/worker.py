@@ -330,14 +330,41 @@ class Worker:
                 if not attempt.reported_start and started.exists():
                     info = orjson.loads(started.read_bytes())
                     self._report_start(attempt, int(info["started_ms"]))
-                result = read_result(attempt.run_dir)
+                result: dict[str, Any] | None = read_result(attempt.run_dir) or self._vanished(
+                    attempt
+                )
                 if result is not None:
                     if not attempt.reported_start and result.get("started_ms"):
-                        self._report_start(attempt, int(result["started_ms"]))  # type: ignore[call-overload]
+                        self._report_start(attempt, int(result["started_ms"]))
                     self._tail_logs(attempt)
                     if attempt.supervisor is not None:
                         attempt.supervisor.wait(10)  # it exits right after writing the result
-                    self._report_finish(attempt, result, int(result["finished_ms"]))  # type: ignore[call-overload]
+                    self._report_finish(attempt, result, int(result["finished_ms"]))
+
+    def _vanished(self, attempt: Attempt) -> dict[str, Any] | None:
+        """A supervisor that ended without writing a result (killed before it could,
+        e.g. a cancel that arrived while it was starting): kill whatever it may have
+        started and report the attempt, so its resources are not held forever."""
+        if attempt.supervisor is not None:
+            code = attempt.supervisor.poll()
+            if code is None:
+                return None
+        elif attempt.supervisor_pid is not None and _alive(attempt.supervisor_pid):
+            return None
+        else:
+            code = -1
+        assert attempt.run_dir is not None
+        started = attempt.run_dir / "started.json"
+        if started.exists():
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.killpg(int(orjson.loads(started.read_bytes())["pgid"]), signal.SIGKILL)
+        outcome = "cancelled" if attempt.cancelled else "error"
+        return {
+            "outcome": outcome,
+            "exit_code": None,
+            "finished_ms": int(time.time() * 1000),
+            "error": f"the run's supervisor ended (status {code}) without a result",
+        }
 
     def _report_start(self, attempt: Attempt, at_ms: int) -> None:
         d = attempt.dispatch

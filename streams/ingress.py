@@ -97,27 +97,20 @@ def build_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",  # a new group must not skip commands
         datadir=os.path.join("/tmp", f"{settings.group('ingress')}-{os.getpid()}"),
     )
-    commands = app.topic(
-        settings.topic("commands"),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
-    job_log = app.topic(
-        settings.topic("job-log"),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
-    dlq = app.topic(
-        settings.topic("commands.dlq"),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
+
+    def raw_topic(name: str) -> faust.TopicT:
+        # Bytes in, bytes out: ingress decodes and encodes itself (streams/core, schemas).
+        return app.topic(
+            settings.topic(name),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+    commands = raw_topic("commands")
+    job_log = raw_topic("job-log")
+    dlq = raw_topic("commands.dlq")
 
     @app.agent(commands, concurrency=1)
     async def ingress(stream: faust.StreamT[bytes]) -> None:

@@ -32,6 +32,15 @@ TABLES = {
 }
 
 
+def transitions_in_topic(settings: Settings, group: str) -> int:
+    events = EventReader(settings, group)
+    try:
+        events.poll_for(3)
+        return len(events.run_events())
+    finally:
+        events.close()
+
+
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
     with psycopg.connect(url) as conn:
         return {name: conn.execute(sql).fetchall() for name, sql in TABLES.items()}
@@ -82,12 +91,7 @@ def test_killed_projector_equals_a_fresh_replay(
         worker.stop()
         node.stop()
     try:
-        events = EventReader(topics, "projector-check")
-        try:
-            events.poll_for(3)
-            transitions = len(events.run_events())
-        finally:
-            events.close()
+        transitions = transitions_in_topic(topics, "projector-check")
         assert transitions > 20
         wait_caught_up(topics.database_url, transitions)
     finally:
@@ -161,12 +165,7 @@ def test_catches_up_after_postgres_is_down_for_30_s(
         worker.stop()
         node.stop()
     try:
-        events = EventReader(topics, "pgdown-check")
-        try:
-            events.poll_for(3)
-            transitions = len(events.run_events())
-        finally:
-            events.close()
+        transitions = transitions_in_topic(topics, "pgdown-check")
         assert transitions > 100
         wait_caught_up(topics.database_url, transitions)
         assert projector.alive

@@ -42,15 +42,63 @@ def _ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
+Row = tuple[Any, ...] | dict[str, Any]
+Rows = list[tuple[str, Row]]
+
+
 class Batch:
-    """Rows of one transaction, grouped by statement for executemany (pipelined)."""
+    """Rows of one transaction.
+
+    Every record's rows are kept apart (``items``) so a batch that PostgreSQL refuses for
+    its data can be replayed record by record and the culprit isolated; the fast path
+    groups them by statement, and folds the run rows to one per run (the latest state,
+    earlier non-null columns kept, exactly as the upsert would have folded them one by
+    one) so they can be staged with COPY and merged in one statement.
+    """
 
     def __init__(self) -> None:
-        self.rows: dict[str, list[tuple[Any, ...] | dict[str, Any]]] = {}
-        self.offsets: dict[tuple[str, int], int] = {}
+        self.items: list[tuple[Message, Rows]] = []
+        self.first: dict[tuple[str, int], int] = {}  # first offset of each partition
+        self.offsets: dict[tuple[str, int], int] = {}  # next offset of each partition
 
-    def add(self, sql: str, row: tuple[Any, ...] | dict[str, Any]) -> None:
-        self.rows.setdefault(sql, []).append(row)
+    def record(self, msg: Message) -> Rows:
+        rows: Rows = []
+        self.items.append((msg, rows))
+        key = (msg.topic() or "", msg.partition() or 0)
+        self.first.setdefault(key, msg.offset() or 0)
+        self.offsets[key] = (msg.offset() or 0) + 1
+        return rows
+
+    def grouped(self) -> tuple[dict[str, list[Row]], dict[str, dict[str, Any]]]:
+        by_sql: dict[str, list[Row]] = {}
+        runs: dict[str, dict[str, Any]] = {}
+        for _msg, rows in self.items:
+            for sql, row in rows:
+                if sql is RUN:
+                    assert isinstance(row, dict)
+                    runs[row["run_id"]] = _fold(runs.get(row["run_id"]), row)
+                else:
+                    by_sql.setdefault(sql, []).append(row)
+        return by_sql, runs
+
+
+def _fold(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """Two upserts of one run as one: what RUN leaves after applying old, then new."""
+    if old is None:
+        return new
+    if new["at"] < old["at"]:  # the upsert's WHERE would skip an older update
+        return old
+    merged = dict(new)
+    merged["created_at"] = old["created_at"]
+    for column in ("worker_id", "started_at", "exit_code"):
+        if merged[column] is None:
+            merged[column] = old[column]
+    return merged
+
+
+class StalePosition(Exception):
+    """PostgreSQL's stored offsets are already past where this batch starts: another
+    projector (or a rebuild's swap) wrote them. Rewind to them instead of writing."""
 
 
 UPSERT_JOB = """
@@ -64,12 +112,11 @@ UPDATE jobs SET next_due_at = %s, paused = %s, deleted = %s WHERE job_id = %s"""
 TRANSITION = """
 INSERT INTO run_transitions (event_id, run_id, attempt, state, at, worker_id, detail)
 VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING"""
-RUN = """
-INSERT INTO runs (run_id, job_id, scheduled_at, trigger, state, attempt, worker_id,
-                  created_at, started_at, finished_at, exit_code, error, updated_at)
-VALUES (%(run_id)s, %(job_id)s, %(scheduled_at)s, %(trigger)s, %(state)s, %(attempt)s,
-        %(worker_id)s, %(at)s, %(started_at)s, %(finished_at)s, %(exit_code)s, %(error)s,
-        %(at)s)
+RUN_COLUMNS = (
+    "run_id, job_id, scheduled_at, trigger, state, attempt, worker_id, created_at,"
+    " started_at, finished_at, exit_code, error, updated_at"
+)
+RUN_MERGE = """
 ON CONFLICT (run_id) DO UPDATE SET
     state = excluded.state, attempt = excluded.attempt,
     worker_id = COALESCE(excluded.worker_id, runs.worker_id),
@@ -78,6 +125,14 @@ ON CONFLICT (run_id) DO UPDATE SET
     exit_code = COALESCE(excluded.exit_code, runs.exit_code),
     error = excluded.error, updated_at = excluded.updated_at
 WHERE runs.updated_at <= excluded.updated_at"""
+RUN = f"""
+INSERT INTO runs ({RUN_COLUMNS})
+VALUES (%(run_id)s, %(job_id)s, %(scheduled_at)s, %(trigger)s, %(state)s, %(attempt)s,
+        %(worker_id)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(exit_code)s,
+        %(error)s, %(at)s)
+{RUN_MERGE}"""
+# The dict keys of a run row, in RUN_COLUMNS order (updated_at is the event time).
+RUN_KEYS = [c.strip() for c in RUN_COLUMNS.replace("updated_at", "at").split(",")]
 WORKER = """
 INSERT INTO workers (worker_id, capacity, free, labels, last_heartbeat_at, state)
 VALUES (%s, %s, %s, %s, %s, 'alive')
@@ -93,6 +148,24 @@ VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 OFFSET = """
 INSERT INTO projector_offsets (topic, partition, next_offset) VALUES (%s, %s, %s)
 ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset"""
+# Taken first in every transaction (and first by a rebuild's swap, so the two never
+# deadlock): the fence that keeps two writers from interleaving.
+FENCE = "SELECT topic, partition, next_offset FROM projector_offsets FOR UPDATE"
+
+# Bulk paths: COPY into session-local staging tables, then one set-based statement.
+STAGING = """
+CREATE TEMP TABLE IF NOT EXISTS stage_transitions
+    (LIKE run_transitions INCLUDING DEFAULTS) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS stage_runs (LIKE runs) ON COMMIT DELETE ROWS;
+"""
+TRANSITION_COPY = (
+    "COPY stage_transitions (event_id, run_id, attempt, state, at, worker_id, detail) FROM STDIN"
+)
+TRANSITION_MERGE = (
+    "INSERT INTO run_transitions SELECT * FROM stage_transitions ON CONFLICT DO NOTHING"
+)
+RUN_COPY = f"COPY stage_runs ({RUN_COLUMNS}) FROM STDIN"
+RUN_STAGED = f"INSERT INTO runs ({RUN_COLUMNS}) SELECT {RUN_COLUMNS} FROM stage_runs{RUN_MERGE}"
 
 # Statements run in this order inside a transaction: jobs before the flags that update
 # them, runs after the transitions (a run row is the latest transition's summary).
@@ -106,19 +179,35 @@ ORDER = (
     WORKER,
     LOG,
     DEAD,
-    OFFSET,
 )
+# Errors that say nothing about the data: wait, reconnect and redo the batch.
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+def _text(value: str) -> str:
+    """PostgreSQL text and jsonb cannot hold NUL; a job may well print one."""
+    return value.replace("\x00", "\ufffd")
 
 
 class Projector:
-    def __init__(self, settings: Settings, batch_size: int = 2000, retry_s: float = 2.0):
+    def __init__(
+        self,
+        settings: Settings,
+        batch_size: int = 2000,
+        retry_s: float = 2.0,
+        group: str | None = None,
+    ):
         self.settings = settings
         self.batch_size = batch_size
         self.retry_s = retry_s
         self.topic_names = {settings.topic(t): t for t in TOPICS}
         self._stop = threading.Event()
         self.projected = 0
-        self.consumer = Consumer(consumer_config(settings, settings.group("projector")))
+        self.dead_lettered = 0
+        # Positions after the last empty poll, everything before them written: how a
+        # rebuild knows it has caught up (offsets of transaction markers included).
+        self.idle_positions: dict[tuple[str, int], int] = {}
+        self.consumer = Consumer(consumer_config(settings, group or settings.group("projector")))
         self.conn: psycopg.Connection[Any] | None = None
 
     def stop(self) -> None:
@@ -129,8 +218,11 @@ class Projector:
         while not self._stop.is_set():
             try:
                 migrate(self.settings.database_url)
-                return psycopg.connect(self.settings.database_url)
-            except psycopg.OperationalError as exc:
+                conn = psycopg.connect(self.settings.database_url)
+                conn.execute(STAGING)
+                conn.commit()
+                return conn
+            except TRANSIENT as exc:
                 log.warning("PostgreSQL unavailable (%s); retrying in %.0f s", exc, self.retry_s)
                 self._stop.wait(self.retry_s)
         raise SystemExit(0)
@@ -168,6 +260,11 @@ class Projector:
                 ]
                 if messages:
                     self._write(messages)
+                else:
+                    self.idle_positions = {
+                        (tp.topic, tp.partition): tp.offset
+                        for tp in self.consumer.position(self.consumer.assignment())
+                    }
         finally:
             self.consumer.close()
             if self.conn is not None:
@@ -176,23 +273,74 @@ class Projector:
     def _write(self, messages: list[Message]) -> None:
         batch = Batch()
         for msg in messages:
-            self._project(msg, batch)
-            batch.offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
-        for (topic, partition), offset in batch.offsets.items():
-            batch.add(OFFSET, (topic, partition, offset))
-        while not self._stop.is_set():
+            self._project(msg, batch.record(msg))
+        assert self.conn is not None
+        try:
             try:
-                assert self.conn is not None
                 with self.conn.transaction(), self.conn.cursor() as cur:
-                    for sql in ORDER:
-                        if sql in batch.rows:
-                            cur.executemany(sql, batch.rows[sql])
-                self.projected += len(messages)
-                return
+                    self._fence(cur, batch)
+                    self._write_bulk(cur, batch)
+            except TRANSIENT:
+                raise
             except psycopg.Error as exc:
-                log.warning("projection batch failed (%s); reconnecting and rewinding", exc)
-                self._reset()
-                return  # the rewind re-reads the batch from the stored offsets
+                # The data, not the connection: find the records PostgreSQL refuses.
+                log.warning("projection batch refused (%s); isolating the records", exc)
+                with self.conn.transaction(), self.conn.cursor() as cur:
+                    self._fence(cur, batch)
+                    self._write_one_by_one(cur, batch)
+            self.projected += len(messages)
+        except StalePosition:
+            log.info("stored offsets moved under this projector; rewinding to them")
+            self._rewind(self.conn)
+        except psycopg.Error as exc:
+            log.warning("projection batch failed (%s); reconnecting and rewinding", exc)
+            self._reset()  # the rewind re-reads the batch from the stored offsets
+
+    def _fence(self, cur: psycopg.Cursor[Any], batch: Batch) -> None:
+        stored = {(t, p): o for t, p, o in cur.execute(FENCE).fetchall()}
+        for key, first in batch.first.items():
+            # Ahead of this batch: another writer got there first. (Behind it is normal:
+            # transaction markers and compaction leave gaps in the offsets.)
+            if stored.get(key, -1) > first:
+                raise StalePosition(key)
+
+    def _write_bulk(self, cur: psycopg.Cursor[Any], batch: Batch) -> None:
+        by_sql, runs = batch.grouped()
+        for sql in ORDER:
+            if sql is TRANSITION and sql in by_sql:
+                with cur.copy(TRANSITION_COPY) as copy:
+                    for row in by_sql[sql]:
+                        assert isinstance(row, tuple)
+                        copy.write_row(row)
+                cur.execute(TRANSITION_MERGE)
+            elif sql is RUN and runs:
+                with cur.copy(RUN_COPY) as copy:
+                    for run in runs.values():
+                        copy.write_row([run[k] for k in RUN_KEYS])
+                cur.execute(RUN_STAGED)
+            elif sql in by_sql:
+                cur.executemany(sql, by_sql[sql])
+        self._write_offsets(cur, batch)
+
+    def _write_one_by_one(self, cur: psycopg.Cursor[Any], batch: Batch) -> None:
+        for msg, rows in batch.items:
+            try:
+                with cur.connection.transaction():  # a savepoint per record
+                    for sql, row in rows:
+                        cur.execute(sql, row)
+            except TRANSIENT:
+                raise
+            except psycopg.Error as exc:
+                self._dead(cur, msg, f"refused by PostgreSQL: {exc}")
+        self._write_offsets(cur, batch)
+
+    def _dead(self, cur: psycopg.Cursor[Any], msg: Message, reason: str) -> None:
+        log.error("dead letter %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+        cur.execute(DEAD, (msg.topic(), msg.partition(), msg.offset(), reason[:2000], msg.value()))
+        self.dead_lettered += 1
+
+    def _write_offsets(self, cur: psycopg.Cursor[Any], batch: Batch) -> None:
+        cur.executemany(OFFSET, [(t, p, o) for (t, p), o in batch.offsets.items()])
 
     def _reset(self) -> None:
         if self.conn is not None:
@@ -203,10 +351,10 @@ class Projector:
         self._rewind(self.conn)
 
     # -- one record ---------------------------------------------------------------------------
-    def _project(self, msg: Message, batch: Batch) -> None:
+    def _project(self, msg: Message, rows: Rows) -> None:
         name = self.topic_names.get(msg.topic() or "", "")
         value = msg.value()
-        handler: Callable[[bytes, Batch], None] | None = {
+        handler: Callable[[bytes, Rows], None] | None = {
             "run-events": self._run_event,
             "jobs": self._job_state,
             "heartbeats": self._heartbeat,
@@ -215,80 +363,69 @@ class Projector:
         if value is None or handler is None:
             return  # tombstones (compaction) carry nothing to project
         try:
-            handler(value, batch)
+            handler(value, rows)
         except (CodecError, KeyError, ValueError, TypeError) as exc:
-            batch.add(DEAD, (msg.topic(), msg.partition(), msg.offset(), str(exc)[:2000], value))
+            rows.clear()
+            dead = (msg.topic(), msg.partition(), msg.offset(), str(exc)[:2000], value)
+            rows.append((DEAD, dead))
+            self.dead_lettered += 1
 
-    def _run_event(self, value: bytes, batch: Batch) -> None:
+    def _run_event(self, value: bytes, rows: Rows) -> None:
         event = RUN_EVENTS.decode(value)
         if isinstance(event, JobEvent):
             at = _ts(event.at_ms)
             if event.kind == "upserted" and event.spec is not None:
                 spec = Jsonb(to_plain(event.spec))
-                batch.add(UPSERT_JOB, (event.job_id, event.spec.owner, spec, at, at))
+                rows.append((UPSERT_JOB, (event.job_id, event.spec.owner, spec, at, at)))
             elif event.kind in ("paused", "resumed"):
-                batch.add(
-                    JOB_FLAG.format(column="paused"), (event.kind == "paused", at, event.job_id)
-                )
+                flag = (event.kind == "paused", at, event.job_id)
+                rows.append((JOB_FLAG.format(column="paused"), flag))
             elif event.kind == "deleted":
-                batch.add(JOB_FLAG.format(column="deleted"), (True, at, event.job_id))
+                rows.append((JOB_FLAG.format(column="deleted"), (True, at, event.job_id)))
             return
-        self._transition(event, batch)
+        self._transition(event, rows)
 
-    def _transition(self, e: RunEvent, batch: Batch) -> None:
+    def _transition(self, e: RunEvent, rows: Rows) -> None:
         at = _ts(e.at_ms)
-        detail = Jsonb({"reason": e.reason, "exit_code": e.exit_code, "trigger": e.trigger})
-        batch.add(
-            TRANSITION, (e.event_id, e.run_id, e.attempt, e.state, at, e.worker_id or None, detail)
-        )
-        batch.add(
-            RUN,
-            {
-                "run_id": e.run_id,
-                "job_id": e.job_id,
-                "scheduled_at": _ts(e.scheduled_ms),
-                "trigger": e.trigger,
-                "state": e.state,
-                "attempt": e.attempt,
-                "worker_id": e.worker_id or None,
-                "at": at,
-                "started_at": at if e.state == "running" else None,
-                "finished_at": at if e.state in FINAL_STATES else None,
-                "exit_code": e.exit_code,
-                "error": e.reason or None,
-            },
-        )
+        reason = _text(e.reason)
+        detail = Jsonb({"reason": reason, "exit_code": e.exit_code, "trigger": e.trigger})
+        worker = e.worker_id or None
+        rows.append((TRANSITION, (e.event_id, e.run_id, e.attempt, e.state, at, worker, detail)))
+        run = {
+            "run_id": e.run_id,
+            "job_id": e.job_id,
+            "scheduled_at": _ts(e.scheduled_ms),
+            "trigger": e.trigger,
+            "state": e.state,
+            "attempt": e.attempt,
+            "worker_id": worker,
+            "created_at": at,
+            "at": at,
+            "started_at": at if e.state == "running" else None,
+            "finished_at": at if e.state in FINAL_STATES else None,
+            "exit_code": e.exit_code,
+            "error": reason or None,
+        }
+        rows.append((RUN, run))
 
-    def _job_state(self, value: bytes, batch: Batch) -> None:
+    def _job_state(self, value: bytes, rows: Rows) -> None:
         state: JobState = JOB_STATE.decode(value)
-        batch.add(
-            JOB_STATE_SQL, (_ts(state.next_due_ms), state.paused, state.deleted, state.spec.job_id)
-        )
+        row = (_ts(state.next_due_ms), state.paused, state.deleted, state.spec.job_id)
+        rows.append((JOB_STATE_SQL, row))
 
-    def _heartbeat(self, value: bytes, batch: Batch) -> None:
+    def _heartbeat(self, value: bytes, rows: Rows) -> None:
         beat = HEARTBEAT.decode(value)
-        batch.add(
-            WORKER,
-            (
-                beat["worker_id"],
-                Jsonb(beat["capacity"]),
-                Jsonb(beat["free"]),
-                Jsonb(beat["labels"]),
-                _ts(beat["at_ms"]),
-            ),
+        row = (
+            beat["worker_id"],
+            Jsonb(beat["capacity"]),
+            Jsonb(beat["free"]),
+            Jsonb(beat["labels"]),
+            _ts(beat["at_ms"]),
         )
+        rows.append((WORKER, row))
 
-    def _log(self, value: bytes, batch: Batch) -> None:
+    def _log(self, value: bytes, rows: Rows) -> None:
         chunk = RUN_LOG.decode(value)
-        data = chunk["data"] + ("\n[truncated]" if chunk["truncated"] else "")
-        batch.add(
-            LOG,
-            (
-                chunk["run_id"],
-                chunk["attempt"],
-                chunk["seq"],
-                chunk["stream"],
-                data,
-                _ts(chunk["at_ms"]),
-            ),
-        )
+        data = _text(chunk["data"]) + ("\n[truncated]" if chunk["truncated"] else "")
+        row = (chunk["run_id"], chunk["attempt"], chunk["seq"], chunk["stream"], data)
+        rows.append((LOG, (*row, _ts(chunk["at_ms"]))))

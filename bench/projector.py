@@ -9,16 +9,11 @@ import threading
 import time
 
 import psycopg
-from confluent_kafka import Producer
 
 from bench.common import bench_settings, report
 from projections.projector import Projector
-from schemas.codec import RUN_EVENTS
-from streams.core.records import RunEvent, RunStateName
-from streams.kafka import producer_config
 from tests.support.isolation import create_database, drop_database, unique_name
-
-STATES: tuple[RunStateName, ...] = ("due", "dispatched", "running", "succeeded")
+from tests.support.kafka import produce_runs
 
 
 def main() -> None:
@@ -29,35 +24,7 @@ def main() -> None:
         name = unique_name("bench_projector")
         url, kind = create_database(settings.database_url, name)
         try:
-            producer = Producer(producer_config(settings, **{"linger.ms": 20}))
-            t0 = 1_800_000_000_000
-            runs = args.events // len(STATES)
-            for r in range(runs):
-                job = f"job-{r % 500}"
-                run_id = f"{job}@{t0 + r * 1000}"
-                for seq, state in enumerate(STATES, start=1):
-                    event = RunEvent(
-                        f"{run_id}#{seq}",
-                        job,
-                        run_id,
-                        t0 + r * 1000,
-                        "schedule",
-                        1,
-                        state,
-                        t0 + r * 1000 + seq,
-                        "w1",
-                        "",
-                        0 if state == "succeeded" else None,
-                    )
-                    producer.produce(
-                        settings.topic("run-events"),
-                        key=job.encode(),
-                        value=RUN_EVENTS.encode(event),
-                    )
-                    if len(producer) > 50_000:
-                        producer.poll(0.1)
-            producer.flush(60)
-            total = runs * len(STATES)
+            total = produce_runs(settings, range(args.events // 4))
             projector = Projector(settings.with_(database_url=url), batch_size=5000)
             thread = threading.Thread(target=projector.run, daemon=True)
             started = time.monotonic()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import zoneinfo
 from pathlib import Path
 from typing import Annotated
@@ -290,6 +291,17 @@ def worker(
 @app.command("projector")
 def projector(
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    rebuild: Annotated[
+        bool,
+        typer.Option(
+            "--rebuild",
+            help="Replay the topics from the start into fresh tables, swap them in "
+            "atomically, and exit (a running projector may stay up).",
+        ),
+    ] = False,
+    keep_previous: Annotated[
+        bool, typer.Option(help="With --rebuild: keep the old tables in <schema>_previous.")
+    ] = False,
 ) -> None:
     """Project run-events, jobs, heartbeats and run-logs into PostgreSQL, exactly once."""
     from projections.projector import Projector
@@ -298,12 +310,36 @@ def projector(
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    if rebuild:
+        _rebuild(settings, keep_previous)
+        return
     running = Projector(settings)
     signal.signal(signal.SIGTERM, lambda *_: running.stop())
     try:
         running.run()
     except KeyboardInterrupt:
         running.stop()
+
+
+def _rebuild(settings: Settings, keep_previous: bool) -> None:
+    from projections.rebuild import RebuildError
+    from projections.rebuild import rebuild as run_rebuild
+
+    last = [0.0]
+
+    def progress(events: int) -> None:
+        if time.monotonic() - last[0] > 2:
+            last[0] = time.monotonic()
+            typer.echo(f"rebuild: {events} records replayed", err=True)
+
+    try:
+        result = run_rebuild(settings, keep_previous=keep_previous, progress=progress)
+    except (RebuildError, psycopg.Error) as exc:
+        raise _fail(f"rebuild failed, the live projection is unchanged: {exc}", 2) from exc
+    typer.echo(
+        f"rebuilt schema {result.schema}: {result.events} records in {result.seconds:.1f} s"
+        + (f"; the old tables are in schema {result.previous}" if result.previous else "")
+    )
 
 
 @app.command("audit")

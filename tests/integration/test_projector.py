@@ -5,7 +5,11 @@ to the dead-letter table with its topic, partition and offset."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +20,19 @@ import pytest
 from confluent_kafka import Producer
 
 from connectors.stack import Stack, StackPaths
+from schemas.codec import RUN_EVENTS, RUN_LOG
 from streams.settings import Settings
 from tests.support.isolation import create_database, drop_database, unique_name
-from tests.support.nodes import EventReader, Node, ProjectorProc, WorkerProc, job, send_commands
+from tests.support.kafka import SYNTHETIC_T0, produce_runs, synthetic_run
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    ProjectorProc,
+    WorkerProc,
+    env_for,
+    job,
+    send_commands,
+)
 from tests.support.services import Services
 
 pytestmark = pytest.mark.integration
@@ -176,3 +190,117 @@ def test_catches_up_after_postgres_is_down_for_30_s(
     assert runs is not None
     assert runs[0] == runs[1]
     assert "unavailable" in (tmp_path / "pgdown.log").read_text()
+
+
+def test_rebuild_equals_the_live_projection(
+    topics: Settings, tmp_path: Path, second_database: str
+) -> None:
+    """A rebuild while the live projector runs and events keep arriving: the swapped-in
+    tables equal a fresh replay, the hand-damaged rows are repaired, nothing is lost."""
+    # The module's topics already hold earlier tests' history: count on top of it.
+    with psycopg.connect(topics.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+    produced = (row[0] if row else 0) + produce_runs(topics, range(0, 300))
+    live = ProjectorProc(topics, tmp_path / "live.log").start()
+    try:
+        wait_caught_up(topics.database_url, produced)
+        with psycopg.connect(topics.database_url) as conn:
+            conn.execute("DELETE FROM run_transitions WHERE run_id LIKE 'job-1@%'")
+            conn.execute("UPDATE runs SET state = 'failed' WHERE job_id = 'job-2'")
+        more: list[int] = []
+
+        def trickle() -> None:  # events keep arriving during the rebuild
+            for start in range(300, 500, 20):
+                more.append(produce_runs(topics, range(start, start + 20)))
+                time.sleep(0.3)
+
+        feeder = threading.Thread(target=trickle)
+        feeder.start()
+        done = subprocess.run(
+            [sys.executable, "-m", "connectors.cli", "projector", "--rebuild"],
+            env=env_for(topics),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        feeder.join()
+        assert done.returncode == 0, done.stderr
+        assert "rebuilt schema" in done.stdout
+        produced += sum(more)
+        wait_caught_up(topics.database_url, produced)
+    finally:
+        live.stop()
+    replay = ProjectorProc(
+        topics.with_(database_url=second_database), tmp_path / "replay.log"
+    ).start()
+    try:
+        wait_caught_up(second_database, produced)
+    finally:
+        replay.stop()
+    rebuilt, fresh = snapshot(topics.database_url), snapshot(second_database)
+    for table in TABLES:
+        assert rebuilt[table] == fresh[table], table
+    synthetic = [row for row in rebuilt["runs"] if row[1].startswith("job-")]
+    assert len(synthetic) == 500
+    assert {row[4] for row in synthetic} == {"succeeded"}
+    with psycopg.connect(topics.database_url) as conn:
+        schemas = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+            ("%\\_rebuild",),
+        ).fetchall()
+        views = conn.execute(
+            "SELECT count(*) FROM run_lateness WHERE job_id LIKE 'job-%'"
+        ).fetchone()
+    assert schemas == []
+    assert views is not None
+    assert views[0] == 500
+
+
+def test_a_record_postgres_refuses_is_isolated(topics: Settings, tmp_path: Path) -> None:
+    """A decodable event PostgreSQL refuses (attempt beyond integer) goes to the dead
+    letters alone; its batch-mates are projected, and a NUL in a job's output is kept
+    readable instead of wedging the projector."""
+    producer = Producer({"bootstrap.servers": topics.kafka})
+    delivered: list[int | None] = []
+    bad = dataclasses.replace(synthetic_run(999)[0], attempt=3_000_000_000)
+    producer.produce(
+        topics.topic("run-events"),
+        key=bad.job_id.encode(),
+        value=RUN_EVENTS.encode(bad),
+        on_delivery=lambda err, msg: delivered.append(msg.offset()),
+    )
+    chunk = {
+        "run_id": "job-7@1",
+        "attempt": 1,
+        "stream": "stdout",
+        "seq": 0,
+        "data": "before\x00after",
+        "truncated": False,
+        "worker_id": "w1",
+        "at_ms": SYNTHETIC_T0,
+    }
+    producer.produce(topics.topic("run-logs"), key=b"job-7@1", value=RUN_LOG.encode(chunk))
+    assert producer.flush(10) == 0
+    # The module's topics already hold earlier tests' history: count on top of it.
+    with psycopg.connect(topics.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+    before = row[0] if row else 0
+    good = produce_runs(topics, range(1000, 1005))
+    projector = ProjectorProc(topics, tmp_path / "refused.log").start()
+    try:
+        wait_caught_up(topics.database_url, before + good)
+        deadline = time.monotonic() + 30
+        logs: list[tuple[Any, ...]] = []
+        while time.monotonic() < deadline and not logs:
+            with psycopg.connect(topics.database_url) as conn:
+                logs = conn.execute("SELECT data FROM run_logs WHERE run_id = 'job-7@1'").fetchall()
+                dead = conn.execute(
+                    'SELECT topic, "offset", reason FROM projector_dead_letters'
+                    " WHERE reason LIKE 'refused%'"
+                ).fetchall()
+            time.sleep(0.3)
+    finally:
+        projector.stop()
+    assert logs == [("before\ufffdafter",)]
+    assert [(row[0], row[1]) for row in dead] == [(topics.topic("run-events"), delivered[0])]
+    assert "refused by PostgreSQL" in dead[0][2]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, Message, Producer
 
+from schemas.codec import RUN_EVENTS
+from streams.core.records import RunEvent, RunStateName
+from streams.kafka import producer_config
 from streams.settings import Settings
 
 
@@ -43,3 +46,48 @@ def drain(
         if msg is not None and msg.error() is None:
             found.append(msg)
     return found
+
+
+SYNTHETIC_STATES: tuple[RunStateName, ...] = ("due", "dispatched", "running", "succeeded")
+SYNTHETIC_T0 = 1_800_000_000_000
+
+
+def synthetic_run(r: int, attempt: int = 1) -> list[RunEvent]:
+    """Run number r of a synthetic history: four transitions of a succeeded run."""
+    job = f"job-{r % 500}"
+    scheduled = SYNTHETIC_T0 + r * 1000
+    run_id = f"{job}@{scheduled}"
+    return [
+        RunEvent(
+            f"{run_id}#{seq}",
+            job,
+            run_id,
+            scheduled,
+            "schedule",
+            attempt,
+            state,
+            scheduled + seq,
+            "w1",
+            "",
+            0 if state == "succeeded" else None,
+        )
+        for seq, state in enumerate(SYNTHETIC_STATES, start=1)
+    ]
+
+
+def produce_runs(settings: Settings, runs: range, producer: Producer | None = None) -> int:
+    """Produce synthetic runs' transitions to run-events; the number of events."""
+    producer = producer or Producer(producer_config(settings, **{"linger.ms": 20}))
+    count = 0
+    for r in runs:
+        for event in synthetic_run(r):
+            producer.produce(
+                settings.topic("run-events"),
+                key=event.job_id.encode(),
+                value=RUN_EVENTS.encode(event),
+            )
+            count += 1
+            if len(producer) > 50_000:
+                producer.poll(0.1)
+    assert producer.flush(60) == 0
+    return count

@@ -342,6 +342,34 @@ def _rebuild(settings: Settings, keep_previous: bool) -> None:
     )
 
 
+@app.command("api")
+def api(
+    host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Listen port.")] = 8080,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """The REST API (OpenAPI at /docs and /openapi.json). Tokens: CRONLOG_API_TOKENS_FILE,
+    CRONLOG_API_TOKENS (token=owner,...), CRONLOG_API_ADMIN_TOKENS, CRONLOG_WORKER_TOKENS."""
+    import uvicorn
+
+    from connectors.api.app import create_app
+    from connectors.api.auth import AuthConfigError, Tokens
+    from connectors.api.service import Service
+
+    settings = _settings()
+    try:
+        tokens = Tokens.from_env()
+    except AuthConfigError as exc:
+        raise _fail(str(exc), 2) from exc
+    migrate(settings.database_url)  # the API reads the projection tables
+    service = Service(settings)
+    service.open()
+    try:
+        uvicorn.run(create_app(service, tokens), host=host, port=port, log_level=loglevel)
+    finally:
+        service.close()
+
+
 @app.command("audit")
 def audit(
     since: Annotated[str | None, typer.Option("--from", help="ISO-8601 or epoch ms.")] = None,

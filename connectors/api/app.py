@@ -1,0 +1,226 @@
+"""The REST API (`cronlog api`): FastAPI routes over connectors.api.service.
+
+Every error is JSON: ``{"error": {"status": 422, "message": "...", "field": "schedule"}}``.
+Writes answer 201/200 when the projection already shows the change, 202 with a Location
+when the command is accepted but not yet applied (the ledger and the projector are
+asynchronous; a GET on the Location shows it shortly).
+"""
+
+# No `from __future__ import annotations`: FastAPI reads these annotations at runtime,
+# and some name aliases local to create_app.
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from connectors.api.auth import Tokens
+from connectors.api.service import Accepted, Principal, Service, ServiceError, parse_body
+
+JOB_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "A job.upsert command without its type (design.md section 2)",
+                    "properties": {
+                        "job_id": {"type": "string"},
+                        "owner": {"type": "string"},
+                        "schedule": {"type": "object"},
+                        "command": {"type": "array", "items": {"type": "string"}},
+                    },
+                }
+            }
+        },
+    }
+}
+OBJECT_BODY = {
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+
+
+def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
+    body = {"error": {"status": status, "message": message, "field": field}}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _answer(accepted: Accepted, location: str, created: bool = False) -> JSONResponse:
+    if accepted.applied:
+        return JSONResponse(accepted.body, status_code=201 if created else 200)
+    return JSONResponse(accepted.body, status_code=202, headers={"Location": location})
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    return parse_body(await request.body())
+
+
+def create_app(service: Service, tokens: Tokens) -> FastAPI:
+    app = FastAPI(
+        title="cronlog",
+        version="0.1.0",
+        description="A distributed job scheduler: jobs, runs and their history.",
+    )
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.field)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(422, f"{where or 'request'}: {first.get('msg', 'invalid')}", where)
+
+    def caller(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ServiceError(401, "missing bearer token (Authorization: Bearer <token>)")
+        who = tokens.principal(token.strip())
+        if who is None:
+            raise ServiceError(401, "unknown bearer token")
+        return who
+
+    def user(who: Annotated[Principal, Depends(caller)]) -> Principal:
+        if who.kind == "worker":
+            raise ServiceError(403, "worker tokens may only use the worker endpoints")
+        return who
+
+    User = Annotated[Principal, Depends(user)]
+    Limit = Annotated[int, Query(ge=1, le=1000)]
+
+    # -- health ---------------------------------------------------------------------------
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    def readyz() -> JSONResponse:
+        checks = service.ready()
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ok, **checks}, status_code=200 if ok else 503)
+
+    # -- jobs -----------------------------------------------------------------------------
+    @app.post("/jobs", tags=["jobs"], status_code=201, openapi_extra=JOB_BODY)
+    async def create_job(request: Request, who: User) -> JSONResponse:
+        body = await _body(request)
+        accepted = await run_in_threadpool(service.create_job, who, body)
+        job_id = accepted.body["job_id"]
+        return _answer(accepted, f"/jobs/{job_id}", created=True)
+
+    @app.get("/jobs", tags=["jobs"])
+    def list_jobs(
+        who: User,
+        owner: str | None = None,
+        paused: bool | None = None,
+        limit: Limit = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        return service.jobs(who, owner=owner, paused=paused, limit=limit, cursor=cursor)
+
+    @app.get("/jobs/{job_id}", tags=["jobs"])
+    def get_job(job_id: str, who: User) -> dict[str, Any]:
+        return service.job(who, job_id)
+
+    @app.patch("/jobs/{job_id}", tags=["jobs"], openapi_extra=OBJECT_BODY)
+    async def patch_job(job_id: str, request: Request, who: User) -> JSONResponse:
+        body = await _body(request)
+        accepted = await run_in_threadpool(service.patch_job, who, job_id, body)
+        return _answer(accepted, f"/jobs/{job_id}")
+
+    @app.delete("/jobs/{job_id}", tags=["jobs"])
+    def delete_job(job_id: str, who: User) -> JSONResponse:
+        return _answer(service.job_command(who, job_id, "delete"), f"/jobs/{job_id}")
+
+    @app.post("/jobs/{job_id}/pause", tags=["jobs"])
+    def pause_job(job_id: str, who: User) -> JSONResponse:
+        return _answer(service.job_command(who, job_id, "pause"), f"/jobs/{job_id}")
+
+    @app.post("/jobs/{job_id}/resume", tags=["jobs"])
+    def resume_job(job_id: str, who: User) -> JSONResponse:
+        return _answer(service.job_command(who, job_id, "resume"), f"/jobs/{job_id}")
+
+    @app.post("/jobs/{job_id}/run-now", tags=["jobs"], openapi_extra=OBJECT_BODY)
+    async def run_now(job_id: str, request: Request, who: User) -> JSONResponse:
+        body = await _body(request)
+        key = request.headers.get("idempotency-key")
+        fields = {"request_id": body.get("request_id", key)} if body.get("request_id", key) else {}
+        accepted = await run_in_threadpool(service.job_command, who, job_id, "run_now", **fields)
+        return _answer(accepted, f"/runs/{accepted.body['run_id']}")
+
+    @app.post("/jobs/{job_id}/backfill", tags=["jobs"], openapi_extra=OBJECT_BODY)
+    async def backfill(job_id: str, request: Request, who: User) -> JSONResponse:
+        body = await _body(request)
+        fields = {"from": body.get("from"), "to": body.get("to")}
+        accepted = await run_in_threadpool(service.job_command, who, job_id, "backfill", **fields)
+        return _answer(accepted, f"/jobs/{job_id}/runs")
+
+    @app.get("/jobs/{job_id}/runs", tags=["runs"])
+    def job_runs(
+        job_id: str,
+        who: User,
+        state: str | None = None,
+        since: Annotated[datetime | None, Query(alias="from")] = None,
+        until: Annotated[datetime | None, Query(alias="to")] = None,
+        limit: Limit = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        return service.runs(
+            who, job_id=job_id, state=state, since=since, until=until, limit=limit, cursor=cursor
+        )
+
+    # -- runs -----------------------------------------------------------------------------
+    @app.get("/runs", tags=["runs"])
+    def list_runs(
+        who: User,
+        job_id: str | None = None,
+        state: str | None = None,
+        since: Annotated[datetime | None, Query(alias="from")] = None,
+        until: Annotated[datetime | None, Query(alias="to")] = None,
+        limit: Limit = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        return service.runs(
+            who, job_id=job_id, state=state, since=since, until=until, limit=limit, cursor=cursor
+        )
+
+    @app.get("/runs/{run_id}", tags=["runs"])
+    def get_run(run_id: str, who: User) -> dict[str, Any]:
+        return service.run(who, run_id)
+
+    @app.get("/runs/{run_id}/logs", tags=["runs"], response_class=PlainTextResponse)
+    def run_logs(
+        run_id: str,
+        who: User,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
+        stream: Annotated[str | None, Query(pattern="^(stdout|stderr)$")] = None,
+    ) -> str:
+        return "".join(c["data"] for c in service.logs(who, run_id, attempt, stream))
+
+    @app.post("/runs/{run_id}/cancel", tags=["runs"])
+    def cancel_run(run_id: str, who: User) -> JSONResponse:
+        return _answer(service.run_command(who, run_id, "cancel"), f"/runs/{run_id}")
+
+    @app.post("/runs/{run_id}/rerun", tags=["runs"], openapi_extra=OBJECT_BODY)
+    async def rerun(run_id: str, request: Request, who: User) -> JSONResponse:
+        body = await _body(request)
+        key = body.get("request_id", request.headers.get("idempotency-key"))
+        fields = {"request_id": key} if key else {}
+        accepted = await run_in_threadpool(service.run_command, who, run_id, "rerun", **fields)
+        return _answer(accepted, f"/runs/{run_id}")
+
+    return app

@@ -1,0 +1,423 @@
+"""What a caller of cronlog can do, independent of HTTP: the REST API and the human CLI
+are both thin layers over this.
+
+Writes are commands: validated by exactly the ingress rules (streams.core.commands),
+produced to `commands` keyed by job id, and applied by the ledger. Reads come from the
+PostgreSQL projections. Every call carries a Principal: an owner sees and changes only
+its own jobs and runs (another owner's object is "not found", so ids do not leak), an
+admin everything.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from confluent_kafka import KafkaException, Producer
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from schemas.json import to_plain
+from streams.core.commands import (
+    MAX_COMMAND_BYTES,
+    Rejection,
+    UpsertJob,
+    command_job_id,
+    validate_command,
+)
+from streams.core.ids import manual_run_id
+from streams.kafka import producer_config
+from streams.settings import Settings
+
+MAX_PAGE = 1000
+LOG_TAIL_CHUNKS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    kind: Literal["admin", "owner", "worker"]
+    name: str  # the owner, the worker id, or "admin"
+
+    def may_see(self, owner: str) -> bool:
+        return self.kind == "admin" or (self.kind == "owner" and self.name == owner)
+
+
+ADMIN = Principal("admin", "admin")
+
+
+class ServiceError(Exception):
+    """A refusal with an HTTP-like status: 400 malformed, 403 forbidden, 404 not found,
+    409 conflict, 413 too large, 422 invalid, 503 a backing service is unavailable."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A command produced; `applied` says whether the projection showed its effect
+    before the call returned (otherwise it is on its way)."""
+
+    body: dict[str, Any]
+    applied: bool
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+
+
+def _cursor(*parts: object) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([str(p) for p in parts])).decode()
+
+
+def _uncursor(token: str, n: int) -> list[str]:
+    try:
+        parts = orjson.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise ServiceError(400, "malformed cursor", "cursor") from exc
+    if not isinstance(parts, list) or len(parts) != n:
+        raise ServiceError(400, "malformed cursor", "cursor")
+    return [str(p) for p in parts]
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_COMMAND_BYTES:
+        raise ServiceError(413, f"body is {len(raw)} bytes; at most {MAX_COMMAND_BYTES} allowed")
+    try:
+        doc = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise ServiceError(400, f"body is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ServiceError(400, "body must be a JSON object")
+    return doc
+
+
+class Service:
+    def __init__(self, settings: Settings, wait_s: float = 5.0):
+        self.settings = settings
+        self.wait_s = wait_s
+        self.pool = ConnectionPool(
+            settings.database_url,
+            min_size=1,
+            max_size=8,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            open=False,
+        )
+        self.producer = Producer(producer_config(settings, **{"linger.ms": 1}))
+        self._produce_lock = threading.Lock()
+
+    def open(self) -> None:
+        self.pool.open(wait=False)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.pool.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _query(
+        self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+    ) -> list[dict[str, Any]]:
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                rows: list[dict[str, Any]] = conn.execute(sql, params).fetchall()  # type: ignore[assignment]
+                return rows
+        except (psycopg.OperationalError, TimeoutError) as exc:
+            raise ServiceError(503, f"the projection database is unavailable: {exc}") from exc
+
+    def send(self, doc: dict[str, Any]) -> str:
+        """Validate a command as ingress would and produce it; the job id it is keyed by."""
+        command = validate_command(doc)
+        if isinstance(command, Rejection):
+            raise ServiceError(422, command.reason, command.field)
+        value = orjson.dumps(doc)
+        if len(value) > MAX_COMMAND_BYTES:
+            raise ServiceError(413, f"command is {len(value)} bytes; at most {MAX_COMMAND_BYTES}")
+        key = command_job_id(command)
+        errors: list[object] = []
+        try:
+            with self._produce_lock:
+                self.producer.produce(
+                    self.settings.topic("commands"),
+                    key=key.encode(),
+                    value=value,
+                    on_delivery=lambda err, _msg: errors.append(err) if err else None,
+                )
+                left = self.producer.flush(10)
+        except (KafkaException, BufferError) as exc:
+            raise ServiceError(503, f"Kafka is unavailable: {exc}") from exc
+        if left or errors:
+            raise ServiceError(503, f"Kafka did not acknowledge the command: {errors or 'timeout'}")
+        return key
+
+    def _wait(self, check: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            found = check()
+            if found is not None or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
+
+    # -- jobs --------------------------------------------------------------------------------
+    def _job_row(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._query(
+            "SELECT job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at"
+            " FROM jobs WHERE job_id = %s",
+            (job_id,),
+        )
+        return _jsonable(rows[0]) if rows else None
+
+    def job(self, who: Principal, job_id: str) -> dict[str, Any]:
+        row = self._job_row(job_id)
+        if row is None or row["deleted"] or not who.may_see(row["owner"]):
+            raise ServiceError(404, f"job {job_id!r} not found", "job_id")
+        return row
+
+    def jobs(
+        self,
+        who: Principal,
+        *,
+        owner: str | None = None,
+        paused: bool | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        where: list[str] = ["NOT deleted"]
+        params: list[Any] = []
+        if who.kind != "admin":
+            where.append("owner = %s")
+            params.append(who.name)
+        if owner is not None:
+            where.append("owner = %s")
+            params.append(owner)
+        if paused is not None:
+            where.append("paused = %s")
+            params.append(paused)
+        if cursor:
+            where.append("job_id > %s")
+            params.append(_uncursor(cursor, 1)[0])
+        rows = self._query(
+            "SELECT job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at"
+            f" FROM jobs WHERE {' AND '.join(where)} ORDER BY job_id LIMIT %s",
+            (*params, limit + 1),
+        )
+        items = [_jsonable(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return {"items": items, "next": _cursor(items[-1]["job_id"]) if more else None}
+
+    def _owned_upsert(self, who: Principal, doc: dict[str, Any]) -> dict[str, Any]:
+        doc = {**doc, "type": "job.upsert"}
+        if who.kind == "owner":
+            if doc.setdefault("owner", who.name) != who.name:
+                raise ServiceError(
+                    403, f"you may only register jobs of owner {who.name!r}", "owner"
+                )
+        elif who.kind != "admin":
+            raise ServiceError(403, "workers cannot register jobs")
+        return doc
+
+    def _until_spec(self, job_id: str, spec: dict[str, Any]) -> Callable[[], dict[str, Any] | None]:
+        def check() -> dict[str, Any] | None:
+            row = self._job_row(job_id)
+            return row if row and not row["deleted"] and row["spec"] == spec else None
+
+        return check
+
+    def create_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+        doc = self._owned_upsert(who, body)
+        command = validate_command(doc)
+        if isinstance(command, Rejection):
+            raise ServiceError(422, command.reason, command.field)
+        assert isinstance(command, UpsertJob)
+        existing = self._job_row(command.spec.job_id)
+        if existing is not None and not existing["deleted"]:
+            raise ServiceError(
+                409, f"job {command.spec.job_id!r} exists; change it with PATCH", "job_id"
+            )
+        return self._upsert(doc, command)
+
+    def patch_job(self, who: Principal, job_id: str, patch: dict[str, Any]) -> Accepted:
+        current = self.job(who, job_id)
+        if "job_id" in patch and patch["job_id"] != job_id:
+            raise ServiceError(422, "job_id cannot be changed", "job_id")
+        merged = {k: v for k, v in current["spec"].items() if k != "type"}
+        for key, value in patch.items():
+            if value is None:
+                merged.pop(key, None)  # null removes a field: its default applies
+            else:
+                merged[key] = value
+        doc = self._owned_upsert(who, merged)
+        command = validate_command(doc)
+        if isinstance(command, Rejection):
+            raise ServiceError(422, command.reason, command.field)
+        assert isinstance(command, UpsertJob)
+        return self._upsert(doc, command)
+
+    def _upsert(self, doc: dict[str, Any], command: UpsertJob) -> Accepted:
+        self.send(doc)
+        job_id = command.spec.job_id
+        # As the projection stores it (JSON: tuples become lists).
+        stored = orjson.loads(orjson.dumps(to_plain(command.spec)))
+        seen = self._wait(self._until_spec(job_id, stored))
+        return Accepted(seen or {"job_id": job_id, "status": "accepted"}, seen is not None)
+
+    def job_command(self, who: Principal, job_id: str, kind: str, **fields: Any) -> Accepted:
+        """pause, resume, delete, run_now, backfill of a job the caller may see."""
+        self.job(who, job_id)
+        doc: dict[str, Any] = {"type": f"job.{kind}", "job_id": job_id, **fields}
+        if kind == "run_now":
+            doc.setdefault("request_id", uuid.uuid4().hex)
+        self.send(doc)
+        body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
+        if kind == "run_now":
+            body["run_id"] = manual_run_id(job_id, doc["request_id"])
+            body["request_id"] = doc["request_id"]
+        if kind in ("pause", "resume", "delete"):
+            want = {"pause": ("paused", True), "resume": ("paused", False)}.get(
+                kind, ("deleted", True)
+            )
+
+            def check() -> dict[str, Any] | None:
+                row = self._job_row(job_id)
+                return row if row and row[want[0]] is want[1] else None
+
+            seen = self._wait(check)
+            if seen is not None:
+                return Accepted({**body, "job": seen}, True)
+            return Accepted(body, False)
+        return Accepted(body, False)
+
+    # -- runs --------------------------------------------------------------------------------
+    RUN_COLUMNS = (
+        "r.run_id, r.job_id, r.scheduled_at, r.trigger, r.state, r.attempt, r.worker_id,"
+        " r.created_at, r.started_at, r.finished_at, r.exit_code, r.error, r.updated_at"
+    )
+
+    def runs(
+        self,
+        who: Principal,
+        *,
+        job_id: str | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """Newest first by scheduled time; `since` inclusive, `until` exclusive."""
+        if job_id is not None:
+            self.job(who, job_id)
+        where: list[str] = ["TRUE"]
+        params: list[Any] = []
+        if who.kind != "admin":
+            where.append("j.owner = %s")
+            params.append(who.name)
+        for clause, value in (
+            ("r.job_id = %s", job_id),
+            ("r.state = %s", state),
+            ("r.scheduled_at >= %s", since),
+            ("r.scheduled_at < %s", until),
+        ):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        if cursor:
+            at, run_id = _uncursor(cursor, 2)
+            where.append("(r.scheduled_at, r.run_id) < (%s::timestamptz, %s)")
+            params.extend([at, run_id])
+        rows = self._query(
+            f"SELECT {self.RUN_COLUMNS} FROM runs r JOIN jobs j ON j.job_id = r.job_id"
+            f" WHERE {' AND '.join(where)} ORDER BY r.scheduled_at DESC, r.run_id DESC LIMIT %s",
+            (*params, limit + 1),
+        )
+        items = [_jsonable(r) for r in rows[:limit]]
+        last = rows[limit - 1] if len(rows) > limit else None
+        return {
+            "items": items,
+            "next": _cursor(last["scheduled_at"].isoformat(), last["run_id"]) if last else None,
+        }
+
+    def _run_row(self, who: Principal, run_id: str) -> dict[str, Any]:
+        rows = self._query(
+            f"SELECT {self.RUN_COLUMNS}, j.owner FROM runs r JOIN jobs j ON j.job_id = r.job_id"
+            " WHERE r.run_id = %s",
+            (run_id,),
+        )
+        if not rows or not who.may_see(rows[0]["owner"]):
+            raise ServiceError(404, f"run {run_id!r} not found", "run_id")
+        row = _jsonable(rows[0])
+        row.pop("owner")
+        return row
+
+    def run(self, who: Principal, run_id: str, log_chunks: int = LOG_TAIL_CHUNKS) -> dict[str, Any]:
+        run = self._run_row(who, run_id)
+        run["transitions"] = [
+            _jsonable(r)
+            for r in self._query(
+                "SELECT attempt, state, at, worker_id, detail FROM run_transitions"
+                " WHERE run_id = %s ORDER BY at, attempt",
+                (run_id,),
+            )
+        ]
+        tail = self._query(
+            "SELECT * FROM (SELECT attempt, stream, seq, data, at FROM run_logs"
+            " WHERE run_id = %s ORDER BY at DESC, seq DESC LIMIT %s) t ORDER BY at, seq",
+            (run_id, log_chunks),
+        )
+        run["log_tail"] = "".join(r["data"] for r in tail)
+        return run
+
+    def logs(
+        self, who: Principal, run_id: str, attempt: int | None = None, stream: str | None = None
+    ) -> list[dict[str, Any]]:
+        self._run_row(who, run_id)
+        where: list[str] = ["run_id = %s"]
+        params: list[Any] = [run_id]
+        if attempt is not None:
+            where.append("attempt = %s")
+            params.append(attempt)
+        if stream is not None:
+            where.append("stream = %s")
+            params.append(stream)
+        return [
+            _jsonable(r)
+            for r in self._query(
+                "SELECT attempt, stream, seq, data, at FROM run_logs"
+                f" WHERE {' AND '.join(where)} ORDER BY attempt, at, stream, seq",
+                tuple(params),
+            )
+        ]
+
+    def run_command(self, who: Principal, run_id: str, kind: str, **fields: Any) -> Accepted:
+        """cancel or rerun of a run the caller may see."""
+        self._run_row(who, run_id)
+        doc: dict[str, Any] = {"type": f"run.{kind}", "run_id": run_id, **fields}
+        if kind == "rerun":
+            doc.setdefault("request_id", uuid.uuid4().hex)
+        self.send(doc)
+        return Accepted({"run_id": run_id, "command": doc["type"]}, False)
+
+    # -- health ------------------------------------------------------------------------------
+    def ready(self) -> dict[str, str]:
+        checks: dict[str, str] = {}
+        try:
+            self._query("SELECT 1 FROM projector_offsets LIMIT 1")
+            checks["database"] = "ok"
+        except (ServiceError, psycopg.Error) as exc:
+            checks["database"] = f"unavailable: {exc}"
+        try:
+            self.producer.list_topics(self.settings.topic("commands"), timeout=3)
+            checks["kafka"] = "ok"
+        except KafkaException as exc:
+            checks["kafka"] = f"unavailable: {exc}"
+        return checks

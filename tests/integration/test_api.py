@@ -1,0 +1,280 @@
+"""The REST API end to end on the real stack: a scheduler node, a worker, the projector
+and `cronlog api` as real processes; requests over HTTP with httpx."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from streams.core.commands import MAX_COMMAND_BYTES
+from streams.settings import Settings
+from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc
+
+pytestmark = pytest.mark.integration
+TOKENS = {
+    "CRONLOG_API_TOKENS": "tok-a=team-a,tok-b=team-b",
+    "CRONLOG_API_ADMIN_TOKENS": "tok-admin",
+    "CRONLOG_WORKER_TOKENS": "tok-w=w1",
+}
+A = {"Authorization": "Bearer tok-a"}
+B = {"Authorization": "Bearer tok-b"}
+ADMIN = {"Authorization": "Bearer tok-admin"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def eventually(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def api(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    logs: Path = tmp_path_factory.mktemp("api")
+    port = free_port()
+    procs: list[CronlogProcess] = [
+        Node(topics, "api-n1", logs),
+        WorkerProc(topics, "api-w1", logs, cpu=2, memory_mb=512),
+        ProjectorProc(topics, logs / "projector.log"),
+        CronlogProcess(
+            topics,
+            "api",
+            logs,
+            ["api", "--port", str(port), "--loglevel", "warning"],
+            extra_env=TOKENS,
+        ),
+    ]
+    for proc in procs:
+        proc.start()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+    def healthy() -> bool:
+        try:
+            return client.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        eventually(healthy, "the API to be ready")
+        yield client
+    finally:
+        client.close()
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def job_body(job_id: str, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "schedule": {"every": "2s"}, "command": ["echo", "hi"], **extra}
+
+
+def created(api: httpx.Client, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    answer = api.post("/jobs", json=body, headers=headers)
+    assert answer.status_code in (201, 202), answer.text
+    job_id = body["job_id"]
+    return eventually(  # type: ignore[no-any-return]
+        lambda: (r := api.get(f"/jobs/{job_id}", headers=headers)).status_code == 200 and r.json(),
+        f"job {job_id} in the projection",
+    )
+
+
+def test_job_lifecycle(api: httpx.Client) -> None:
+    job = created(api, job_body("life"), A)
+    assert job["owner"] == "team-a"
+    assert job["spec"]["schedule"] == {"every_ms": 2000}
+    assert api.post("/jobs", json=job_body("life"), headers=A).status_code == 409
+
+    patched = api.patch("/jobs/life", json={"schedule": {"every": "3s"}}, headers=A)
+    assert patched.status_code in (200, 202), patched.text
+    eventually(
+        lambda: api.get("/jobs/life", headers=A).json()["spec"]["schedule"] == {"every_ms": 3000},
+        "the patched schedule",
+    )
+    run = eventually(
+        lambda: api.get("/jobs/life/runs", params={"state": "succeeded"}, headers=A).json()[
+            "items"
+        ],
+        "a succeeded run",
+    )[0]
+    detail = eventually(
+        lambda: (d := api.get(f"/runs/{run['run_id']}", headers=A).json())["log_tail"] and d,
+        "the run's log",
+    )
+    assert [t["state"] for t in detail["transitions"]][-2:] == ["running", "succeeded"]
+    assert detail["log_tail"] == "hi\n"
+    assert api.get(f"/runs/{run['run_id']}/logs", headers=A).text == "hi\n"
+
+    paused = api.post("/jobs/life/pause", headers=A)
+    assert paused.status_code in (200, 202)
+    eventually(lambda: api.get("/jobs/life", headers=A).json()["paused"], "paused")
+    resumed = api.post("/jobs/life/resume", headers=A)
+    assert resumed.status_code in (200, 202)
+    eventually(lambda: not api.get("/jobs/life", headers=A).json()["paused"], "resumed")
+
+    assert api.delete("/jobs/life", headers=A).status_code in (200, 202)
+    eventually(lambda: api.get("/jobs/life", headers=A).status_code == 404, "deleted")
+
+
+def test_run_now_is_idempotent_and_cancel_stops_a_run(api: httpx.Client) -> None:
+    created(
+        api,
+        job_body("sleeper", schedule={"at": "2099-01-01T00:00:00Z"}, command=["sleep", "60"]),
+        A,
+    )
+    first = api.post("/jobs/sleeper/run-now", headers={**A, "Idempotency-Key": "once"})
+    again = api.post("/jobs/sleeper/run-now", json={"request_id": "once"}, headers=A)
+    assert first.status_code == again.status_code == 202
+    run_id = first.json()["run_id"]
+    assert run_id == again.json()["run_id"] == "sleeper@manual:once"
+    eventually(
+        lambda: api.get(f"/runs/{run_id}", headers=A).json().get("state") == "running",
+        "the manual run to start",
+    )
+    assert api.post(f"/runs/{run_id}/cancel", headers=A).status_code == 202
+    final = eventually(
+        lambda: (r := api.get(f"/runs/{run_id}", headers=A).json())["state"] == "cancelled" and r,
+        "the cancel",
+    )
+    assert [t["state"] for t in final["transitions"]].count("running") == 1
+    runs = api.get("/runs", params={"job_id": "sleeper"}, headers=A).json()["items"]
+    assert [r["run_id"] for r in runs] == [run_id]
+
+
+def test_owners_are_scoped_and_tokens_checked(api: httpx.Client) -> None:
+    created(api, job_body("mine-a"), A)
+    created(api, job_body("mine-b"), B)
+    assert api.get("/jobs").status_code == 401
+    assert api.get("/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert api.get("/jobs", headers={"Authorization": "Basic x"}).status_code == 401
+    assert api.get("/jobs", headers={"Authorization": "Bearer tok-w"}).status_code == 403
+    assert api.get("/jobs/mine-b", headers=A).status_code == 404
+    assert api.post("/jobs/mine-b/pause", headers=A).status_code == 404
+    assert api.patch("/jobs/mine-b", json={"priority": 1}, headers=A).status_code == 404
+    seen_a = {j["job_id"] for j in api.get("/jobs", headers=A).json()["items"]}
+    assert "mine-a" in seen_a
+    assert "mine-b" not in seen_a
+    seen_admin = {j["job_id"] for j in api.get("/jobs", headers=ADMIN).json()["items"]}
+    assert {"mine-a", "mine-b"} <= seen_admin
+    other = api.post("/jobs", json=job_body("theirs", owner="team-b"), headers=A)
+    assert other.status_code == 403
+    assert other.json()["error"]["field"] == "owner"
+    b_runs = api.get("/runs", params={"job_id": "mine-b"}, headers=A)
+    assert b_runs.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field", "words"),
+    [
+        (b"{not json", 400, None, "not valid JSON"),
+        (b"[1, 2]", 400, None, "JSON object"),
+        (
+            b'{"job_id": "x", "schedule": {"cron": "61 * * * *"}, "command": ["true"]}',
+            422,
+            "schedule",
+            "invalid cron",
+        ),
+        (
+            b'{"job_id": "x", "schedule": {"cron": "* * * * *", "timezone": "Mars/Base"},'
+            b' "command": ["true"]}',
+            422,
+            "schedule",
+            "time zone",
+        ),
+        (
+            b'{"job_id": "x", "schedule": {"every": "1s"}, "command": ["true"],'
+            b' "resources": {"cpu": -1}}',
+            422,
+            "resources.cpu",
+            "cpu",
+        ),
+        (b'{"job_id": "x", "schedule": {"every": "1s"}, "command": []}', 422, "command", ""),
+        (
+            b'{"job_id": "x", "schedule": {"every": "1s"}, "command": ["true"], "colour": 1}',
+            422,
+            "colour",
+            "unknown field",
+        ),
+        (
+            b'{"job_id": "x", "command": ["true"], "pad": "' + b"x" * MAX_COMMAND_BYTES + b'"}',
+            413,
+            None,
+            "at most",
+        ),
+    ],
+)
+def test_bad_job_bodies(
+    api: httpx.Client, body: bytes, status: int, field: str | None, words: str
+) -> None:
+    answer = api.post("/jobs", content=body, headers={**A, "Content-Type": "application/json"})
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["status"] == status
+    assert words in error["message"]
+    if field is not None:
+        assert error["field"] == field
+
+
+def test_other_error_paths(api: httpx.Client) -> None:
+    missing = api.get("/jobs/no-such-job", headers=A)
+    assert missing.status_code == 404
+    assert "not found" in missing.json()["error"]["message"]
+    assert api.get("/runs/no-such@2026-01-01T00:00:00Z", headers=A).status_code == 404
+    assert api.post("/runs/no-such@2026-01-01T00:00:00Z/cancel", headers=A).status_code == 404
+    assert api.get("/jobs", params={"limit": 0}, headers=A).status_code == 422
+    assert api.get("/jobs", params={"cursor": "%%%"}, headers=A).status_code == 400
+    assert api.get("/runs", params={"from": "yesterday"}, headers=A).status_code == 422
+    created(api, job_body("errs"), A)
+    bad_patch = api.patch("/jobs/errs", json={"job_id": "other"}, headers=A)
+    assert bad_patch.status_code == 422
+    bad_backfill = api.post("/jobs/errs/backfill", json={"from": "x", "to": "y"}, headers=A)
+    assert bad_backfill.status_code == 422
+    assert api.get("/nowhere", headers=A).status_code == 404
+
+
+def test_listing_filters_and_pages(api: httpx.Client) -> None:
+    for n in range(3):
+        created(api, job_body(f"page-{n}", schedule={"at": "2099-01-01T00:00:00Z"}), B)
+    first = api.get("/jobs", params={"limit": 2}, headers=B).json()
+    assert len(first["items"]) == 2
+    assert first["next"]
+    rest = api.get("/jobs", params={"limit": 2, "cursor": first["next"]}, headers=B).json()
+    names = [j["job_id"] for j in first["items"] + rest["items"]]
+    assert names == sorted(names)
+    assert {"page-0", "page-1", "page-2"} <= set(names)
+    assert len(names) == len(set(names))
+    created(api, job_body("ticker", schedule={"every": "1s"}), B)
+    eventually(lambda: len(api.get("/jobs/ticker/runs", headers=B).json()["items"]) >= 4, "4 runs")
+    runs = api.get("/jobs/ticker/runs", params={"limit": 2}, headers=B).json()
+    newest = runs["items"]
+    older = api.get(
+        "/jobs/ticker/runs", params={"limit": 2, "cursor": runs["next"]}, headers=B
+    ).json()["items"]
+    assert newest[-1]["scheduled_at"] > older[0]["scheduled_at"]
+    cut = newest[-1]["scheduled_at"]
+    before = api.get("/jobs/ticker/runs", params={"to": cut}, headers=B).json()["items"]
+    assert before
+    assert all(r["scheduled_at"] < cut for r in before)
+    since = api.get("/jobs/ticker/runs", params={"from": cut}, headers=B).json()["items"]
+    assert all(r["scheduled_at"] >= cut for r in since)
+    assert api.post("/jobs/ticker/pause", headers=B).status_code in (200, 202)
+
+
+def test_openapi_is_served(api: httpx.Client) -> None:
+    spec = api.get("/openapi.json").json()
+    for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}/runs", "/runs/{run_id}"):
+        assert path in spec["paths"]

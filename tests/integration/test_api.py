@@ -3,7 +3,10 @@ and `cronlog api` as real processes; requests over HTTP with httpx."""
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -278,3 +281,30 @@ def test_openapi_is_served(api: httpx.Client) -> None:
     spec = api.get("/openapi.json").json()
     for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}/runs", "/runs/{run_id}"):
         assert path in spec["paths"]
+
+
+def test_fuzzing_the_openapi_spec_finds_no_server_error(api: httpx.Client) -> None:
+    """schemathesis generates requests from /openapi.json (coverage, fuzzing and stateful
+    phases) and checks that none gets a 5xx."""
+    created(api, job_body("fuzz-target"), A)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("schemathesis")),
+            "run",
+            f"{api.base_url}/openapi.json",
+            "-H",
+            "Authorization: Bearer tok-a",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "25",
+            "--generation-deterministic",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    counts = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
+    assert counts is not None, done.stdout[-2000:]
+    assert int(counts.group(1)) == int(counts.group(2)) > 200

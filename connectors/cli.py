@@ -355,6 +355,7 @@ def api(
     from connectors.api.app import create_app
     from connectors.api.auth import AuthConfigError, Tokens
     from connectors.api.service import Service
+    from connectors.api.workers import WorkerGateway
 
     settings = _settings()
     try:
@@ -364,9 +365,13 @@ def api(
     migrate(settings.database_url)  # the API reads the projection tables
     service = Service(settings)
     service.open()
+    gateway = WorkerGateway(service)
+    gateway.start()
     try:
-        uvicorn.run(create_app(service, tokens), host=host, port=port, log_level=loglevel)
+        app = create_app(service, tokens, gateway)
+        uvicorn.run(app, host=host, port=port, log_level=loglevel)
     finally:
+        gateway.stop()
         service.close()
 
 

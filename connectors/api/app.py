@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from connectors.api.auth import Tokens
 from connectors.api.service import Accepted, Principal, Service, ServiceError, parse_body
+from connectors.api.workers import WorkerGateway
 
 JOB_BODY = {
     "requestBody": {
@@ -64,7 +65,7 @@ async def _body(request: Request) -> dict[str, Any]:
     return parse_body(await request.body())
 
 
-def create_app(service: Service, tokens: Tokens) -> FastAPI:
+def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None = None) -> FastAPI:
     app = FastAPI(
         title="cronlog",
         version="0.1.0",
@@ -222,5 +223,37 @@ def create_app(service: Service, tokens: Tokens) -> FastAPI:
         fields = {"request_id": key} if key else {}
         accepted = await run_in_threadpool(service.run_command, who, run_id, "rerun", **fields)
         return _answer(accepted, f"/runs/{run_id}")
+
+    # -- workers (connectors/api/workers.py) ------------------------------------------------
+    if gateway is None:
+        return app
+    Caller = Annotated[Principal, Depends(caller)]
+
+    @app.post("/workers/{worker_id}/heartbeat", tags=["workers"], openapi_extra=OBJECT_BODY)
+    async def heartbeat(worker_id: str, request: Request, who: Caller) -> dict[str, Any]:
+        gateway.check(who, worker_id)
+        body = await _body(request)
+        return await run_in_threadpool(gateway.heartbeat, worker_id, body)
+
+    async def report(run_id: str, kind: str, request: Request, who: Principal) -> JSONResponse:
+        body = await _body(request)
+        worker_id = body.get("worker_id", who.name if who.kind == "worker" else None)
+        if not isinstance(worker_id, str) or worker_id in ("", "*"):
+            raise ServiceError(422, "worker_id is required with this token", "worker_id")
+        gateway.check(who, worker_id)
+        await run_in_threadpool(gateway.report, worker_id, run_id, kind, body)
+        return JSONResponse({"run_id": run_id, "accepted": kind}, status_code=202)
+
+    @app.post("/runs/{run_id}/ack", tags=["workers"], openapi_extra=OBJECT_BODY)
+    async def ack(run_id: str, request: Request, who: Caller) -> JSONResponse:
+        return await report(run_id, "ack", request, who)
+
+    @app.post("/runs/{run_id}/started", tags=["workers"], openapi_extra=OBJECT_BODY)
+    async def started(run_id: str, request: Request, who: Caller) -> JSONResponse:
+        return await report(run_id, "started", request, who)
+
+    @app.post("/runs/{run_id}/finished", tags=["workers"], openapi_extra=OBJECT_BODY)
+    async def finished(run_id: str, request: Request, who: Caller) -> JSONResponse:
+        return await report(run_id, "finished", request, who)
 
     return app

@@ -144,11 +144,16 @@ class Service:
         if len(value) > MAX_COMMAND_BYTES:
             raise ServiceError(413, f"command is {len(value)} bytes; at most {MAX_COMMAND_BYTES}")
         key = command_job_id(command)
+        self.produce("commands", key, value)
+        return key
+
+    def produce(self, topic: str, key: str, value: bytes) -> None:
+        """Produce one record and wait for the broker's acknowledgement."""
         errors: list[object] = []
         try:
             with self._produce_lock:
                 self.producer.produce(
-                    self.settings.topic("commands"),
+                    self.settings.topic(topic),
                     key=key.encode(),
                     value=value,
                     on_delivery=lambda err, _msg: errors.append(err) if err else None,
@@ -157,8 +162,7 @@ class Service:
         except (KafkaException, BufferError) as exc:
             raise ServiceError(503, f"Kafka is unavailable: {exc}") from exc
         if left or errors:
-            raise ServiceError(503, f"Kafka did not acknowledge the command: {errors or 'timeout'}")
-        return key
+            raise ServiceError(503, f"Kafka did not acknowledge the record: {errors or 'timeout'}")
 
     def _wait(self, check: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.wait_s

@@ -308,3 +308,71 @@ def test_fuzzing_the_openapi_spec_finds_no_server_error(api: httpx.Client) -> No
     counts = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
     assert counts is not None, done.stdout[-2000:]
     assert int(counts.group(1)) == int(counts.group(2)) > 200
+
+
+def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
+    """A worker in 'another language': heartbeat, get the assignment, ack, get the grant,
+    report started and finished; the run ends succeeded on that worker."""
+    W = {"Authorization": "Bearer tok-w"}
+    created(
+        api,
+        job_body(
+            "polyglot",
+            schedule={"at": "2099-01-01T00:00:00Z"},
+            resources={"cpu": 1, "labels": {"lang": "go"}},
+        ),
+        A,
+    )
+    assert api.post("/workers/w1/heartbeat", json={}, headers=A).status_code == 403
+    assert api.post("/workers/w2/heartbeat", json={}, headers=W).status_code == 403
+    bad = api.post("/workers/w1/heartbeat", json={"capacity": {"cpu": -1}}, headers=W)
+    assert bad.status_code == 422
+    running: list[dict[str, Any]] = []
+    inbox: dict[str, list[dict[str, Any]]] = {"assignments": [], "grants": [], "kills": []}
+
+    def beat() -> dict[str, list[dict[str, Any]]]:
+        answer = api.post(
+            "/workers/w1/heartbeat",
+            json={
+                "capacity": {"cpu": 2, "memory_mb": 1024},
+                "labels": {"lang": "go"},
+                "running": running,
+            },
+            headers=W,
+        )
+        assert answer.status_code == 200, answer.text
+        for kind, items in answer.json().items():
+            inbox[kind].extend(items)
+        return inbox
+
+    for _ in range(4):  # let the dispatcher learn of this worker
+        beat()
+        time.sleep(0.5)
+    run_id = api.post("/jobs/polyglot/run-now", headers={**A, "Idempotency-Key": "go"}).json()[
+        "run_id"
+    ]
+    assignment = eventually(
+        lambda: [a for a in beat()["assignments"] if a["run_id"] == run_id], "the assignment"
+    )[0]
+    attempt = assignment["attempt"]
+    assert assignment["command"] == ["echo", "hi"]
+    assert api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W).status_code == 202
+    grant = eventually(
+        lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], "the claim's reply"
+    )[0]
+    assert grant["granted"] is True
+    running.append({"run_id": run_id, "attempt": attempt})
+    assert (
+        api.post(f"/runs/{run_id}/started", json={"attempt": attempt}, headers=W).status_code == 202
+    )
+    done = api.post(
+        f"/runs/{run_id}/finished", json={"attempt": attempt, "exit_code": 0}, headers=W
+    )
+    assert done.status_code == 202
+    running.clear()
+    final = eventually(
+        lambda: (r := api.get(f"/runs/{run_id}", headers=A).json())["state"] == "succeeded" and r,
+        "the run to succeed",
+    )
+    assert final["worker_id"] == "w1"
+    assert [t["state"] for t in final["transitions"]].count("running") == 1

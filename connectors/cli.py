@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 import zoneinfo
@@ -16,10 +15,13 @@ from typing import Annotated
 import orjson
 import psycopg
 import typer
+import yaml
 
+from connectors.humans import jobs_app, runs_app
 from connectors.stack import Stack, StackError, StackPaths, StackPorts
 from connectors.stack.kafka import CONTROLLER_PORT
 from connectors.stack.kafka import PORT as KAFKA_PORT
+from connectors.stack.paths import REPO_ROOT
 from connectors.stack.postgres import PORT as POSTGRES_PORT
 from projections.migrate import MigrationError, migrate
 from streams.settings import Settings, SettingsError
@@ -46,6 +48,8 @@ app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
 db_app = typer.Typer(help="The PostgreSQL projections' schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(runs_app, name="runs")
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -396,41 +400,69 @@ def audit(
 @app.command("run")
 def run_all(
     lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
-    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    loglevel: Annotated[str, typer.Option(help="Log level of the components.")] = "info",
+    api_port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8080,
+    demo: Annotated[Path | None, typer.Option(help="Jobs to register at start (YAML).")] = REPO_ROOT
+    / "examples"
+    / "demo.yaml",
+    no_demo: Annotated[bool, typer.Option("--no-demo", help="Register no demo jobs.")] = False,
+    no_stack: Annotated[
+        bool,
+        typer.Option("--no-stack", help="Use CRONLOG_KAFKA/CRONLOG_DATABASE_URL as they are."),
+    ] = False,
 ) -> None:
-    """Everything on one machine (for `make run`): a scheduler node, a local worker and
-    the projector."""
-    cpus = os.cpu_count() or 1
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * 1024 * 1024)
-    me = [sys.executable, "-m", "connectors.cli"]
-    helpers = [
-        subprocess.Popen(
-            [
-                *me,
-                "worker",
-                "--id",
-                "local",
-                "--cpu",
-                str(cpus),
-                "--memory-mb",
-                str(memory),
-                "--loglevel",
-                loglevel,
-            ]
-        ),
-        subprocess.Popen([*me, "projector", "--loglevel", loglevel]),
-    ]
-    typer.echo(
-        f"cronlog: worker 'local' (cpu={cpus}, memory_mb={memory}) and the projector started",
-        err=True,
-    )
+    """Everything on one machine (for `make run`): the local stack, the topics, a
+    scheduler node, two workers, the projector and the API under one supervisor, and
+    the demo jobs. Ctrl-C stops it all."""
+    from connectors.local import Supervisor, components, register_demo, token_file
+
+    settings = _settings()
+    state = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")).state
+    if not no_stack:
+        try:
+            _stack().up(_log)
+        except StackError as exc:
+            raise _fail(str(exc)) from exc
     try:
-        scheduler(node_id="local", lead_s=lead_s, loglevel=loglevel)
-    finally:
-        for proc in helpers:
-            proc.terminate()
-        for proc in helpers:
-            proc.wait(30)
+        ensure_topics(settings)
+        migrate(settings.database_url)
+    except (TopicError, MigrationError, psycopg.Error) as exc:
+        raise _fail(str(exc), 2) from exc
+    tokens = token_file(state)
+    env = {
+        **os.environ,
+        "CRONLOG_KAFKA": settings.kafka,
+        "CRONLOG_DATABASE_URL": settings.database_url,
+        "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
+        "CRONLOG_PARTITIONS": str(settings.partitions),
+        "CRONLOG_API_TOKENS_FILE": str(tokens),
+    }
+    supervisor = Supervisor(components(state, lead_s, api_port, loglevel), env, _log)
+    signal.signal(signal.SIGTERM, supervisor.stop)
+    signal.signal(signal.SIGINT, supervisor.stop)
+
+    def started() -> None:
+        if not no_demo and demo is not None and demo.exists():
+            count = register_demo(settings, demo, _log)
+            _log(f"registered {count} demo jobs from {demo}")
+        admin = (yaml.safe_load(tokens.read_text()).get("admin") or ["?"])[0]
+        sql = "SELECT run_id, state, exit_code FROM runs ORDER BY scheduled_at DESC LIMIT 10"
+        lines = [
+            "",
+            "cronlog runs. Where to look:",
+            f"  API    http://127.0.0.1:{api_port}/docs  (tokens: {tokens})",
+            f"         export CRONLOG_TOKEN={admin}",
+            '         curl -H "Authorization: Bearer $CRONLOG_TOKEN" '
+            f"http://127.0.0.1:{api_port}/runs",
+            "  CLI    cronlog runs list | cronlog jobs list | cronlog runs show RUN_ID",
+            f'  SQL    psql "{settings.database_url}" -c "{sql}"',
+            "  audit  cronlog audit",
+            f"  logs   {state / 'logs'}",
+            "Ctrl-C stops everything (Kafka and PostgreSQL stay up: cronlog stack down).",
+        ]
+        typer.echo("\n".join(lines), err=True)
+
+    supervisor.run(started)
 
 
 def main() -> None:

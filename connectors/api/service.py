@@ -250,6 +250,19 @@ class Service:
             )
         return self._upsert(doc, command)
 
+    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+        """Create or replace a job (the CLI's `jobs add`): no conflict on an existing one,
+        but another owner's job stays theirs."""
+        doc = self._owned_upsert(who, body)
+        command = validate_command(doc)
+        if isinstance(command, Rejection):
+            raise ServiceError(422, command.reason, command.field)
+        assert isinstance(command, UpsertJob)
+        existing = self._job_row(command.spec.job_id)
+        if existing and not existing["deleted"] and not who.may_see(existing["owner"]):
+            raise ServiceError(409, f"job {command.spec.job_id!r} belongs to another owner")
+        return self._upsert(doc, command)
+
     def patch_job(self, who: Principal, job_id: str, patch: dict[str, Any]) -> Accepted:
         current = self.job(who, job_id)
         if "job_id" in patch and patch["job_id"] != job_id:

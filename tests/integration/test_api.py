@@ -4,11 +4,10 @@ and `cronlog api` as real processes; requests over HTTP with httpx."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from streams.core.commands import MAX_COMMAND_BYTES
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc
+from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
 TOKENS = {
@@ -28,23 +28,6 @@ TOKENS = {
 A = {"Authorization": "Bearer tok-a"}
 B = {"Authorization": "Bearer tok-b"}
 ADMIN = {"Authorization": "Bearer tok-admin"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def eventually(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,279 @@
+"""`cronlog jobs ...` and `cronlog runs ...`: the CLI for humans.
+
+An operator's tool: it talks to Kafka and PostgreSQL directly (as admin, through the
+same Service the REST API uses, so the rules are the same), prints aligned tables by
+default and JSON with --json.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from connectors.api.service import ADMIN, Accepted, Service, ServiceError
+from streams.settings import Settings, SettingsError
+
+jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect and steer runs.", no_args_is_help=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+# Piped output (grep, awk, tests) is never cut to a terminal's width.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 400)
+
+
+@contextmanager
+def _service(wait_s: float = 5.0) -> Iterator[Service]:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from exc
+    service = Service(settings, wait_s=wait_s)
+    service.open()
+    try:
+        yield service
+    except ServiceError as exc:
+        where = f" ({exc.field})" if exc.field else ""
+        typer.secho(f"error{where}: {exc.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1 if exc.status < 500 else 2) from exc
+    finally:
+        service.close()
+
+
+def _json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column.upper(), no_wrap=True)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    console.print(table)
+
+
+def _done(accepted: Accepted, as_json: bool, what: str) -> None:
+    if as_json:
+        _json(accepted.body)
+    else:
+        typer.echo(what + ("" if accepted.applied else " (accepted; applying)"))
+
+
+def _schedule(spec: dict[str, Any]) -> str:
+    schedule = spec.get("schedule") or {}
+    if "cron" in schedule:
+        return f"cron {schedule['cron']} {schedule.get('timezone', 'UTC')}"
+    if "every_ms" in schedule:
+        return f"every {schedule['every_ms'] / 1000:g}s"
+    if "at_ms" in schedule:
+        return "once"
+    return "after " + ",".join(spec.get("depends_on") or [])
+
+
+# -- jobs ----------------------------------------------------------------------------------
+def _documents(file: Path) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+        docs = list(yaml.safe_load_all(text))  # YAML is a superset of JSON
+    except (OSError, yaml.YAMLError) as exc:
+        typer.secho(f"error: cannot read {file}: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from exc
+    found: list[dict[str, Any]] = []
+    for doc in docs:
+        items = doc.get("jobs", [doc]) if isinstance(doc, dict) else doc
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            typer.secho(
+                f"error: {file}: expected a job object, a list of them, or {{jobs: [...]}}",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(2)
+        found.extend(items)
+    return found
+
+
+@jobs_app.command("add")
+def jobs_add(
+    job: Annotated[str | None, typer.Argument(help="A job as JSON (see design.md).")] = None,
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="A YAML/JSON file of jobs ('-': stdin).")
+    ] = None,
+    owner: Annotated[str, typer.Option(help="Owner of jobs that name none.")] = "default",
+    as_json: JsonOpt = False,
+) -> None:
+    """Register jobs, or change them (an existing job is replaced by the new spec)."""
+    if (job is None) == (file is None):
+        typer.secho("error: give a job as JSON or -f FILE", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    if file is not None:
+        docs = _documents(file)
+    else:
+        try:
+            parsed = orjson.loads(job or "")
+        except orjson.JSONDecodeError as exc:
+            typer.secho(f"error: not valid JSON: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from exc
+        docs = [parsed] if isinstance(parsed, dict) else parsed
+    failed = 0
+    with _service() as service:
+        for doc in docs:
+            doc = {"owner": owner, **{k: v for k, v in doc.items() if k != "type"}}
+            try:
+                accepted = service.put_job(ADMIN, doc)
+            except ServiceError as exc:
+                if exc.status >= 500:
+                    raise
+                where = f" ({exc.field})" if exc.field else ""
+                typer.secho(
+                    f"{doc.get('job_id', '?')}: rejected{where}: {exc.message}",
+                    fg=typer.colors.RED,
+                    err=True,
+                )
+                failed += 1
+                continue
+            _done(accepted, as_json, f"{doc['job_id']}: registered")
+    if failed:
+        raise typer.Exit(1)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    owner: Annotated[str | None, typer.Option(help="Only this owner's jobs.")] = None,
+    paused: Annotated[bool | None, typer.Option("--paused/--active", help="Filter.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Jobs, by id."""
+    with _service() as service:
+        page = service.jobs(ADMIN, owner=owner, paused=paused, limit=limit)
+    if as_json:
+        _json(page["items"])
+        return
+    rows = [
+        {**j, "schedule": _schedule(j["spec"]), "next_due": j["next_due_at"] or "-"}
+        for j in page["items"]
+    ]
+    _table(rows, ["job_id", "owner", "schedule", "paused", "next_due"])
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: str, as_json: JsonOpt = False) -> None:
+    """One job: its spec and recent runs."""
+    with _service() as service:
+        job = service.job(ADMIN, job_id)
+        runs = service.runs(ADMIN, job_id=job_id, limit=10)["items"]
+    if as_json:
+        _json({**job, "recent_runs": runs})
+        return
+    console.print(f"[bold]{job_id}[/bold]  owner {job['owner']}  {_schedule(job['spec'])}")
+    console.print(f"paused {job['paused']}  next due {job['next_due_at'] or '-'}")
+    console.print("command: " + " ".join(job["spec"]["command"]))
+    _table(runs, ["run_id", "state", "attempt", "worker_id", "started_at", "exit_code"])
+
+
+def _job_action(kind: str, done: str) -> Any:
+    def action(job_id: str, as_json: JsonOpt = False) -> None:
+        with _service() as service:
+            _done(service.job_command(ADMIN, job_id, kind), as_json, f"{job_id}: {done}")
+
+    action.__doc__ = f"{done.capitalize()} a job."
+    return action
+
+
+jobs_app.command("pause")(_job_action("pause", "paused"))
+jobs_app.command("resume")(_job_action("resume", "resumed"))
+jobs_app.command("delete")(_job_action("delete", "deleted"))
+
+
+@jobs_app.command("run-now")
+def jobs_run_now(
+    job_id: str,
+    request_id: Annotated[
+        str | None, typer.Option(help="Idempotency key: the same key starts one run.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a manual run now."""
+    fields = {"request_id": request_id} if request_id else {}
+    with _service() as service:
+        accepted = service.job_command(ADMIN, job_id, "run_now", **fields)
+    _done(accepted, as_json, f"run {accepted.body['run_id']} requested")
+
+
+@jobs_app.command("backfill")
+def jobs_backfill(
+    job_id: str,
+    since: Annotated[str, typer.Option("--from", help="ISO-8601 UTC, inclusive.")],
+    until: Annotated[str, typer.Option("--to", help="ISO-8601 UTC, exclusive.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Create the runs a job's schedule had between two times before it was registered."""
+    with _service() as service:
+        accepted = service.job_command(ADMIN, job_id, "backfill", **{"from": since, "to": until})
+    _done(accepted, as_json, f"{job_id}: backfill {since} .. {until} requested")
+
+
+# -- runs ----------------------------------------------------------------------------------
+@runs_app.command("list")
+def runs_list(
+    job: Annotated[str | None, typer.Option(help="Only this job's runs.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only runs in this state.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Runs, newest scheduled first."""
+    with _service() as service:
+        items = service.runs(ADMIN, job_id=job, state=state, limit=limit)["items"]
+    if as_json:
+        _json(items)
+        return
+    _table(
+        items,
+        ["run_id", "state", "attempt", "worker_id", "scheduled_at", "started_at", "exit_code"],
+    )
+
+
+@runs_app.command("show")
+def runs_show(run_id: str, as_json: JsonOpt = False) -> None:
+    """One run: its transitions and the tail of its log."""
+    with _service() as service:
+        run = service.run(ADMIN, run_id)
+    if as_json:
+        _json(run)
+        return
+    console.print(f"[bold]{run_id}[/bold]  {run['state']}  attempt {run['attempt']}")
+    if run["error"]:
+        console.print(f"error: {run['error']}")
+    _table(run["transitions"], ["attempt", "state", "at", "worker_id"])
+    if run["log_tail"]:
+        console.print("[bold]log tail[/bold]")
+        sys.stdout.write(run["log_tail"])
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str, as_json: JsonOpt = False) -> None:
+    """Cancel a run (its process is killed if it runs)."""
+    with _service() as service:
+        _done(service.run_command(ADMIN, run_id, "cancel"), as_json, f"{run_id}: cancel requested")
+
+
+@runs_app.command("logs")
+def runs_logs(
+    run_id: str,
+    attempt: Annotated[int | None, typer.Option(min=1)] = None,
+    stream: Annotated[str | None, typer.Option(help="stdout or stderr.")] = None,
+) -> None:
+    """A run's whole output."""
+    with _service() as service:
+        chunks = service.logs(ADMIN, run_id, attempt, stream)
+    for chunk in chunks:
+        sys.stdout.write(chunk["data"])

@@ -1,0 +1,177 @@
+"""`cronlog run`: everything on one machine under one supervisor (for `make run`).
+
+A scheduler node, two workers, the projector and the API run as child processes, each
+logging to ``<state>/logs/<name>.log``. A child that exits on its own is reported and
+restarted (backing off up to 30 s when it keeps crashing); Ctrl-C or SIGTERM stops them
+all (SIGTERM, then SIGKILL after 30 s). Jobs of a demo file are registered once the
+projection database is reachable.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from connectors.api.service import ADMIN, Service, ServiceError
+from streams.settings import Settings
+
+MAX_BACKOFF_S = 30.0
+STABLE_S = 60.0  # a child that ran this long is healthy again: the backoff resets
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restarts: int = 0
+    backoff_s: float = 1.0
+    due: float = 0.0  # when to restart after a crash
+    out: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        if self.out is None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            self.out = open(self.log, "ab")  # noqa: SIM115 - open for the child's life
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "connectors.cli", *self.args],
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only: it stops them
+        )
+        self.started = time.monotonic()
+
+
+def token_file(state: Path) -> Path:
+    """Tokens for the local API, made once: an admin token and the demo owner's."""
+    path = state / "api-tokens.yaml"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "admin": [secrets.token_urlsafe(24)],
+            "owners": {secrets.token_urlsafe(24): "demo"},
+            "workers": {secrets.token_urlsafe(24): "*"},
+        }
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+    return path
+
+
+def register_demo(settings: Settings, demo: Path, say: Callable[[str], None]) -> int:
+    """Register (create or replace) the demo's jobs; how many were registered."""
+    docs = yaml.safe_load(demo.read_text()) or {}
+    service = Service(settings, wait_s=0.0)
+    service.open()
+    done = 0
+    try:
+        for job in docs.get("jobs", []):
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    service.put_job(ADMIN, {"owner": "demo", **job})
+                    done += 1
+                    break
+                except ServiceError as exc:
+                    if exc.status < 500 or time.monotonic() > deadline:
+                        say(f"demo job {job.get('job_id')} not registered: {exc.message}")
+                        break
+                    time.sleep(1)
+    finally:
+        service.close()
+    return done
+
+
+class Supervisor:
+    def __init__(self, children: list[Child], env: dict[str, str], say: Callable[[str], None]):
+        self.children = children
+        self.env = env
+        self.say = say
+        self.stopping = threading.Event()
+
+    def stop(self, *_: Any) -> None:
+        self.stopping.set()
+
+    def run(self, on_started: Callable[[], None] | None = None) -> None:
+        for child in self.children:
+            child.start(self.env)
+            pid = child.proc.pid if child.proc else "?"
+            self.say(f"{child.name} started (pid {pid}), log {child.log}")
+        if on_started is not None:
+            threading.Thread(target=on_started, daemon=True).start()
+        try:
+            while not self.stopping.wait(0.5):
+                self._watch()
+        finally:
+            self._stop_all()
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            assert child.proc is not None
+            code = child.proc.poll()
+            if code is None:
+                if now - child.started > STABLE_S:
+                    child.backoff_s = 1.0
+                continue
+            if child.due == 0.0:
+                child.due = now + child.backoff_s
+                self.say(
+                    f"{child.name} exited with status {code}; restarting in "
+                    f"{child.backoff_s:.0f} s (see {child.log})"
+                )
+            elif now >= child.due:
+                child.restarts += 1
+                child.backoff_s = min(child.backoff_s * 2, MAX_BACKOFF_S)
+                child.due = 0.0
+                child.start(self.env)
+                self.say(f"{child.name} restarted (restart {child.restarts})")
+
+    def _stop_all(self) -> None:
+        self.say("stopping every component")
+        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for child in live:
+            assert child.proc is not None
+            child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for child in live:
+            assert child.proc is not None
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"{child.name} did not stop in 30 s; killing it")
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait(10)
+        for child in self.children:
+            if child.out is not None:
+                child.out.close()
+        self.say("stopped")
+
+
+def components(state: Path, lead_s: float, api_port: int, loglevel: str) -> list[Child]:
+    cpus = os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (4 * 1024 * 1024)
+    logs = state / "logs"
+    level = ["--loglevel", loglevel]
+    scheduler = ["scheduler", "--node-id", "local", "--lead-s", str(lead_s), *level]
+    children = [Child("scheduler", scheduler, logs / "scheduler.log")]
+    for n in (1, 2):
+        worker = ["worker", "--id", f"local-{n}", "--cpu", str(cpus), "--memory-mb", str(memory)]
+        children.append(Child(f"worker local-{n}", [*worker, *level], logs / f"worker-{n}.log"))
+    children.append(Child("projector", ["projector", *level], logs / "projector.log"))
+    api = ["api", "--port", str(api_port), "--loglevel", loglevel]
+    children.append(Child("api", api, logs / "api.log"))
+    return children

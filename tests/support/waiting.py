@@ -1,0 +1,26 @@
+"""Waiting on real processes: poll a condition, never a fixed sleep in an assertion."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def eventually(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
+    """The first truthy value of check(), polled every 0.3 s; fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from streams.core.commands import MAX_COMMAND_BYTES
 from streams.settings import Settings
-from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc
+from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, env_for
 from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
@@ -359,3 +360,71 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
     )
     assert final["worker_id"] == "w1"
     assert [t["state"] for t in final["transitions"]].count("running") == 1
+
+
+def cli(topics: Settings, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", *args],
+        env=env_for(topics),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_cli_for_humans(api: httpx.Client, topics: Settings, tmp_path: Path) -> None:
+    jobs_file = tmp_path / "jobs.yaml"
+    jobs_file.write_text(
+        "jobs:\n"
+        "  - {job_id: cli-tick, schedule: {every: 2s}, command: [echo, tock]}\n"
+        "  - job_id: cli-manual\n"
+        "    schedule: {at: '2099-01-01T00:00:00Z'}\n"
+        "    command: [sh, -c, 'echo manual; sleep 60']\n"
+    )
+    added = cli(topics, "jobs", "add", "-f", str(jobs_file), "--owner", "team-c")
+    assert added.returncode == 0, added.stderr
+    assert "cli-tick: registered" in added.stdout
+    bad = cli(topics, "jobs", "add", '{"job_id": "cli-bad", "command": ["x"], "schedule": {}}')
+    assert bad.returncode == 1
+    assert "cli-bad: rejected" in bad.stderr
+
+    listed = cli(topics, "jobs", "list", "--owner", "team-c")
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[:3] == ["JOB_ID", "OWNER", "SCHEDULE"]
+    assert [r.split()[0] for r in rows] == ["cli-manual", "cli-tick"]
+    as_json = orjson.loads(cli(topics, "jobs", "list", "--owner", "team-c", "--json").stdout)
+    assert [j["job_id"] for j in as_json] == ["cli-manual", "cli-tick"]
+
+    eventually(
+        lambda: "succeeded" in cli(topics, "runs", "list", "--job", "cli-tick").stdout,
+        "a succeeded cli-tick run",
+    )
+    runs = orjson.loads(
+        cli(topics, "runs", "list", "--job", "cli-tick", "--state", "succeeded", "--json").stdout
+    )
+    shown = cli(topics, "runs", "show", runs[0]["run_id"])
+    assert "succeeded" in shown.stdout
+    assert "tock" in shown.stdout
+    assert cli(topics, "runs", "logs", runs[0]["run_id"]).stdout == "tock\n"
+    show_job = cli(topics, "jobs", "show", "cli-tick")
+    assert "every 2s" in show_job.stdout
+    paused = cli(topics, "jobs", "pause", "cli-tick")
+    assert paused.returncode == 0
+    assert "cli-tick: paused" in paused.stdout
+
+    started = cli(topics, "jobs", "run-now", "cli-manual", "--request-id", "r1", "--json")
+    run_id = orjson.loads(started.stdout)["run_id"]
+    assert run_id == "cli-manual@manual:r1"
+    eventually(
+        lambda: "running" in cli(topics, "runs", "show", run_id).stdout, "the manual run to run"
+    )
+    assert cli(topics, "runs", "cancel", run_id).returncode == 0
+    eventually(
+        lambda: "cancelled" in cli(topics, "runs", "show", run_id).stdout.splitlines()[0],
+        "the cancel",
+    )
+    missing = cli(topics, "jobs", "show", "no-such-job")
+    assert missing.returncode == 1
+    assert "not found" in missing.stderr

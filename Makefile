@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: help venv stack topics run test lint format bench clean
 
 help:
-	@echo "make run    - install, start Kafka + PostgreSQL, create topics, migrate, show status"
+	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
 	@echo "make test   - the same set-up, then the whole test suite"
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
@@ -35,12 +35,9 @@ topics: stack
 	$(BIN)/cronlog topics create
 	$(BIN)/cronlog db migrate
 
-run: topics
-	@$(BIN)/cronlog stack status
-	@echo "Starting a scheduler node (ingress, ledger, scheduler) in the foreground."
-	@echo "Register a job from another shell, e.g.:"
-	@echo "  $(BIN)/cronlog submit '{\"type\":\"job.upsert\",\"job_id\":\"hello\",\"owner\":\"me\",\"schedule\":{\"every\":\"10s\"},\"command\":[\"echo\",\"hi\"]}'"
-	@echo "Ctrl-C stops the node; $(BIN)/cronlog stack down stops Kafka and PostgreSQL."
+# Starts the stack, creates topics and tables, then supervises a scheduler node, two
+# workers, the projector and the API in the foreground, with the demo jobs.
+run: venv
 	$(BIN)/cronlog run
 
 test: topics

@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics run test lint format bench clean
+.PHONY: help venv stack topics run test lint format bench bench-full clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
@@ -52,11 +52,26 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# Quick sizes (about 10 minutes in all); bench-full runs the design's sizes.
 bench: topics
-	$(BIN)/python -m bench.burst --jobs 2000 --executor noop
+	$(BIN)/python -m bench.burst --quick --executor noop
+	$(BIN)/python -m bench.burst --quick --executor noop --lead-s 0
 	$(BIN)/python -m bench.burst --jobs 200 --executor process
+	$(BIN)/python -m bench.sustained --quick
+	$(BIN)/python -m bench.registry --quick
+	$(BIN)/python -m bench.failover --quick
+	$(BIN)/python -m bench.projector --quick
+	$(BIN)/python -m bench.detector --seconds 30 --workers 4
+
+bench-full: topics
+	$(BIN)/python -m bench.burst --executor noop
+	$(BIN)/python -m bench.burst --executor noop --lead-s 0
+	$(BIN)/python -m bench.burst --jobs 1000 --executor process
+	$(BIN)/python -m bench.sustained
+	$(BIN)/python -m bench.registry
+	$(BIN)/python -m bench.failover
+	$(BIN)/python -m bench.projector
 	$(BIN)/python -m bench.detector --seconds 60 --workers 4
-	$(BIN)/python -m bench.projector --events 100000
 
 clean:
 	-@test -x $(BIN)/cronlog && $(BIN)/cronlog stack down

@@ -18,19 +18,29 @@ from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--quick", action="store_true", help="10,000 jobs")
+    parser.add_argument(
+        "--lead-s", type=float, default=10.0, help="pre-dispatch lead; 0 turns it off"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--executor", choices=("noop", "process"), default="noop")
     parser.add_argument(
         "--lead-in-s",
         type=float,
-        default=45.0,
-        help="how far ahead the burst is scheduled (registration time)",
+        default=None,
+        help="how far ahead the burst is scheduled (default: 45 s + 2 ms per job)",
     )
     args = parser.parse_args()
+    if args.quick:
+        args.jobs = 10_000
+    if args.lead_in_s is None:
+        args.lead_in_s = 45.0 + args.jobs / 500
     with bench_settings("burst") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        node = Node(settings, "bench-node", logs).start()
+        node = Node(settings, "bench-node", logs)
+        node.argv += ["--lead-s", str(args.lead_s)]
+        node.start()
         workers = [
             WorkerProc(settings, f"bw{i}", logs, cpu=1000, memory_mb=10**6, heartbeat_s=3.0)
             for i in range(args.workers)
@@ -75,12 +85,12 @@ def main() -> None:
                 stuck = {r: s for r, s in by_run.items() if r not in finished}
                 print("unfinished:", len(stuck), list(stuck.items())[:5])
             report(
-                f"burst-{args.executor}",
+                f"burst-{args.executor}-lead{args.lead_s:g}",
                 {
                     "jobs": args.jobs,
                     "workers": args.workers,
                     "executor": args.executor,
-                    "pre_dispatch_lead_s": 10.0,
+                    "pre_dispatch_lead_s": args.lead_s,
                     "registration_s": registered_s,
                     "runs_started": len(starts),
                     "runs_succeeded": len(finished),

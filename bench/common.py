@@ -62,3 +62,53 @@ def report(name: str, figures: dict[str, object]) -> None:
     for key, value in figures.items():
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         print(f"  {key:<{width}}  {shown}")
+
+
+def lateness(values_s: list[float], prefix: str = "start_lateness") -> dict[str, float]:
+    """Exact p50/p99/max (the samples are kept; at bench sizes that is cheap)."""
+    return {
+        f"{prefix}_p50_s": percentile(values_s, 0.5),
+        f"{prefix}_p99_s": percentile(values_s, 0.99),
+        f"{prefix}_max_s": max(values_s, default=float("nan")),
+    }
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    found = [int(p) for p in text.split()]
+    return found + [g for c in found for g in _children(c)]
+
+
+def tree_stats(pid: int) -> tuple[float, float]:
+    """(resident MiB, CPU seconds) of a process and its descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rss_mb = cpu_s = 0.0
+    for p in (pid, *_children(pid)):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu_s += (int(fields[11]) + int(fields[12])) / tick
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss_mb += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return rss_mb, cpu_s
+
+
+def table(name: str, rows: list[dict[str, object]]) -> None:
+    """Print rows as an aligned table (and keep them in the JSON report)."""
+    if not rows:
+        return
+    columns = list(rows[0])
+
+    def cell(value: object) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    widths = {c: max(len(c), *(len(cell(r.get(c))) for r in rows)) for c in columns}
+    print(f"\n{name}")
+    print("  " + "  ".join(c.rjust(widths[c]) for c in columns))
+    for row in rows:
+        print("  " + "  ".join(cell(row.get(c)).rjust(widths[c]) for c in columns))

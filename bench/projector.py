@@ -5,12 +5,14 @@ for a fresh projector to write them all into PostgreSQL.
 from __future__ import annotations
 
 import argparse
+import io
 import threading
 import time
 
 import psycopg
 
 from bench.common import bench_settings, report
+from projections.audit_replay import run_audit
 from projections.projector import Projector
 from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.kafka import produce_runs
@@ -18,8 +20,11 @@ from tests.support.kafka import produce_runs
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--quick", action="store_true", help="100,000 events")
     args = parser.parse_args()
+    if args.quick:
+        args.events = 100_000
     with bench_settings("projector") as settings:
         name = unique_name("bench_projector")
         url, kind = create_database(settings.database_url, name)
@@ -36,6 +41,9 @@ def main() -> None:
             thread.join(30)
             with psycopg.connect(url) as conn:
                 row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+            audit_started = time.monotonic()
+            run_audit(settings, None, None, None, io.StringIO())  # its verdict is not the point
+            audit_s = time.monotonic() - audit_started
             report(
                 "projector",
                 {
@@ -43,6 +51,8 @@ def main() -> None:
                     "projected_rows": row[0] if row else 0,
                     "seconds": elapsed,
                     "events_per_s": total / elapsed,
+                    "audit_replay_s": audit_s,
+                    "audit_events_per_s": total / audit_s,
                 },
             )
         finally:

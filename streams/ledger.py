@@ -149,12 +149,17 @@ class Ledger:
 
     # -- assignment ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        started = time.monotonic()
         for tp in partitions:
             self.state[tp.partition] = self._restore(tp.partition)
+        restored = [self.state[tp.partition] for tp in partitions]
         log.info(
-            "ledger %s owns job-log partitions %s",
+            "ledger %s owns job-log partitions %s: restored %d jobs and %d runs in %.2f s",
             self.node_id,
             sorted(tp.partition for tp in partitions),
+            sum(len(s.jobs) for s in restored),
+            sum(len(s.runs) for s in restored),
+            time.monotonic() - started,
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -1,0 +1,127 @@
+"""Registry: register N jobs (yearly crons, so nothing fires), then measure
+
+- registration throughput: commands produced, until the ledger has applied them all
+  (its consumer group has no lag on job-log and ingress none on commands);
+- the scheduler node's resident memory with N jobs held;
+- takeover: a fresh node started after the first is killed, the time until its ledger
+  has restored every partition's state (from its log line) and until it is ready.
+`python -m bench.registry --jobs 1000000` (`--quick`: 100,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from bench.common import bench_settings, report, tree_stats
+from streams.kafka import producer_config
+from streams.settings import Settings
+from tests.support.nodes import CronlogProcess
+
+
+def lag(settings: Settings, group: str, topic: str) -> int:
+    admin = AdminClient({"bootstrap.servers": settings.kafka})
+    name = settings.topic(topic)
+    partitions = [TopicPartition(name, p) for p in range(settings.partitions)]
+    request = [ConsumerGroupTopicPartitions(settings.group(group), partitions)]
+    future = admin.list_consumer_group_offsets(request)[settings.group(group)]
+    committed = {tp.partition: tp.offset for tp in future.result(30).topic_partitions}
+    probe = Consumer({"bootstrap.servers": settings.kafka, "group.id": "bench-lag"})
+    try:
+        total = 0
+        for p in range(settings.partitions):
+            _, high = probe.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+            total += max(0, high - max(committed.get(p, 0), 0))
+        return total
+    finally:
+        probe.close()
+
+
+def node(settings: Settings, name: str, logs: Path) -> CronlogProcess:
+    return CronlogProcess(
+        settings, name, logs, ["scheduler", "--node-id", name, "--loglevel", "info"]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    jobs = 100_000 if args.quick else args.jobs
+    with bench_settings("registry") as settings, tempfile.TemporaryDirectory() as tmp:
+        logs = Path(tmp)
+        first = node(settings, "reg-1", logs).start()
+        try:
+            producer = Producer(producer_config(settings, **{"linger.ms": 50}))
+            topic = settings.topic("commands")
+            started = time.monotonic()
+            for i in range(jobs):
+                job_id = f"reg-{i:07d}"
+                command = {
+                    "type": "job.upsert",
+                    "job_id": job_id,
+                    "owner": f"o{i % 100}",
+                    "schedule": {"cron": f"{i % 60} {i % 24} 1 1 *", "timezone": "UTC"},
+                    "command": ["true"],
+                }
+                producer.produce(topic, key=job_id.encode(), value=orjson.dumps(command))
+                if i % 10_000 == 0:
+                    producer.poll(0)
+                    while len(producer) > 200_000:
+                        producer.poll(0.05)
+            producer.flush(300)
+            produced_s = time.monotonic() - started
+            peak_rss = 0.0
+            while True:
+                behind = lag(settings, "ingress", "commands") + lag(settings, "ledger", "job-log")
+                if first.proc:
+                    peak_rss = max(peak_rss, tree_stats(first.proc.pid)[0])
+                if behind == 0:
+                    break
+                time.sleep(2)
+            applied_s = time.monotonic() - started
+            time.sleep(5)  # the scheduler's heaps follow the committed state
+            rss_mb = tree_stats(first.proc.pid)[0] if first.proc else float("nan")
+        finally:
+            first.kill()
+        second = node(settings, "reg-2", logs)
+        takeover_started = time.monotonic()
+        second.start()
+        restored = None
+        try:
+            deadline = time.monotonic() + 1800
+            while restored is None and time.monotonic() < deadline:
+                text = second.log.read_text(errors="replace")
+                restored = re.search(r"restored (\d+) jobs and (\d+) runs in ([\d.]+) s", text)
+                time.sleep(1)
+            ready_s = time.monotonic() - takeover_started
+            second_rss = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
+        finally:
+            second.stop()
+    report(
+        "registry",
+        {
+            "jobs": jobs,
+            "produce_s": produced_s,
+            "registered_per_s": jobs / applied_s,
+            "all_applied_s": applied_s,
+            "node_rss_mb": rss_mb,
+            "node_peak_rss_mb": peak_rss,
+            "takeover_restored_jobs": int(restored.group(1)) if restored else -1,
+            "takeover_restore_s": float(restored.group(3)) if restored else float("nan"),
+            "takeover_ready_s": ready_s,
+            "takeover_node_rss_mb": second_rss,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -170,13 +170,25 @@ class Ledger:
         """Read this partition of `jobs` and `runs` to its end (read_committed)."""
         state = PartitionState()
         reader = Consumer(consumer_config(self.settings, None, **{"enable.partition.eof": True}))
+        # The end to read to must be the log's real end (read_uncommitted), not the last
+        # stable offset a read_committed consumer reports: the previous owner's last
+        # transaction may be committed (its offsets about to become visible) while its
+        # markers are still being written. Stopping at the LSO would restore state
+        # without that batch and resume after it: duplicate runs. So wait for every
+        # transaction below the real end to be resolved (a zombie's is aborted within
+        # transaction.timeout.ms).
+        probe = Consumer(
+            consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
+        )
         try:
             for name, into, codec in (
                 ("jobs", state.jobs, JOB_STATE),
                 ("runs", state.runs, RUN_STATE),
             ):
                 topic = self.topics[name]
-                _low, high = reader.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                _low, high = probe.get_watermark_offsets(
+                    TopicPartition(topic, partition), 10, cached=False
+                )
                 reader.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
                 for msg in _read_to_stable_end(reader, topic, partition, high):
                     key = (msg.key() or b"").decode()
@@ -188,6 +200,7 @@ class Ledger:
                 reader.unassign()
         finally:
             reader.close()
+            probe.close()
         return state
 
     # -- processing ---------------------------------------------------------------------

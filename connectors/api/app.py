@@ -170,34 +170,26 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
         accepted = await run_in_threadpool(service.job_command, who, job_id, "backfill", **fields)
         return _answer(accepted, f"/jobs/{job_id}/runs")
 
-    @app.get("/jobs/{job_id}/runs", tags=["runs"])
-    def job_runs(
-        job_id: str,
-        who: User,
+    def run_filters(
         state: str | None = None,
         since: Annotated[datetime | None, Query(alias="from")] = None,
         until: Annotated[datetime | None, Query(alias="to")] = None,
         limit: Limit = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        return service.runs(
-            who, job_id=job_id, state=state, since=since, until=until, limit=limit, cursor=cursor
-        )
+        """The query parameters every run listing takes."""
+        return {"state": state, "since": since, "until": until, "limit": limit, "cursor": cursor}
+
+    Filters = Annotated[dict[str, Any], Depends(run_filters)]
+
+    @app.get("/jobs/{job_id}/runs", tags=["runs"])
+    def job_runs(job_id: str, who: User, filters: Filters) -> dict[str, Any]:
+        return service.runs(who, job_id=job_id, **filters)
 
     # -- runs -----------------------------------------------------------------------------
     @app.get("/runs", tags=["runs"])
-    def list_runs(
-        who: User,
-        job_id: str | None = None,
-        state: str | None = None,
-        since: Annotated[datetime | None, Query(alias="from")] = None,
-        until: Annotated[datetime | None, Query(alias="to")] = None,
-        limit: Limit = 100,
-        cursor: str | None = None,
-    ) -> dict[str, Any]:
-        return service.runs(
-            who, job_id=job_id, state=state, since=since, until=until, limit=limit, cursor=cursor
-        )
+    def list_runs(who: User, filters: Filters, job_id: str | None = None) -> dict[str, Any]:
+        return service.runs(who, job_id=job_id, **filters)
 
     @app.get("/runs/{run_id}", tags=["runs"])
     def get_run(run_id: str, who: User) -> dict[str, Any]:

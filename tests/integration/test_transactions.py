@@ -4,11 +4,16 @@ and offsets become visible together; aborted ones never do; a zombie is fenced."
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
+from schemas.codec import JOB_STATE
+from streams.core.commands import UpsertJob, validate_command
+from streams.core.records import JobState
+from streams.ledger import Ledger, PartitionState
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 
@@ -56,6 +61,9 @@ def test_committed_outputs_are_seen_and_aborted_ones_are_not(topics: Settings) -
         _process(c, producer, topics, 5)
         producer.commit_transaction(30)
         _process(c, producer, topics, 5)
+        # Sent first: abort_transaction purges what is still queued in the client, and
+        # the point is that the broker hides records it did receive.
+        assert producer.flush(30) == 0
         producer.abort_transaction(30)
         committed = c.committed(c.assignment(), timeout=10)
     finally:
@@ -118,3 +126,35 @@ def test_a_zombie_producer_is_fenced(topics: Settings) -> None:
     finally:
         reader.close()
     assert seen == [b"from-successor"]
+
+
+def test_ledger_restore_waits_for_a_transaction_still_open(topics: Settings) -> None:
+    """Regression: a restore once stopped at the last stable offset, so a previous
+    owner's transaction whose markers were still being written was left out while its
+    offsets committed: the new owner re-created that batch's runs. The restore must
+    include every transaction that began before it, once resolved."""
+    spec = validate_command(
+        {
+            "type": "job.upsert",
+            "job_id": "job-a",
+            "owner": "o",
+            "schedule": {"every": "1s"},
+            "command": ["true"],
+        }
+    )
+    assert isinstance(spec, UpsertJob)
+    state = JobState(spec.spec, False, False, 0, 0, 123_000, None, (), (), (), 7)
+    producer = _transactional(topics, f"restore-{uuid.uuid4().hex[:6]}")
+    producer.begin_transaction()
+    producer.produce(topics.topic("jobs"), key=b"job-a", value=JOB_STATE.encode(state), partition=0)
+    assert producer.flush(30) == 0
+    ledger = Ledger(topics, node_id="restore-test")
+    restored: list[PartitionState] = []
+    thread = threading.Thread(target=lambda: restored.append(ledger._restore(0)))
+    thread.start()
+    thread.join(3)
+    assert thread.is_alive(), "the restore returned while a transaction was still open"
+    producer.commit_transaction(30)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert restored[0].jobs["job-a"].fired_ms == 123_000

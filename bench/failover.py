@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     jobs = 100 if args.quick else args.jobs
-    before_s, after_s = (15.0, 30.0) if args.quick else (30.0, 45.0)
+    before_s, after_s = (15.0, 45.0) if args.quick else (30.0, 60.0)
     with bench_settings("failover") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         nodes = [Node(settings, f"fo-{i}", logs).start() for i in (1, 2)]

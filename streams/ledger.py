@@ -29,7 +29,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -109,9 +108,12 @@ class Ledger:
 
     # -- lifecycle ----------------------------------------------------------------------
     def _new_producer(self) -> Producer:
-        # A fresh transactional.id per producer incarnation; fencing of zombies comes
-        # from the consumer group generation sent with the offsets (KIP-447).
-        txn_id = f"{self.settings.group('ledger')}-{self.node_id}-{uuid.uuid4().hex[:8]}"
+        # Fencing of zombies comes from the consumer group generation sent with the
+        # offsets (KIP-447). The transactional.id is stable per node id so that a node
+        # restarted after a crash aborts its predecessor's open transaction at once
+        # (init_transactions) instead of leaving readers blocked until it times out.
+        # Node ids must therefore be unique: two live nodes with one id fence each other.
+        txn_id = f"{self.settings.group('ledger')}-{self.node_id}"
         producer = Producer(transactional_producer_config(self.settings, txn_id))
         producer.init_transactions(30)
         return producer

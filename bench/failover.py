@@ -20,12 +20,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--logs", type=Path, help="keep the processes' logs here")
     args = parser.parse_args()
     jobs = 100 if args.quick else args.jobs
     before_s, after_s = (15.0, 45.0) if args.quick else (30.0, 60.0)
     with bench_settings("failover") as settings, tempfile.TemporaryDirectory() as tmp:
-        logs = Path(tmp)
-        nodes = [Node(settings, f"fo-{i}", logs).start() for i in (1, 2)]
+        logs = args.logs or Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        nodes = [Node(settings, f"fo-{i}", logs) for i in (1, 2)]
+        for n in nodes:
+            n.argv[n.argv.index("warning")] = "info"
+            n.start()
         workers = [
             WorkerProc(settings, f"fw{i}", logs, cpu=100_000, memory_mb=10**8, heartbeat_s=3.0)
             for i in (1, 2)

@@ -38,9 +38,12 @@ def transactional_producer_config(settings: Settings, transactional_id: str) -> 
         settings,
         **{
             "transactional.id": transactional_id,
-            # Short: a zombie's open transaction blocks readers (read_committed stops at
-            # the last stable offset) until the broker aborts it after this long.
-            "transaction.timeout.ms": 15000,
+            # Short: a dead ledger's open transaction blocks every read_committed reader
+            # of the partitions it wrote (the new owner's restore, dispatchers, workers'
+            # inboxes) until the broker aborts it after this long. About the session
+            # timeout, so the abort overlaps the rebalance; a ledger batch takes well
+            # under a second, and one that takes longer is aborted and redone.
+            "transaction.timeout.ms": 7000,
         },
     )
 

@@ -152,15 +152,14 @@ class Ledger:
     # -- assignment ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         started = time.monotonic()
-        for tp in partitions:
-            self.state[tp.partition] = self._restore(tp.partition)
-        restored = [self.state[tp.partition] for tp in partitions]
+        restored = self._restore_all([tp.partition for tp in partitions])
+        self.state.update(restored)
         log.info(
             "ledger %s owns job-log partitions %s: restored %d jobs and %d runs in %.2f s",
             self.node_id,
-            sorted(tp.partition for tp in partitions),
-            sum(len(s.jobs) for s in restored),
-            sum(len(s.runs) for s in restored),
+            sorted(restored),
+            sum(len(s.jobs) for s in restored.values()),
+            sum(len(s.runs) for s in restored.values()),
             time.monotonic() - started,
         )
 
@@ -169,41 +168,80 @@ class Ledger:
             self.state.pop(tp.partition, None)
 
     def _restore(self, partition: int) -> PartitionState:
-        """Read this partition of `jobs` and `runs` to its end (read_committed)."""
-        state = PartitionState()
-        reader = Consumer(consumer_config(self.settings, None, **{"enable.partition.eof": True}))
-        # The end to read to must be the log's real end (read_uncommitted), not the last
-        # stable offset a read_committed consumer reports: the previous owner's last
-        # transaction may be committed (its offsets about to become visible) while its
-        # markers are still being written. Stopping at the LSO would restore state
-        # without that batch and resume after it: duplicate runs. So wait for every
-        # transaction below the real end to be resolved (a zombie's is aborted within
-        # transaction.timeout.ms).
+        return self._restore_all([partition])[partition]
+
+    def _restore_all(
+        self, partitions: list[int], timeout_s: float = 60.0
+    ) -> dict[int, PartitionState]:
+        """Read these partitions of `jobs` and `runs` to their end (read_committed), all
+        at once with one consumer: a failover restores every partition it takes over.
+
+        The end to read to is the log's real end (read_uncommitted), not the last stable
+        offset a read_committed consumer reports: the previous owner's last transaction
+        may be committed (its offsets about to become visible) while its markers are
+        still being written, and stopping at the LSO would restore state without that
+        batch and resume after it: duplicate runs. So wait for every transaction below
+        the real end to be resolved (a dead ledger's is aborted within
+        transaction.timeout.ms).
+        """
+        states = {p: PartitionState() for p in partitions}
+        jobs_topic, runs_topic = self.topics["jobs"], self.topics["runs"]
         probe = Consumer(
             consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
         )
         try:
-            for name, into, codec in (
-                ("jobs", state.jobs, JOB_STATE),
-                ("runs", state.runs, RUN_STATE),
-            ):
-                topic = self.topics[name]
-                _low, high = probe.get_watermark_offsets(
-                    TopicPartition(topic, partition), 10, cached=False
-                )
-                reader.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-                for msg in _read_to_stable_end(reader, topic, partition, high):
+            targets = {
+                (topic, p): probe.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[
+                    1
+                ]
+                for topic in (jobs_topic, runs_topic)
+                for p in partitions
+            }
+        finally:
+            probe.close()
+        pending = {key: high for key, high in targets.items() if high > 0}
+        if not pending:
+            return states
+        reader = Consumer(
+            consumer_config(
+                self.settings,
+                None,
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": 20},
+            )
+        )
+        try:
+            reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise KafkaException(
+                        KafkaError(KafkaError._TIMED_OUT, f"could not restore {sorted(pending)}")
+                    )
+                for msg in reader.consume(10_000, timeout=0.1):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(error)
+                        continue
+                    state = states[msg.partition() or 0]
                     key = (msg.key() or b"").decode()
                     value = msg.value()
-                    if value is None:
-                        into.pop(key, None)
+                    if msg.topic() == jobs_topic:
+                        if value is None:
+                            state.jobs.pop(key, None)
+                        else:
+                            state.jobs[key] = JOB_STATE.decode(value)
+                    elif value is None:
+                        state.runs.pop(key, None)
                     else:
-                        into[key] = codec.decode(value)  # type: ignore[assignment]
-                reader.unassign()
+                        state.runs[key] = RUN_STATE.decode(value)
+                positions = reader.position([TopicPartition(t, p) for t, p in pending])
+                for tp in positions:
+                    if tp.offset >= pending[(tp.topic, tp.partition)]:
+                        del pending[(tp.topic, tp.partition)]
         finally:
             reader.close()
-            probe.close()
-        return state
+        return states
 
     # -- processing ---------------------------------------------------------------------
     def _process_batch(self, records: list[Message]) -> None:
@@ -309,36 +347,7 @@ class Ledger:
         self.producer = self._new_producer()
         assignment = self.consumer.assignment()
         committed = self.consumer.committed(assignment, timeout=30)
+        self.state.update(self._restore_all([tp.partition for tp in committed]))
         for tp in committed:
-            self.state[tp.partition] = self._restore(tp.partition)
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-
-
-def _read_to_stable_end(
-    reader: Consumer, topic: str, partition: int, high: int, timeout_s: float = 60.0
-) -> list[Message]:
-    """Every committed record up to the high watermark seen before reading.
-
-    read_committed stops at the last stable offset; an open transaction of a zombie can
-    hold it below `high` until the broker aborts it, so wait (bounded by the
-    transaction timeout) instead of restoring partial state.
-    """
-    found: list[Message] = []
-    if high <= 0:
-        return found
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        msg = reader.poll(0.5)
-        if msg is not None:
-            error = msg.error()
-            if error is None:
-                found.append(msg)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(error)
-        position = reader.position([TopicPartition(topic, partition)])[0].offset
-        if position >= high:
-            return found
-    raise KafkaException(
-        KafkaError(KafkaError._TIMED_OUT, f"could not read {topic}[{partition}] to offset {high}")
-    )

@@ -29,13 +29,13 @@ def main() -> None:
         "--lead-in-s",
         type=float,
         default=None,
-        help="how far ahead the burst is scheduled (default: 45 s + 2 ms per job)",
+        help="how far ahead the burst is scheduled (default: 20 s + 2 ms per job)",
     )
     args = parser.parse_args()
     if args.quick:
         args.jobs = 10_000
     if args.lead_in_s is None:
-        args.lead_in_s = 45.0 + args.jobs / 500
+        args.lead_in_s = 20.0 + args.jobs / 500
     with bench_settings("burst") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         node = Node(settings, "bench-node", logs)

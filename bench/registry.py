@@ -5,7 +5,7 @@
 - the scheduler node's resident memory with N jobs held;
 - takeover: a fresh node started after the first is killed, the time until its ledger
   has restored every partition's state (from its log line) and until it is ready.
-`python -m bench.registry --jobs 1000000` (`--quick`: 100,000).
+`python -m bench.registry --jobs 1000000` (`--quick`: 50,000).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    jobs = 100_000 if args.quick else args.jobs
+    jobs = 50_000 if args.quick else args.jobs
     with bench_settings("registry") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         first = node(settings, "reg-1", logs).start()

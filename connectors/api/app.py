@@ -65,6 +65,13 @@ async def _body(request: Request) -> dict[str, Any]:
     return parse_body(await request.body())
 
 
+def _request_id(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    """The idempotency key of a run-now or rerun: the body's request_id, else the
+    Idempotency-Key header, else none (the service makes one up: not idempotent)."""
+    key = body.get("request_id", request.headers.get("idempotency-key"))
+    return {"request_id": key} if key else {}
+
+
 def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None = None) -> FastAPI:
     app = FastAPI(
         title="cronlog",
@@ -157,9 +164,7 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
 
     @app.post("/jobs/{job_id}/run-now", tags=["jobs"], openapi_extra=OBJECT_BODY)
     async def run_now(job_id: str, request: Request, who: User) -> JSONResponse:
-        body = await _body(request)
-        key = request.headers.get("idempotency-key")
-        fields = {"request_id": body.get("request_id", key)} if body.get("request_id", key) else {}
+        fields = _request_id(request, await _body(request))
         accepted = await run_in_threadpool(service.job_command, who, job_id, "run_now", **fields)
         return _answer(accepted, f"/runs/{accepted.body['run_id']}")
 
@@ -210,9 +215,7 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
 
     @app.post("/runs/{run_id}/rerun", tags=["runs"], openapi_extra=OBJECT_BODY)
     async def rerun(run_id: str, request: Request, who: User) -> JSONResponse:
-        body = await _body(request)
-        key = body.get("request_id", request.headers.get("idempotency-key"))
-        fields = {"request_id": key} if key else {}
+        fields = _request_id(request, await _body(request))
         accepted = await run_in_threadpool(service.run_command, who, run_id, "rerun", **fields)
         return _answer(accepted, f"/runs/{run_id}")
 

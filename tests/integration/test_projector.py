@@ -76,6 +76,22 @@ def wait_caught_up(url: str, transitions: int, timeout_s: float = 90) -> None:
     raise AssertionError(f"projection has {count} transitions, the topic {transitions}")
 
 
+def equals_a_fresh_replay(
+    topics: Settings, tmp_path: Path, other_url: str, transitions: int
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Replay the topics into another database; assert it equals the projection, table
+    by table; return the projection's snapshot."""
+    replay = ProjectorProc(topics.with_(database_url=other_url), tmp_path / "replay.log").start()
+    try:
+        wait_caught_up(other_url, transitions)
+    finally:
+        replay.stop()
+    live, fresh = snapshot(topics.database_url), snapshot(other_url)
+    for table in TABLES:
+        assert live[table] == fresh[table], table
+    return live
+
+
 @pytest.fixture
 def second_database(services: Services) -> Iterator[str]:
     name = unique_name("replay")
@@ -111,16 +127,7 @@ def test_killed_projector_equals_a_fresh_replay(
     finally:
         projector.stop()
 
-    replay = ProjectorProc(
-        topics.with_(database_url=second_database), tmp_path / "replay.log"
-    ).start()
-    try:
-        wait_caught_up(second_database, transitions)
-    finally:
-        replay.stop()
-    live, fresh = snapshot(topics.database_url), snapshot(second_database)
-    for table in TABLES:
-        assert live[table] == fresh[table], table
+    live = equals_a_fresh_replay(topics, tmp_path, second_database, transitions)
     assert any(row[4] == "succeeded" for row in live["runs"])
     assert {row[3] for row in live["run_logs"]} == {"stdout", "stderr"}
     with psycopg.connect(topics.database_url) as conn:
@@ -230,16 +237,7 @@ def test_rebuild_equals_the_live_projection(
         wait_caught_up(topics.database_url, produced)
     finally:
         live.stop()
-    replay = ProjectorProc(
-        topics.with_(database_url=second_database), tmp_path / "replay.log"
-    ).start()
-    try:
-        wait_caught_up(second_database, produced)
-    finally:
-        replay.stop()
-    rebuilt, fresh = snapshot(topics.database_url), snapshot(second_database)
-    for table in TABLES:
-        assert rebuilt[table] == fresh[table], table
+    rebuilt = equals_a_fresh_replay(topics, tmp_path, second_database, produced)
     synthetic = [row for row in rebuilt["runs"] if row[1].startswith("job-")]
     assert len(synthetic) == 500
     assert {row[4] for row in synthetic} == {"succeeded"}

@@ -29,13 +29,14 @@ def main() -> None:
         "--lead-in-s",
         type=float,
         default=None,
-        help="how far ahead the burst is scheduled (default: 20 s + 2 ms per job)",
+        help="how far ahead the burst is scheduled (default: 35 s + 2 ms per job: the node's "
+        "start and the registrations must be done before pre-dispatch begins)",
     )
     args = parser.parse_args()
     if args.quick:
         args.jobs = 10_000
     if args.lead_in_s is None:
-        args.lead_in_s = 20.0 + args.jobs / 500
+        args.lead_in_s = 35.0 + args.jobs / 500
     with bench_settings("burst") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         node = Node(settings, "bench-node", logs)

@@ -8,9 +8,16 @@ its state, living in the same partition number of each topic.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
 from streams.settings import Settings
+
+log = logging.getLogger("cronlog.kafka")
 
 PARTITIONER = "murmur2_random"
 
@@ -66,3 +73,35 @@ def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict
     else:
         config["group.id"] = "cronlog-unused"  # librdkafka needs one even for assign()
     return config
+
+
+def committed_or(
+    consumer: Consumer,
+    partitions: list[TopicPartition],
+    default: int = OFFSET_BEGINNING,
+    stop: threading.Event | None = None,
+) -> list[TopicPartition]:
+    """`partitions` at the consumer group's committed offsets (`default` where none is),
+    asked for explicitly and retried until the group coordinator answers.
+
+    Why not `assign()` without offsets and let librdkafka look them up: if that lookup
+    gets a request-level NOT_COORDINATOR (the group coordinator still moving or loading,
+    as on a freshly started broker) librdkafka never retries it and never starts fetching
+    the partition, silently (confluentinc/librdkafka#5586). A worker whose inbox stalls
+    that way heartbeats forever and never runs anything.
+    """
+    while stop is None or not stop.is_set():
+        try:
+            found = consumer.committed(partitions, timeout=5)
+        except KafkaException as exc:
+            log.warning("committed offsets not available yet (%s); retrying", exc)
+            time.sleep(0.5)
+            continue
+        if all(tp.error is None for tp in found):
+            return [
+                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else default)
+                for tp in found
+            ]
+        log.warning("committed offsets not available yet (%s); retrying", found[0].error)
+        time.sleep(0.5)
+    return [TopicPartition(tp.topic, tp.partition, default) for tp in partitions]

@@ -47,7 +47,7 @@ from streams.core.records import (
     RunStarted,
     WorkerAssignment,
 )
-from streams.kafka import consumer_config, producer_config
+from streams.kafka import committed_or, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.worker")
@@ -192,7 +192,8 @@ class Worker:
             consumer_config(self.settings, self.settings.group(f"worker-{self.config.worker_id}"))
         )
         partition = inbox_partition(self.config.worker_id, self.settings.partitions)
-        consumer.assign([TopicPartition(self.topics["worker-inbox"], partition)])
+        inbox = [TopicPartition(self.topics["worker-inbox"], partition)]
+        consumer.assign(committed_or(consumer, inbox, stop=self.stop_event))
         log.info("worker %s ready (inbox partition %d)", self.config.worker_id, partition)
         try:
             while not self.stop_event.is_set():

@@ -28,6 +28,7 @@ from psycopg_pool import ConnectionPool
 from schemas.json import to_plain
 from streams.core.commands import (
     MAX_COMMAND_BYTES,
+    Command,
     Rejection,
     UpsertJob,
     command_job_id,
@@ -91,6 +92,20 @@ def _uncursor(token: str, n: int) -> list[str]:
     return [str(p) for p in parts]
 
 
+def _validated(doc: dict[str, Any]) -> Command:
+    """The command, validated by the ingress rules; a refusal is a 422."""
+    command = validate_command(doc)
+    if isinstance(command, Rejection):
+        raise ServiceError(422, command.reason, command.field)
+    return command
+
+
+def _upsert_command(doc: dict[str, Any]) -> UpsertJob:
+    command = _validated(doc)
+    assert isinstance(command, UpsertJob)  # the caller set type job.upsert
+    return command
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_COMMAND_BYTES:
         raise ServiceError(413, f"body is {len(raw)} bytes; at most {MAX_COMMAND_BYTES} allowed")
@@ -137,9 +152,9 @@ class Service:
 
     def send(self, doc: dict[str, Any]) -> str:
         """Validate a command as ingress would and produce it; the job id it is keyed by."""
-        command = validate_command(doc)
-        if isinstance(command, Rejection):
-            raise ServiceError(422, command.reason, command.field)
+        return self._produce_command(doc, _validated(doc))
+
+    def _produce_command(self, doc: dict[str, Any], command: Command) -> str:
         value = orjson.dumps(doc)
         if len(value) > MAX_COMMAND_BYTES:
             raise ServiceError(413, f"command is {len(value)} bytes; at most {MAX_COMMAND_BYTES}")
@@ -239,10 +254,7 @@ class Service:
 
     def create_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
         doc = self._owned_upsert(who, body)
-        command = validate_command(doc)
-        if isinstance(command, Rejection):
-            raise ServiceError(422, command.reason, command.field)
-        assert isinstance(command, UpsertJob)
+        command = _upsert_command(doc)
         existing = self._job_row(command.spec.job_id)
         if existing is not None and not existing["deleted"]:
             raise ServiceError(
@@ -254,10 +266,7 @@ class Service:
         """Create or replace a job (the CLI's `jobs add`): no conflict on an existing one,
         but another owner's job stays theirs."""
         doc = self._owned_upsert(who, body)
-        command = validate_command(doc)
-        if isinstance(command, Rejection):
-            raise ServiceError(422, command.reason, command.field)
-        assert isinstance(command, UpsertJob)
+        command = _upsert_command(doc)
         existing = self._job_row(command.spec.job_id)
         if existing and not existing["deleted"] and not who.may_see(existing["owner"]):
             raise ServiceError(409, f"job {command.spec.job_id!r} belongs to another owner")
@@ -274,14 +283,11 @@ class Service:
             else:
                 merged[key] = value
         doc = self._owned_upsert(who, merged)
-        command = validate_command(doc)
-        if isinstance(command, Rejection):
-            raise ServiceError(422, command.reason, command.field)
-        assert isinstance(command, UpsertJob)
+        command = _upsert_command(doc)
         return self._upsert(doc, command)
 
     def _upsert(self, doc: dict[str, Any], command: UpsertJob) -> Accepted:
-        self.send(doc)
+        self._produce_command(doc, command)
         job_id = command.spec.job_id
         # As the projection stores it (JSON: tuples become lists).
         stored = orjson.loads(orjson.dumps(to_plain(command.spec)))

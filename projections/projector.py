@@ -209,6 +209,12 @@ class Projector:
         self.idle_positions: dict[tuple[str, int], int] = {}
         self.consumer = Consumer(consumer_config(settings, group or settings.group("projector")))
         self.conn: psycopg.Connection[Any] | None = None
+        self.handlers: dict[str, Callable[[bytes, Rows], None]] = {
+            "run-events": self._run_event,
+            "jobs": self._job_state,
+            "heartbeats": self._heartbeat,
+            "run-logs": self._log,
+        }
 
     def stop(self) -> None:
         self._stop.set()
@@ -354,12 +360,7 @@ class Projector:
     def _project(self, msg: Message, rows: Rows) -> None:
         name = self.topic_names.get(msg.topic() or "", "")
         value = msg.value()
-        handler: Callable[[bytes, Rows], None] | None = {
-            "run-events": self._run_event,
-            "jobs": self._job_state,
-            "heartbeats": self._heartbeat,
-            "run-logs": self._log,
-        }.get(name)
+        handler = self.handlers.get(name)
         if value is None or handler is None:
             return  # tombstones (compaction) carry nothing to project
         try:

@@ -356,6 +356,10 @@ def _every_ms(schedule: EverySchedule) -> int:
     return schedule.every_ms
 
 
+# Pure, and the same question is asked again and again: at the top of the hour every job
+# on "0 * * * *" in one zone asks it for the same instant, and the ledger validates a
+# proposal and computes the next due time with the same arguments the scheduler used.
+@lru_cache(maxsize=65_536)
 def _cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | None:
     """The first fire time, in whole UTC seconds, strictly after `after_s`."""
     cron = _cron(schedule.expr)

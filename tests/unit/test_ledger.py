@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger import LedgerConfig
@@ -24,7 +27,8 @@ from streams.core.records import (
     RunStarted,
     WorkerLost,
 )
-from streams.core.spec import EverySchedule, JobSpec, RetryPolicy
+from streams.core.schedule import fires_between, next_fire
+from streams.core.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
 from tests.support.world import World
 
 T0 = 1_800_000_000_000  # a multiple of 60 s
@@ -296,3 +300,50 @@ def test_only_the_newest_final_runs_are_kept() -> None:
     assert set(w.runs) == {rid(T0 + k * MIN) for k in (5, 6, 7)}
     # Forgotten runs stay decided: the watermark still rejects their proposals.
     assert w.apply(FireProposed("j", T0 + MIN, T0 + 8 * MIN, "a")).rejected == "already decided"
+
+
+_CRON_ZONES = ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC")
+_CRON_EXPRS = ("*/20 * * * *", "30 1-3 * * *", "0 2 * * *", "15,45 * * * *")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    zone=st.sampled_from(_CRON_ZONES),
+    expr=st.sampled_from(_CRON_EXPRS),
+    start_day=st.sampled_from(
+        # A few days before spring-forward / fall-back in these zones, and a quiet week.
+        (
+            datetime(2026, 3, 27, tzinfo=UTC),
+            datetime(2026, 10, 23, tzinfo=UTC),
+            datetime(2026, 3, 6, tzinfo=UTC),
+            datetime(2026, 4, 3, tzinfo=UTC),
+            datetime(2026, 6, 10, tzinfo=UTC),
+        )
+    ),
+    plan=st.lists(st.sampled_from(("on_time", "late", "missing")), min_size=5, max_size=60),
+)
+def test_cron_firings_are_each_decided_once_whatever_proposals_arrive(
+    zone: str, expr: str, start_day: datetime, plan: list[str]
+) -> None:
+    """The ledger's firing rule against the schedule maths, for cron jobs across DST
+    changes: proposals on time, late or missing, every fire time is decided once, and
+    with run_all every one of them runs."""
+    registered = int(start_day.timestamp() * 1000)
+    w = World()
+    w.config = LedgerConfig(catchup_window_ms=30 * 86_400_000, max_catchup_runs=100_000)
+    job = spec(schedule=CronSchedule(expr, zone), misfire="run_all")
+    w.apply(JobUpserted(job, registered))
+    times = fires_between(job.schedule, registered, registered + 6 * 86_400_000, limit=len(plan))
+    assume(times)
+    plan = plan[: len(times)]
+    plan[-1] = "on_time"
+    for t, how in zip(times, plan, strict=True):
+        if how == "on_time":
+            w.apply(FireProposed("j", t, t - 500, "node"))
+        elif how == "late":
+            w.apply(FireProposed("j", t, t + 90_000, "node"))
+    decided = [e.scheduled_ms for e in w.run_events() if e.state in ("due", "skipped")]
+    assert sorted(decided) == times
+    assert {e.state for e in w.run_events()} <= {"due", "dispatched"}
+    assert w.jobs["j"].fired_ms == times[-1]
+    assert w.jobs["j"].next_due_ms == next_fire(job.schedule, times[-1])

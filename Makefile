@@ -54,6 +54,7 @@ format: venv
 
 # Quick sizes (about 10 minutes in all); bench-full runs the design's sizes.
 bench: topics
+	$(BIN)/python -m bench.ledger --jobs 5000
 	$(BIN)/python -m bench.burst --quick --executor noop
 	$(BIN)/python -m bench.burst --quick --executor noop --lead-s 0
 	$(BIN)/python -m bench.burst --jobs 200 --executor process
@@ -64,6 +65,7 @@ bench: topics
 	$(BIN)/python -m bench.detector --seconds 30 --workers 4
 
 bench-full: topics
+	$(BIN)/python -m bench.ledger --jobs 50000
 	$(BIN)/python -m bench.burst --executor noop
 	$(BIN)/python -m bench.burst --executor noop --lead-s 0
 	$(BIN)/python -m bench.burst --jobs 1000 --executor process

@@ -1,4 +1,8 @@
-"""Burst: N one-off jobs all due in the same second, with pre-dispatch on.
+"""Burst: N jobs all due in the same second, with pre-dispatch on.
+
+One-off jobs by default; `--schedule cron` gives every job a daily cron expression (with
+seconds) in Europe/Berlin that fires at that second: the top-of-the-hour case, with the
+cron and time-zone work it costs.
 
 Prints p50/p99/max start lateness (the worker's actual start minus the scheduled time)
 and the time until every run finished. `python -m bench.burst --jobs 2000`.
@@ -11,6 +15,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 from bench.common import bench_settings, percentile, report
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
@@ -25,6 +30,7 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--executor", choices=("noop", "process"), default="noop")
+    parser.add_argument("--schedule", choices=("at", "cron"), default="at")
     parser.add_argument(
         "--lead-in-s",
         type=float,
@@ -53,6 +59,15 @@ def main() -> None:
         try:
             due_s = int(time.time() + args.lead_in_s)
             due = datetime.fromtimestamp(due_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            wall = datetime.fromtimestamp(due_s, tz=ZoneInfo("Europe/Berlin"))
+            schedule = (
+                {"at": due}
+                if args.schedule == "at"
+                else {
+                    "cron": f"{wall.second} {wall.minute} {wall.hour} * * *",
+                    "timezone": "Europe/Berlin",
+                }
+            )
             started = time.monotonic()
             send_commands(
                 settings,
@@ -61,7 +76,7 @@ def main() -> None:
                         "type": "job.upsert",
                         "job_id": f"burst-{i:06d}",
                         "owner": f"o{i % 10}",
-                        "schedule": {"at": due},
+                        "schedule": schedule,
                         "command": ["true"],
                     }
                     for i in range(args.jobs)
@@ -86,9 +101,10 @@ def main() -> None:
                 stuck = {r: s for r, s in by_run.items() if r not in finished}
                 print("unfinished:", len(stuck), list(stuck.items())[:5])
             report(
-                f"burst-{args.executor}-lead{args.lead_s:g}",
+                f"burst-{args.schedule}-{args.executor}-lead{args.lead_s:g}",
                 {
                     "jobs": args.jobs,
+                    "schedule": args.schedule,
                     "workers": args.workers,
                     "executor": args.executor,
                     "pre_dispatch_lead_s": args.lead_s,

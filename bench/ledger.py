@@ -13,6 +13,7 @@ import argparse
 import time
 from typing import Any
 
+from bench.common import report, table
 from schemas.codec import DISPATCH, JOB_LOG, JOB_STATE, RUN_EVENTS, RUN_STATE, WORKER_INBOX
 from streams.core.commands import UpsertJob, validate_command
 from streams.core.ledger import Decision, LedgerConfig, decide
@@ -27,8 +28,6 @@ from streams.core.records import (
     RunState,
 )
 from streams.core.schedule import next_fire
-
-from bench.common import report, table
 
 T0 = 1_800_000_000_000
 SCHEDULES: dict[str, dict[str, Any]] = {

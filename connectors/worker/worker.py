@@ -64,7 +64,11 @@ class WorkerConfig:
     executor: Executor = "process"
     state_dir: Path = Path(".state/workers")
     heartbeat_s: float = 3.0
-    lease_s: float = 5.0  # < failure detector's 3 heartbeats + grace
+    # Runs are fenced when no beat was acknowledged for this long. It must end, with
+    # fence_grace_s, before the failure detector's verdict (3 beats of 3 s + 1 s = 10 s).
+    # 5 s left 2 s for an acknowledgement, and a CPU saturated by a burst of process
+    # starts took up to 2.7 s: runs about to start were fenced. 7 s + 1 s leaves 2 s.
+    lease_s: float = 7.0
     fence_grace_s: float = 1.0  # SIGTERM -> SIGKILL when fenced or timed out
 
 
@@ -122,7 +126,9 @@ class Worker:
         self.lease = self.dir / "lease"
         self.journal = Journal(self.dir / "journal.jsonl")
         self.attempts = AttemptTable(config.capacity)
-        self.lock = threading.Lock()
+        # (free capacity, attempts held) for the heartbeat thread; the main loop, the
+        # only one that touches `attempts`, replaces it after every pass.
+        self.view: tuple[Capacity, tuple[tuple[str, int], ...]] = (config.capacity, ())
         self.stop_event = threading.Event()
         self.producer = Producer(producer_config(settings))
         self.topics = {
@@ -139,13 +145,12 @@ class Worker:
         while not self.stop_event.is_set():
             started = time.monotonic()
             at_ms = int(time.time() * 1000)
-            with self.lock:
-                free = self.free()
-                running = [
-                    {"run_id": a.dispatch.run_id, "attempt": a.dispatch.attempt}
-                    for a in self.attempts.values()
-                    if a.phase != "done"
-                ]
+            # The main loop's last published view: never wait for the main loop, which
+            # may be busy for seconds (starting a hundred processes under a saturated
+            # CPU). A beat that waited would renew the lease late and fence runs that are
+            # about to start. A view a loop old is as good as any beat's snapshot: the
+            # dispatcher keeps its reservations until a beat lists the attempt.
+            free, running = self.view
             capacity = self.config.capacity
             beat = {
                 "worker_id": self.config.worker_id,
@@ -161,7 +166,7 @@ class Worker:
                     "gpu": max(free.gpu, 0),
                 },
                 "labels": dict(self.config.labels),
-                "running": running,
+                "running": [{"run_id": r, "attempt": a} for r, a in running],
             }
             delivered: list[bool] = []
 
@@ -175,6 +180,8 @@ class Worker:
                 on_delivery=acked,
             )
             producer.flush(self.config.heartbeat_s)
+            if time.monotonic() - started > self.config.heartbeat_s / 2:
+                log.warning("slow heartbeat: acknowledged after %.2f s", time.monotonic() - started)
             if delivered and delivered[0]:
                 # Alive until lease_s after the beat was *made*: conservative.
                 write_lease(self.lease, at_ms + int(self.config.lease_s * 1000))
@@ -186,6 +193,7 @@ class Worker:
     def run(self) -> None:
         write_lease(self.lease, int(time.time() * 1000) + int(self.config.lease_s * 1000))
         self._recover()
+        self._publish()
         beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         consumer = Consumer(
@@ -206,6 +214,7 @@ class Worker:
                     # table ignore repeats); committing keeps them short.
                     consumer.commit(asynchronous=True)
                 self._poll_attempts()
+                self._publish()
                 self.producer.poll(0)
         finally:
             self.stop_event.set()
@@ -214,6 +223,10 @@ class Worker:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def _publish(self) -> None:
+        held = tuple(key for key, a in self.attempts.items() if a.phase != "done")
+        self.view = (self.free(), held)
 
     def _send(self, record: Any) -> None:
         self.producer.produce(
@@ -226,13 +239,12 @@ class Worker:
         except CodecError as exc:
             log.error("undecodable inbox record: %s", exc)
             return
-        with self.lock:
-            if isinstance(message, WorkerAssignment):
-                self._assigned(message.dispatch)
-            elif isinstance(message, ClaimReply):
-                self._replied(message)
-            elif isinstance(message, CancelOrder):
-                self._cancel(message)
+        if isinstance(message, WorkerAssignment):
+            self._assigned(message.dispatch)
+        elif isinstance(message, ClaimReply):
+            self._replied(message)
+        elif isinstance(message, CancelOrder):
+            self._cancel(message)
 
     def _assigned(self, dispatch: DispatchRequest) -> None:
         key = (dispatch.run_id, dispatch.attempt)
@@ -332,34 +344,31 @@ class Worker:
 
     def _poll_attempts(self) -> None:
         now = int(time.time() * 1000)
-        with self.lock:
-            for attempt in list(self.attempts.values()):
-                if attempt.phase != "running":
-                    continue
-                if self.config.executor == "noop":
-                    if now >= attempt.dispatch.not_before_ms:
-                        at = int(time.time() * 1000)  # per run: an honest start time
-                        self._report_start(attempt, at)
-                        self._report_finish(attempt, {"outcome": "exited", "exit_code": 0}, at)
-                    continue
+        for attempt in list(self.attempts.values()):
+            if attempt.phase != "running":
+                continue
+            if self.config.executor == "noop":
+                if now >= attempt.dispatch.not_before_ms:
+                    at = int(time.time() * 1000)  # per run: an honest start time
+                    self._report_start(attempt, at)
+                    self._report_finish(attempt, {"outcome": "exited", "exit_code": 0}, at)
+                continue
+            self._tail_logs(attempt)
+            if attempt.supervisor is not None:
+                attempt.supervisor.poll()  # reap it when it ends
+            assert attempt.run_dir is not None
+            started = attempt.run_dir / "started.json"
+            if not attempt.reported_start and started.exists():
+                info = orjson.loads(started.read_bytes())
+                self._report_start(attempt, int(info["started_ms"]))
+            result: dict[str, Any] | None = read_result(attempt.run_dir) or self._vanished(attempt)
+            if result is not None:
+                if not attempt.reported_start and result.get("started_ms"):
+                    self._report_start(attempt, int(result["started_ms"]))
                 self._tail_logs(attempt)
                 if attempt.supervisor is not None:
-                    attempt.supervisor.poll()  # reap it when it ends
-                assert attempt.run_dir is not None
-                started = attempt.run_dir / "started.json"
-                if not attempt.reported_start and started.exists():
-                    info = orjson.loads(started.read_bytes())
-                    self._report_start(attempt, int(info["started_ms"]))
-                result: dict[str, Any] | None = read_result(attempt.run_dir) or self._vanished(
-                    attempt
-                )
-                if result is not None:
-                    if not attempt.reported_start and result.get("started_ms"):
-                        self._report_start(attempt, int(result["started_ms"]))
-                    self._tail_logs(attempt)
-                    if attempt.supervisor is not None:
-                        attempt.supervisor.wait(10)  # it exits right after writing the result
-                    self._report_finish(attempt, result, int(result["finished_ms"]))
+                    attempt.supervisor.wait(10)  # it exits right after writing the result
+                self._report_finish(attempt, result, int(result["finished_ms"]))
 
     def _vanished(self, attempt: Attempt) -> dict[str, Any] | None:
         """A supervisor that ended without writing a result (killed before it could,

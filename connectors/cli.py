@@ -157,6 +157,16 @@ def db_migrate() -> None:
 def scheduler(
     node_id: Annotated[str | None, typer.Option(help="Name of this node (logs).")] = None,
     lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
+    lookahead_s: Annotated[
+        float,
+        typer.Option(
+            help="Propose runs due within this earlier still, at --lookahead-rate, so a "
+            "burst is decided before it is due (below 60; 0 turns it off)."
+        ),
+    ] = 45.0,
+    lookahead_rate: Annotated[
+        float, typer.Option(help="Early proposals per second per node.")
+    ] = 400.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
@@ -166,7 +176,18 @@ def scheduler(
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    run_node(settings, node_id=node_id, lead_ms=int(lead_s * 1000), loglevel=loglevel)
+    if not 0 <= lookahead_s < 60 or lookahead_rate < 0 or lead_s < 0:
+        raise _fail(
+            "--lead-s and --lookahead-rate must not be negative, --lookahead-s in [0, 60)", 2
+        )
+    run_node(
+        settings,
+        node_id=node_id,
+        lead_ms=int(lead_s * 1000),
+        lookahead_ms=int(lookahead_s * 1000),
+        lookahead_per_s=lookahead_rate,
+        loglevel=loglevel,
+    )
 
 
 @app.command("submit")

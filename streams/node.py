@@ -28,6 +28,7 @@ from collections.abc import Callable
 from faust.worker import Worker
 
 from streams.core.ledger import LedgerConfig
+from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
 from streams.ingress import build_app
 from streams.ledger import Ledger
@@ -81,12 +82,24 @@ def run_node(
     settings: Settings,
     node_id: str | None = None,
     lead_ms: int = 10_000,
+    lookahead_ms: int = 45_000,
+    lookahead_per_s: float = 400.0,
     ledger_config: LedgerConfig = LedgerConfig(),
     loglevel: str = "info",
     ledger_process: bool = True,
 ) -> None:
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
-    scheduler = Scheduler(settings, node_id, SchedulerConfig(lead_ms=lead_ms))
+    if lookahead_ms >= ledger_config.max_lead_ms:
+        raise ValueError(
+            f"the look-ahead ({lookahead_ms} ms) must be below the ledger's max lead "
+            f"({ledger_config.max_lead_ms} ms), which rejects earlier proposals"
+        )
+    policy = ProposalPolicy(
+        lead_ms=lead_ms,
+        horizon_ms=lookahead_ms if lead_ms > 0 else 0,  # pre-dispatch off: no look-ahead
+        early_per_s=lookahead_per_s,
+    )
+    scheduler = Scheduler(settings, node_id, SchedulerConfig(proposals=policy))
     dispatcher = Dispatcher(settings, node_id)
     parts: dict[str, Ledger | Scheduler | Dispatcher] = {
         "scheduler": scheduler,

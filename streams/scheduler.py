@@ -7,10 +7,11 @@ keeps following new writes; on revocation it drops them. The range assignor hand
 member the same partition number of both topics.
 
 Every tick it proposes to `job-log` what is due: `FireProposed(job, next_due)` up to
-`lead_ms` early (pre-dispatch), and `DeadlineReached(run, attempt, kind)` once a run's
-deadline passed. Proposals are only proposals: a duplicate, a stale one or a zombie's is
-rejected by the ledger, so a proposal that has not been answered by a state change is
-simply repeated after `repeat_ms`.
+`lead_ms` early (pre-dispatch), earlier within a look-ahead horizon at a bounded rate
+(streams/core/proposals.py says when), and `DeadlineReached(run, attempt, kind)` once a
+run's deadline passed. Proposals are only proposals: a duplicate, a stale one or a
+zombie's is rejected by the ledger, so a proposal that has not been answered by a state
+change is simply repeated after `repeat_ms`.
 
 Why not a Faust agent and table: a Faust table cannot follow a topic another process
 writes (it only reads its changelog during recovery), and Faust consumes
@@ -31,6 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, Topic
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
 from streams.core.duequeue import DueQueue
+from streams.core.proposals import Allowance, FireTimers, ProposalPolicy
 from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, JobState, RunState
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
@@ -46,17 +48,14 @@ def wall_clock_ms() -> int:
 
 @dataclass
 class PartitionTimers:
-    # job_id -> when to propose next; due[job_id] is the scheduled time to propose.
-    fires: DueQueue[str] = field(default_factory=DueQueue)
-    due: dict[str, int] = field(default_factory=dict)
+    fires: FireTimers
     deadlines: DueQueue[str] = field(default_factory=DueQueue)  # run_id -> deadline
     runs: dict[str, tuple[str, int, DeadlineKind]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    lead_ms: int = 0  # propose fires this early (pre-dispatch)
-    repeat_ms: int = 3000  # re-propose when the ledger has not answered by then
+    proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
     tick_s: float = 0.05
 
 
@@ -76,6 +75,8 @@ class Scheduler:
         self.runs_topic = settings.topic("runs")
         self.job_log = settings.topic("job-log")
         self.timers: dict[int, PartitionTimers] = {}
+        self.early = Allowance(config.proposals.early_per_s, clock())
+        self._turn = 0
         self.proposed = 0
         self._stop = threading.Event()
         self.consumer = Consumer(consumer_config(settings, settings.group("scheduler")))
@@ -105,7 +106,7 @@ class Scheduler:
     # -- assignment: rebuild from the beginning of the committed state --------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self.timers.setdefault(tp.partition, PartitionTimers())
+            self.timers.setdefault(tp.partition, PartitionTimers(FireTimers(self.config.proposals)))
             tp.offset = OFFSET_BEGINNING
         consumer.assign(partitions)
         log.info(
@@ -127,12 +128,10 @@ class Scheduler:
         try:
             if msg.topic() == self.jobs_topic:
                 job: JobState | None = JOB_STATE.decode(value) if value else None
-                next_due = job.next_due_ms if job else None
-                if next_due is None:
-                    timers.due.pop(key, None)
+                if job is None:
+                    timers.fires.learn(key, None)
                 else:
-                    timers.due[key] = next_due
-                timers.fires.set(key, next_due)
+                    timers.fires.learn(key, job.next_due_ms, job.fired_ms)
             else:
                 run: RunState | None = RUN_STATE.decode(value) if value else None
                 if run is None or run.final or run.deadline_ms is None or not run.deadline_kind:
@@ -152,13 +151,22 @@ class Scheduler:
 
     # -- proposing ------------------------------------------------------------------------
     def _propose(self, now: int) -> None:
-        repeat = self.config.repeat_ms
-        for timers in self.timers.values():
+        repeat = self.config.proposals.repeat_ms
+        allowed = self.early.grant(now)
+        # Rotate the partition served first, so the early allowance is shared fairly.
+        self._turn += 1
+        order = list(self.timers.values())
+        if order:
+            start = self._turn % len(order)
+            order = order[start:] + order[:start]
+        for timers in order:
             # Each proposal surfaces again after `repeat` unless the ledger's answer (a
             # new state record) replaces it first.
-            for job_id, _ in timers.fires.pop_due(now + self.config.lead_ms):
-                self._send(job_id, FireProposed(job_id, timers.due[job_id], now, self.node_id))
-                timers.fires.set(job_id, now + repeat)
+            fires, early = timers.fires.take(now, allowed)
+            allowed -= early
+            self.early.spend(early)
+            for job_id, due in fires:
+                self._send(job_id, FireProposed(job_id, due, now, self.node_id))
             for run_id, _ in timers.deadlines.pop_due(now):
                 job_id, attempt, kind = timers.runs[run_id]
                 self._send(job_id, DeadlineReached(job_id, run_id, attempt, kind, now))

@@ -1,0 +1,125 @@
+"""When the scheduler proposes firings: lead, repeats and the look-ahead (pure)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streams.core.proposals import Allowance, FireTimers, ProposalPolicy
+
+T = 1_800_000_000_000
+S = 1000
+
+
+def test_without_look_ahead_a_job_is_proposed_at_its_lead_and_repeated_until_answered() -> None:
+    timers = FireTimers(ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S))
+    timers.learn("j", T + 60 * S)
+    assert timers.take(T + 49 * S, early_limit=100) == ([], 0)
+    assert timers.take(T + 50 * S) == ([("j", T + 60 * S)], 0)
+    assert timers.take(T + 52 * S) == ([], 0)
+    assert timers.take(T + 53 * S) == ([("j", T + 60 * S)], 0)  # unanswered: again
+    timers.learn("j", T + 120 * S, fired_ms=T + 60 * S)  # the ledger's answer
+    assert timers.take(T + 60 * S) == ([], 0)
+    assert timers.take(T + 110 * S) == ([("j", T + 120 * S)], 0)
+    timers.learn("j", None)  # paused or deleted
+    assert timers.take(T + 200 * S) == ([], 0)
+    assert len(timers) == 0
+
+
+def test_a_burst_is_proposed_early_earliest_first_within_the_allowance() -> None:
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=45 * S)
+    timers = FireTimers(policy)
+    due = T + 100 * S
+    for i in range(50):
+        timers.learn(f"j{i:02d}", due + i)  # one ms apart: a known order
+    assert timers.take(due - 46 * S, early_limit=10) == ([], 0)  # not within the horizon
+    first, early = timers.take(due - 45 * S + 100, early_limit=10)
+    assert early == 10
+    assert first == [(f"j{i:02d}", due + i) for i in range(10)]
+    second, early = timers.take(due - 44 * S, early_limit=10)
+    assert [j for j, _ in second] == [f"j{i:02d}" for i in range(10, 20)]
+    # An early proposal is not repeated before its normal time (due - lead)...
+    assert timers.take(due - 30 * S, early_limit=0) == ([], 0)
+    # ...then the normal path proposes whatever the ledger has not answered yet.
+    late, early = timers.take(due - 10 * S + 49)
+    assert early == 0
+    assert sorted(j for j, _ in late) == [f"j{i:02d}" for i in range(50)]
+
+
+def test_a_frequent_job_is_not_proposed_ahead_of_its_previous_firing() -> None:
+    policy = ProposalPolicy(lead_ms=2 * S, repeat_ms=3 * S, horizon_ms=45 * S)
+    timers = FireTimers(policy)
+    # The ledger decided T+10 s (in the future): T+20 s may not be proposed before T+10 s.
+    timers.learn("j", T + 20 * S, fired_ms=T + 10 * S)
+    assert timers.take(T + 9 * S, early_limit=100) == ([], 0)
+    assert timers.take(T + 10 * S, early_limit=100) == ([("j", T + 20 * S)], 1)
+
+
+def test_the_allowance_refills_at_its_rate_and_saves_at_most_a_second() -> None:
+    allowance = Allowance(per_s=400, now_ms=T)
+    assert allowance.grant(T + 50) == 20
+    allowance.spend(20)
+    assert allowance.grant(T + 100) == 20
+    assert allowance.grant(T + 10 * S) == 400  # capped at one second's worth
+    allowance.spend(150)
+    assert allowance.grant(T + 10 * S) == 250
+
+
+def test_negative_timings_are_refused() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        ProposalPolicy(lead_ms=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.integers(1, 300),
+    period_s=st.sampled_from((2, 7, 60, 3600)),
+    spread_ms=st.integers(0, 5000),
+    rate=st.sampled_from((0.0, 50.0, 400.0)),
+    answer_ms=st.integers(0, 4000),
+)
+def test_every_firing_is_proposed_in_time_and_never_too_early(
+    jobs: int, period_s: int, spread_ms: int, rate: float, answer_ms: int
+) -> None:
+    """A simulated node and ledger: the ledger answers each first proposal of a firing
+    after `answer_ms`. Every firing is proposed no later than its lead (the normal path
+    never waits for the allowance), never earlier than the horizon (the ledger would
+    reject it), and never more than one firing ahead of the job's previous one."""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=45 * S, early_per_s=rate)
+    timers = FireTimers(policy)
+    allowance = Allowance(rate, T)
+    period = period_s * S
+    start = T + 60 * S
+    fired: dict[str, int] = {}
+    for i in range(jobs):
+        timers.learn(f"j{i}", start + i * spread_ms // max(jobs, 1), fired_ms=T)
+        fired[f"j{i}"] = T
+    learned = dict.fromkeys(
+        ((f"j{i}", start + i * spread_ms // max(jobs, 1)) for i in range(jobs)), T
+    )
+    answers: deque[tuple[int, str, int]] = deque()  # (when, job, decided due), in time order
+    first_proposal: dict[tuple[str, int], int] = {}
+    for now in range(T, T + 150 * S, 100):
+        while answers and answers[0][0] <= now:
+            _, job, due = answers.popleft()
+            if due > fired[job]:
+                fired[job] = due
+                timers.learn(job, due + period, fired_ms=due)
+                learned[(job, due + period)] = now
+        fires, early = timers.take(now, allowance.grant(now))
+        allowance.spend(early)
+        for job, due in fires:
+            assert due - now <= policy.horizon_ms
+            assert due - now <= policy.lead_ms or now >= fired[job]
+            if (job, due) not in first_proposal:
+                first_proposal[(job, due)] = now
+                answers.append((now + answer_ms, job, due))
+    for (job, due), when in first_proposal.items():
+        # Never later than its lead, or than one tick after the ledger's answer to the
+        # previous firing made it known.
+        assert when <= max(due - policy.lead_ms, learned[(job, due)]) + 100
+    expected_first = {(f"j{i}", start + i * spread_ms // max(jobs, 1)) for i in range(jobs)}
+    assert expected_first <= set(first_proposal)

@@ -131,7 +131,13 @@ class Scheduler:
                 if job is None:
                     timers.fires.learn(key, None)
                 else:
-                    timers.fires.learn(key, job.next_due_ms, job.fired_ms)
+                    spec = job.spec
+                    timers.fires.learn(
+                        key,
+                        job.next_due_ms,
+                        job.fired_ms,
+                        early=spec.concurrency == "allow" and not spec.depends_on,
+                    )
             else:
                 run: RunState | None = RUN_STATE.decode(value) if value else None
                 if run is None or run.final or run.deadline_ms is None or not run.deadline_kind:

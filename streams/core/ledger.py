@@ -492,8 +492,14 @@ class _Builder:
         else:
             for run_id in job.live_runs:
                 run = self.run(run_id)
-                if run is not None and run.state in ("waiting", "due", "retrying"):
+                if run is None:
+                    continue
+                if run.state in ("waiting", "due", "retrying"):
                     self._move(run, "cancelled", "job deleted")
+                elif run.state == "dispatched" and run.scheduled_ms > self.at:
+                    # Claimed ahead of its time (pre-dispatch, look-ahead): not started.
+                    self._stop_order(run, "job deleted")
+                    self._move(run, "cancelled", "job deleted before the run was due")
             self.set_job(deleted=True, next_due_ms=None)
             self.notices.extend(_links(job.spec.job_id, job.spec.depends_on, (), self.at))
             kind = "deleted"

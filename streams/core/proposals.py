@@ -10,7 +10,10 @@ inputs per second per core. So, besides what is due within `lead_ms`, fires due 
 `horizon_ms` are proposed early, earliest first, at a bounded rate shared by the node's
 partitions (`Allowance`): a burst is spread over the minute before it instead of being
 squeezed into the lead. Only once the job's previous firing time has passed, so a job
-every few seconds never has more runs decided ahead than the lead gives it. An early
+every few seconds never has more runs decided ahead than the lead gives it; and only
+jobs whose runs may overlap (concurrency `allow`) without upstreams: for `forbid` and
+`replace` the previous run's state at the time of the decision matters, and deciding
+45 s early would skip or cancel on a run that was about to finish. An early
 proposal is not repeated before its normal time (due minus lead), so a slow ledger is
 never flooded with repeats of it; should the ledger reject it, the normal proposal
 follows. `horizon_ms` must stay below the ledger's `max_lead_ms`, which rejects
@@ -67,9 +70,11 @@ class FireTimers:
     def __len__(self) -> int:
         return len(self.due)
 
-    def learn(self, job_id: str, next_due: int | None, fired_ms: int = 0) -> None:
-        """The job's committed next due time (None: nothing to propose) and the newest
-        time the ledger decided for it."""
+    def learn(
+        self, job_id: str, next_due: int | None, fired_ms: int = 0, early: bool = True
+    ) -> None:
+        """The job's committed next due time (None: nothing to propose), the newest
+        time the ledger decided for it, and whether it may be proposed early at all."""
         policy = self.policy
         if next_due is None:
             self.due.pop(job_id, None)
@@ -78,8 +83,8 @@ class FireTimers:
             return
         self.due[job_id] = next_due
         self._normal.set(job_id, next_due - policy.lead_ms)
-        early = max(next_due - policy.horizon_ms, fired_ms)
-        self._early.set(job_id, early if policy.horizon_ms and early < next_due else None)
+        at = max(next_due - policy.horizon_ms, fired_ms)
+        self._early.set(job_id, at if early and policy.horizon_ms and at < next_due else None)
 
     def take(self, now: int, early_limit: int = 0) -> tuple[list[tuple[str, int]], int]:
         """The (job_id, scheduled_ms) to propose now, and how many of them are early."""

@@ -265,6 +265,15 @@ def test_delete_cancels_waiting_runs_and_stops_the_job() -> None:
     assert w.apply(FireProposed("j", T0 + 2 * MIN, T0 + 2 * MIN, "a")).rejected
 
 
+def test_delete_cancels_runs_claimed_ahead_of_their_time() -> None:
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 40_000, "a"))  # looked ahead
+    w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 39_000))
+    decision = w.apply(JobDeleted("j", T0 + MIN - 30_000))
+    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
+    assert [r.worker_id for r in decision.replies] == ["w1"]  # told to drop it
+
+
 def test_run_now_and_rerun_are_idempotent_on_request_id() -> None:
     w = world()
     first = w.apply(RunNowRequested("j", "req-1", T0 + 5))

@@ -58,6 +58,13 @@ def test_a_frequent_job_is_not_proposed_ahead_of_its_previous_firing() -> None:
     assert timers.take(T + 10 * S, early_limit=100) == ([("j", T + 20 * S)], 1)
 
 
+def test_a_job_that_may_not_overlap_is_never_proposed_early() -> None:
+    timers = FireTimers(ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=45 * S))
+    timers.learn("forbid", T + 60 * S, fired_ms=T, early=False)
+    assert timers.take(T + 40 * S, early_limit=100) == ([], 0)
+    assert timers.take(T + 50 * S, early_limit=100) == ([("forbid", T + 60 * S)], 0)
+
+
 def test_the_allowance_refills_at_its_rate_and_saves_at_most_a_second() -> None:
     allowance = Allowance(per_s=400, now_ms=T)
     assert allowance.grant(T + 50) == 20

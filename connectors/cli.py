@@ -24,6 +24,7 @@ from connectors.stack.kafka import PORT as KAFKA_PORT
 from connectors.stack.paths import REPO_ROOT
 from connectors.stack.postgres import PORT as POSTGRES_PORT
 from projections.migrate import MigrationError, migrate
+from streams.core.ledger import LedgerConfig
 from streams.settings import Settings, SettingsError
 from streams.topics import TopicError, ensure_topics
 
@@ -176,9 +177,12 @@ def scheduler(
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    if not 0 <= lookahead_s < 60 or lookahead_rate < 0 or lead_s < 0:
+    max_lead_s = LedgerConfig().max_lead_ms / 1000  # the ledger refuses earlier proposals
+    if not 0 <= lookahead_s < max_lead_s or lookahead_rate < 0 or lead_s < 0:
         raise _fail(
-            "--lead-s and --lookahead-rate must not be negative, --lookahead-s in [0, 60)", 2
+            f"--lead-s and --lookahead-rate must not be negative, "
+            f"--lookahead-s in [0, {max_lead_s:g})",
+            2,
         )
     run_node(
         settings,

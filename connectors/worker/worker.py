@@ -180,8 +180,9 @@ class Worker:
                 on_delivery=acked,
             )
             producer.flush(self.config.heartbeat_s)
-            if time.monotonic() - started > self.config.heartbeat_s / 2:
-                log.warning("slow heartbeat: acknowledged after %.2f s", time.monotonic() - started)
+            took = time.monotonic() - started
+            if took > self.config.heartbeat_s / 2:
+                log.warning("slow heartbeat: acknowledged after %.2f s", took)
             if delivered and delivered[0]:
                 # Alive until lease_s after the beat was *made*: conservative.
                 write_lease(self.lease, at_ms + int(self.config.lease_s * 1000))
@@ -225,8 +226,7 @@ class Worker:
         self.stop_event.set()
 
     def _publish(self) -> None:
-        held = tuple(key for key, a in self.attempts.items() if a.phase != "done")
-        self.view = (self.free(), held)
+        self.view = (self.free(), tuple(self.attempts))  # done attempts leave the table
 
     def _send(self, record: Any) -> None:
         self.producer.produce(

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streams.core.duequeue import DueQueue
+from streams.core.spec import JobSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,11 @@ class ProposalPolicy:
     def __post_init__(self) -> None:
         if min(self.lead_ms, self.repeat_ms, self.horizon_ms, self.early_per_s) < 0:
             raise ValueError(f"negative proposal timing: {self}")
+
+
+def may_look_ahead(spec: JobSpec) -> bool:
+    """Whether the job's firings may be proposed before the lead (see the docstring)."""
+    return spec.concurrency == "allow" and not spec.depends_on
 
 
 class Allowance:

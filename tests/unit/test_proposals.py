@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.core.proposals import Allowance, FireTimers, ProposalPolicy
+from streams.core.proposals import Allowance, FireTimers, ProposalPolicy, may_look_ahead
+from streams.core.spec import JobSpec
 
 T = 1_800_000_000_000
 S = 1000
@@ -63,6 +65,14 @@ def test_a_job_that_may_not_overlap_is_never_proposed_early() -> None:
     timers.learn("forbid", T + 60 * S, fired_ms=T, early=False)
     assert timers.take(T + 40 * S, early_limit=100) == ([], 0)
     assert timers.take(T + 50 * S, early_limit=100) == ([("forbid", T + 60 * S)], 0)
+
+
+def test_only_jobs_whose_runs_may_overlap_without_upstreams_look_ahead() -> None:
+    base = JobSpec(job_id="j", owner="o", schedule=None, command=("true",))
+    assert may_look_ahead(base)
+    assert not may_look_ahead(replace(base, concurrency="forbid"))
+    assert not may_look_ahead(replace(base, concurrency="replace"))
+    assert not may_look_ahead(replace(base, depends_on=("up",)))
 
 
 def test_the_allowance_refills_at_its_rate_and_saves_at_most_a_second() -> None:
@@ -130,3 +140,23 @@ def test_every_firing_is_proposed_in_time_and_never_too_early(
         assert when <= max(due - policy.lead_ms, learned[(job, due)]) + 100
     expected_first = {(f"j{i}", start + i * spread_ms // max(jobs, 1)) for i in range(jobs)}
     assert expected_first <= set(first_proposal)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--lookahead-s", "60"],
+        ["--lookahead-s", "-1"],
+        ["--lookahead-rate", "-5"],
+        ["--lead-s", "-1"],
+    ],
+)
+def test_the_scheduler_command_refuses_bad_timings(args: list[str]) -> None:
+    """Refused before anything starts: the ledger would reject proposals 60 s early."""
+    from typer.testing import CliRunner
+
+    from connectors.cli import app
+
+    result = CliRunner().invoke(app, ["scheduler", *args])
+    assert result.exit_code == 2
+    assert "--lookahead-s in [0, 60)" in result.output

@@ -18,7 +18,9 @@ partition/offset of the offending event):
 - ``double_claim`` / ``double_start``: more than one ``dispatched`` / ``running`` event
   for one (run, attempt). These take precedence over ``illegal_transition`` for the
   same event (a second start is also an illegal transition, but it is reported once, by
-  its specific kind).
+  its specific kind). A claim given back before its start (``dispatched -> due``, the
+  same attempt: released by its worker, or its worker lost before the run's start) ends
+  that claim: the attempt may be claimed once more, and still started only once.
 - ``missing_firing``: a fire time of a job's schedule with no run record (see below).
 - ``not_final``: a run that is not final at the end of the replay although older than
   its job could legitimately take (see `AuditConfig` and `allowance_ms`).
@@ -52,11 +54,14 @@ interval, so they are neither expected nor flagged.
 Not final. A run is given `allowance_ms(spec)`: max_attempts x (timeout + the ledger's
 timeout grace + a claim timeout), twice the nominal retry backoffs, 24 h more when the
 job has dependencies (a run may wait that long for its upstreams), and 10 minutes of
-slack, counted from the later of its scheduled time and its creation (or its rerun).
+slack, counted from the later of its scheduled time and its creation (or its rerun);
+one more attempt's share for each claim given back before its start.
 A job whose spec is not in the replay gets `unknown_spec_allowance_ms`.
 
 Transitions follow the ledger (`streams/core/ledger.py`), including ``skipped -> due``:
-the ledger's rerun accepts every final state, a skipped firing included.
+the ledger's rerun accepts every final state, a skipped firing included; and
+``dispatched -> due`` with the same attempt: a claimed attempt that never started is
+dispatched again.
 
 Start lateness is ``running.at_ms - scheduled_ms`` of first attempts (retries and reruns
 start late on purpose), backfill runs excluded (created long after their time).
@@ -115,7 +120,8 @@ TRANSITIONS: Final[dict[str | None, frozenset[str]]] = {
     None: frozenset({"due", "waiting", "skipped"}),
     "waiting": frozenset({"due", "skipped", "cancelled"}),
     "due": frozenset({"dispatched", "failed", "cancelled"}),
-    "dispatched": frozenset({"running", "succeeded", "failed", "retrying", "cancelled"}),
+    # -> due: the claim was given back before the run started (the same attempt).
+    "dispatched": frozenset({"due", "running", "succeeded", "failed", "retrying", "cancelled"}),
     "running": frozenset({"succeeded", "failed", "retrying", "cancelled"}),
     "retrying": frozenset({"due", "cancelled"}),
     "succeeded": frozenset({"due"}),
@@ -201,8 +207,9 @@ class AuditReport:
         return [v for v in self.violations if v.kind == kind]
 
 
-def allowance_ms(spec: JobSpec, config: AuditConfig = AuditConfig()) -> int:
-    """How long a run of this job may legitimately stay not final."""
+def allowance_ms(spec: JobSpec, config: AuditConfig = AuditConfig(), released: int = 0) -> int:
+    """How long a run of this job may legitimately stay not final (`released`: claims
+    given back before their start, each dispatched again)."""
     retry = spec.retry
     attempts = max(1, retry.max_attempts)
     per_attempt = int(spec.timeout_s * 1000) + config.timeout_grace_ms + config.claim_timeout_ms
@@ -210,7 +217,11 @@ def allowance_ms(spec: JobSpec, config: AuditConfig = AuditConfig()) -> int:
     for _ in range(attempts - 1):
         total_backoff_s += min(backoff_s, retry.max_backoff_s)
         backoff_s = min(backoff_s * retry.backoff_multiplier, retry.max_backoff_s)
-    allowance = attempts * per_attempt + int(2 * total_backoff_s * 1000) + config.final_slack_ms
+    allowance = (
+        (attempts + max(0, released)) * per_attempt
+        + int(2 * total_backoff_s * 1000)
+        + config.final_slack_ms
+    )
     if spec.depends_on:
         allowance += config.dependency_wait_ms
     return allowance
@@ -232,6 +243,7 @@ class _Run:
         "job_id",
         "offset",
         "partition",
+        "released",
         "scheduled_ms",
         "seq",
         "seqs",
@@ -250,6 +262,7 @@ class _Run:
         self.claimed = 0  # bit set of attempts with a `dispatched` event
         self.started = 0  # bit set of attempts with a `running` event
         self.since_ms = event.at_ms  # creation, or the latest rerun
+        self.released = 0  # claims given back before their start (dispatched -> due)
         self.partition = partition
         self.offset = offset
 
@@ -384,6 +397,10 @@ class Auditor:
             run.started |= attempt_bit
             if kind is None:
                 self._start_lateness(e)
+        elif e.state == "due" and kind is None and run.state == "dispatched":
+            # The claim was given back before the start: the attempt may be claimed again.
+            run.claimed &= ~attempt_bit
+            run.released += 1
         run.seqs |= _bit(seq)
         if seq > run.seq:
             if e.state == "due" and run.state in FINAL_STATES:
@@ -540,7 +557,7 @@ class Auditor:
             job = self._jobs.get(run.job_id)
             spec = job.spec if job is not None else None
             limit = (
-                allowance_ms(spec, self.config)
+                allowance_ms(spec, self.config, run.released)
                 if spec is not None
                 else self.config.unknown_spec_allowance_ms
             )

@@ -33,6 +33,7 @@ from streams.core.records import (
     RunEvent,
     RunFinished,
     RunNowRequested,
+    RunReleased,
     RunStarted,
     RunState,
     UpstreamFinished,
@@ -310,6 +311,7 @@ LEDGER_CLASSES: tuple[type[LedgerInput], ...] = (
     DependencyLinked,
     UpstreamFinished,
     DispatchFailed,
+    RunReleased,
 )
 
 CONVERTERS: dict[type[Any], tuple[str, ToAvro, FromAvro]] = {

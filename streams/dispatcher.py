@@ -1,9 +1,13 @@
 """The dispatcher and failure detector (one per scheduler node).
 
-It follows `heartbeats` (every worker's capacity, free resources and held attempts) and
-places the runs of its `dispatch` partitions: best fit against each worker's free
-resources minus the reservations it made itself (a reservation is applied at once and
-released when the worker's heartbeat shows the attempt, or after `reservation_ms`).
+It follows `heartbeats` (every worker's capacity, what it has free in the busiest second
+of the coming minute, held attempts) and places the runs of its `dispatch` partitions:
+best fit against each worker's free resources minus the reservations it made itself.
+Reservations are in time (streams/core/timeline.py): a placement books the run's
+resources for the second of its start (`not_before`), not from the moment it is placed,
+so runs claimed ahead do not block runs due earlier or later; it is released when the
+worker's heartbeat lists the attempt (the worker then counts it, with its own estimate
+of the run's duration), or after `reservation_ms`.
 Runs that fit nowhere now wait in a fair queue (priority first, then round-robin across
 owners) and are placed when capacity frees; a run no known worker could ever fit fails
 with the reason. Placement is only a proposal: the worker checks its own room before it
@@ -15,7 +19,7 @@ grace is declared dead, and each attempt it held gets a WorkerLost on its job's 
 ledger ignores it if the attempt moved on). It is suspected (no new placements) after two
 missed intervals. The verdict is taken only after reading every heartbeat available, so a
 newer heartbeat already in the log cancels it. Workers fence themselves earlier (their
-lease is 5 s), so a run is dead before its worker is declared dead.
+lease is 7 s), so a run is dead before its worker is declared dead.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from streams.core.placement import (
 )
 from streams.core.records import DispatchFailed, DispatchRequest, WorkerAssignment, WorkerLost
 from streams.core.spec import Resources
+from streams.core.timeline import Timeline
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 
@@ -65,12 +70,25 @@ class WorkerInfo:
     running: set[Key] = field(default_factory=set)
     reserved: dict[Key, tuple[Resources, int]] = field(default_factory=dict)
     dead: bool = False
+    booked: Timeline = field(default_factory=lambda: Timeline(Capacity(0.0, 0, 0)))
 
-    def view(self) -> WorkerView:
-        free = self.free
-        for need, _ in self.reserved.values():
-            free = free.minus(need)
+    def view(self, at_ms: int) -> WorkerView:
+        """What this dispatcher believes is free on the worker in the second of `at_ms`."""
+        booked = self.booked.booked(at_ms)
+        free = Capacity(
+            self.free.cpu - booked.cpu,
+            self.free.memory_mb - booked.memory_mb,
+            self.free.gpu - booked.gpu,
+        )
         return WorkerView(self.worker_id, self.capacity, free, self.labels)
+
+    def reserve(self, key: Key, need: Resources, start_ms: int, until_ms: int) -> None:
+        self.reserved[key] = (need, until_ms)
+        self.booked.plan(key, need, start_ms, self.booked.slot_ms)
+
+    def release(self, key: Key) -> None:
+        self.reserved.pop(key, None)
+        self.booked.end(key)
 
 
 class Dispatcher:
@@ -161,7 +179,7 @@ class Dispatcher:
         info.labels = tuple(sorted(beat["labels"].items()))
         info.running = running
         for key in running & set(info.reserved):
-            del info.reserved[key]  # the worker's own free figure now includes it
+            info.release(key)  # the worker's own free figure now includes it
 
     # -- queueing and placing ----------------------------------------------------------------
     def _queue(self, raw: bytes) -> None:
@@ -176,33 +194,27 @@ class Dispatcher:
         self.pending[key] = request
         self.queue.push(Item(key, request.resources, request.priority, request.owner))
 
-    def _alive(self, now: int) -> list[WorkerView]:
+    def _alive(self, now: int) -> list[WorkerInfo]:
         suspect_after = 2 * self.config.heartbeat_s * 1000
-        return [
-            w.view()
-            for w in self.workers.values()
-            if not w.dead and now - w.seen_ms <= suspect_after
-        ]
+        return [w for w in self.workers.values() if not w.dead and now - w.seen_ms <= suspect_after]
 
     def _place(self, now: int) -> None:
         if not len(self.queue):
             return
-        views = {v.worker_id: v for v in self._alive(now)}
+        alive = self._alive(now)
 
         def fits(item: Item) -> bool:
-            chosen = best_fit(item.need, views.values())
+            start = self.pending[item.key].not_before_ms
+            chosen = best_fit(item.need, [w.view(start) for w in alive])
             if chosen is None:
                 return False
-            views[chosen.worker_id] = WorkerView(
-                chosen.worker_id, chosen.capacity, chosen.free.minus(item.need), chosen.labels
-            )
             self._assign(self.pending.pop(item.key), chosen.worker_id, now)
             return True
 
         self.queue.drain(fits)
         settled = time.monotonic() - self.started > self.config.settle_s
         if settled and self.workers:
-            everyone = [w.view() for w in self.workers.values() if not w.dead]
+            everyone = [w.view(now) for w in self.workers.values() if not w.dead]
             for key, request in list(self.pending.items()):
                 if everyone and not could_ever_fit(request.resources, everyone):
                     self.queue.remove(key)
@@ -222,9 +234,11 @@ class Dispatcher:
 
     def _assign(self, request: DispatchRequest, worker_id: str, now: int) -> None:
         info = self.workers[worker_id]
-        info.reserved[(request.run_id, request.attempt)] = (
+        info.reserve(
+            (request.run_id, request.attempt),
             request.resources,
-            now + self.config.reservation_ms,
+            request.not_before_ms,
+            max(now, request.not_before_ms) + self.config.reservation_ms,
         )
         self.producer.produce(
             self.settings.topic("worker-inbox"),
@@ -236,7 +250,7 @@ class Dispatcher:
         for info in self.workers.values():
             for key, (_, until) in list(info.reserved.items()):
                 if until <= now:
-                    del info.reserved[key]
+                    info.release(key)
 
     # -- failure detection ---------------------------------------------------------------------
     def _detect(self, now: int) -> None:
@@ -258,7 +272,8 @@ class Dispatcher:
             for run_id, attempt in sorted(held):
                 job_id = run_id.split("@", 1)[0]
                 self._send(job_id, WorkerLost(job_id, run_id, attempt, info.worker_id, now))
-            info.reserved.clear()
+            for key in list(info.reserved):
+                info.release(key)
 
     def _send(self, job_id: str, record: WorkerLost | DispatchFailed) -> None:
         self.producer.produce(

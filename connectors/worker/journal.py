@@ -1,8 +1,16 @@
-"""A small local journal: what this worker was granted, started and reported.
+"""A small local journal: what this worker claimed, started and reported.
 
-Append-only JSON lines, fsynced: after a crash (or kill -9) the worker restarted with the
-same id knows which attempts it already started, so it never starts a granted attempt
-twice, and it can report what it lost.
+Append-only JSON lines. After a crash (or kill -9) the worker restarted with the same id
+knows which attempts it claimed (it asks again, so a reply lost in the crash is not
+lost), which it handed to an executor (it never starts those again, and reads their
+outcome from that executor's log) and which reports Kafka acknowledged.
+
+Durability by group commit: a "started" line must be on disk before the attempt is handed
+to the executor (that is what prevents a second start after a crash), so the worker
+writes the lines of a whole batch of grants and calls `sync` once before starting any of
+them: one fsync for many starts. Other lines are not fsynced: a lost "claiming" line
+loses only a claim (the ledger re-dispatches), a lost "reported" line repeats a report,
+which the ledger ignores.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Any
 import orjson
 
 Key = tuple[str, int]  # (run_id, attempt)
+UNFINISHED = ("claiming", "started")
 
 
 @dataclass
@@ -22,7 +31,7 @@ class Entry:
     run_id: str
     attempt: int
     job_id: str
-    phase: str  # granted | started | reported
+    phase: str  # claiming | started | reported | released | dropped
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -31,6 +40,7 @@ class Journal:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.entries: dict[Key, Entry] = {}
+        self.dirty = False
         if path.exists():
             for line in path.read_bytes().splitlines():
                 try:
@@ -46,26 +56,34 @@ class Journal:
         self._file = open(path, "ab")  # noqa: SIM115 - kept open for the worker's life
 
     def record(self, run_id: str, attempt: int, job_id: str, phase: str, **info: Any) -> None:
+        """Append a line (written to the OS, not yet fsynced: see `sync`)."""
         line = orjson.dumps(
             {"run_id": run_id, "attempt": attempt, "job_id": job_id, "phase": phase, "info": info}
         )
         self._file.write(line + b"\n")
-        self._file.flush()
-        # Durable before the run starts ("granted", "started"): that is what prevents a
-        # second start after a crash. A lost "reported" line only repeats a report,
-        # which the ledger ignores.
-        if phase != "reported":
-            os.fsync(self._file.fileno())
+        self.dirty = True
         entry = self.entries.setdefault((run_id, attempt), Entry(run_id, attempt, job_id, ""))
         entry.phase = phase
         entry.info.update(info)
+        if phase in ("reported", "released", "dropped"):
+            entry.info = {}  # nothing more is needed of a finished attempt
+
+    def sync(self) -> None:
+        """Make every line written so far durable (one fsync for the whole batch)."""
+        if self.dirty:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self.dirty = False
+
+    def flush(self) -> None:
+        self._file.flush()
 
     def phase(self, run_id: str, attempt: int) -> str | None:
         entry = self.entries.get((run_id, attempt))
         return entry.phase if entry else None
 
     def unfinished(self) -> list[Entry]:
-        return [e for e in self.entries.values() if e.phase in ("granted", "started")]
+        return [e for e in self.entries.values() if e.phase in UNFINISHED]
 
     def close(self) -> None:
         self._file.close()

@@ -1,17 +1,21 @@
 """The worker process (`cronlog worker`).
 
-Threads and processes, and why:
-- the heartbeat thread sends a heartbeat every `heartbeat_s` (capacity, free resources,
-  the attempts it holds) and, only once Kafka acknowledged it, renews the lease file;
-- every run executes under its own supervisor process (connectors/supervise.py), in its
-  own session, which kills the run when the lease expires: a worker that is paused,
-  wedged or cut off stops its jobs before the failure detector declares it dead
-  (lease 5 s after the last acknowledged heartbeat < 3 missed heartbeats + grace);
-- the main loop reads worker-inbox (assignments, claim replies, cancel orders), claims
-  through job-log, starts granted attempts, reports, and streams logs.
+Its parts, and why:
+- the heartbeat thread (connectors/worker/heartbeat.py) advertises capacity and renews
+  the lease only after Kafka acknowledged a beat;
+- the executor (connectors/worker/executor.py, engine.py), one long-lived process per
+  worker incarnation, starts the jobs at their time and kills them on timeout, on cancel
+  and when the lease expires: a worker that is SIGKILLed, paused or cut off stops its
+  jobs before the failure detector declares it dead;
+- this main loop reads worker-inbox (assignments, claim replies, cancel orders), claims
+  through job-log, hands granted attempts to the executor, reports starts and outcomes,
+  and streams logs.
 
-A run starts only after the ledger granted the claim, and at most once per attempt,
-also across a restart with the same id (connectors/worker/journal.py).
+Guarantees: an attempt starts only after the ledger granted the claim, and at most once,
+also across restarts: the "started" journal line is fsynced (one fsync per batch) before
+the executor is asked to start it. A report counts as made only when Kafka acknowledged
+it; until then a restart sends it again. Reservations are in time
+(streams/core/timeline.py): a run claimed ahead holds its resources from its start.
 """
 
 from __future__ import annotations
@@ -20,21 +24,29 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
 from aiokafka.partitioner import murmur2
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from connectors.supervise import read_result, write_lease
-from connectors.worker.journal import Journal
-from schemas.codec import HEARTBEAT, JOB_LOG, RUN_LOG, WORKER_INBOX, CodecError
+from connectors.worker.engine import read_log
+from connectors.worker.executor import (
+    Executor,
+    Finished,
+    NoopExecutor,
+    ProcessExecutor,
+    Started,
+    StartSpec,
+)
+from connectors.worker.heartbeat import Heartbeat
+from connectors.worker.journal import Entry, Journal
+from connectors.worker.procs import alive, signal_group
+from connectors.worker.runlogs import LogTail
+from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
 from streams.core.ids import iso_utc
 from streams.core.placement import Capacity, labels_match
@@ -44,16 +56,20 @@ from streams.core.records import (
     ClaimRequested,
     DispatchRequest,
     RunFinished,
+    RunReleased,
     RunStarted,
     WorkerAssignment,
 )
+from streams.core.timeline import DurationEstimates, Timeline
 from streams.kafka import committed_or, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.worker")
-Executor = Literal["process", "noop"]
-CHUNK = 16 * 1024
-MAX_LOG_BYTES = 1024 * 1024  # per (run, attempt, stream); the rest is dropped, and said so
+ExecutorKind = Literal["process", "noop"]
+Key = tuple[str, int]
+HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
+TAIL_EVERY_S = 1.0
+CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,60 +77,45 @@ class WorkerConfig:
     worker_id: str
     capacity: Capacity
     labels: tuple[tuple[str, str], ...] = ()
-    executor: Executor = "process"
+    executor: ExecutorKind = "process"
     state_dir: Path = Path(".state/workers")
     heartbeat_s: float = 3.0
     # Runs are fenced when no beat was acknowledged for this long. It must end, with
-    # fence_grace_s, before the failure detector's verdict (3 beats of 3 s + 1 s = 10 s).
-    # 5 s left 2 s for an acknowledgement, and a CPU saturated by a burst of process
-    # starts took up to 2.7 s: runs about to start were fenced. 7 s + 1 s leaves 2 s.
+    # fence_grace_s, before the failure detector's verdict (3 beats of 3 s + 1 s = 10 s):
+    # 7 s + 1 s leaves 2 s for an acknowledgement under a saturated CPU.
     lease_s: float = 7.0
     fence_grace_s: float = 1.0  # SIGTERM -> SIGKILL when fenced or timed out
+    # The executor fences everything when it was itself paused this long: the detector
+    # may have declared the worker dead meanwhile (verdict 10 s - lease 7 s = 3 s, less
+    # a margin).
+    max_gap_s: float = 2.5
 
 
 @dataclass
 class Attempt:
     dispatch: DispatchRequest
-    phase: str  # claiming | granted | running | done
+    phase: str  # claiming | granted | started | done
+    executor: Executor | None = None
     run_dir: Path | None = None
-    supervisor: subprocess.Popen[bytes] | None = None
-    supervisor_pid: int | None = None
-    reported_start: bool = False
-    log_offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
-    log_seq: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    pid: int = 0
+    started_ms: int | None = None
+    tail: LogTail | None = None
+    tailed: float = 0.0
     cancelled: bool = False
+    since: float = 0.0  # monotonic: when it entered its phase
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> Key:
         return self.dispatch.run_id, self.dispatch.attempt
-
-
-class AttemptTable(dict[tuple[str, int], Attempt]):
-    """The worker's attempts (none of them done: a finished attempt is removed), with
-    the capacity they leave free kept up to date as they come and go. Summing over every
-    attempt on each assignment was quadratic: 76% of a worker's CPU in a 10,000-run
-    burst."""
-
-    def __init__(self, capacity: Capacity):
-        super().__init__()
-        self.free = capacity
-
-    def __setitem__(self, key: tuple[str, int], attempt: Attempt) -> None:
-        old = self.get(key)
-        if old is not None:
-            self.free = self.free.plus(old.dispatch.resources)
-        super().__setitem__(key, attempt)
-        self.free = self.free.minus(attempt.dispatch.resources)
-
-    def __delitem__(self, key: tuple[str, int]) -> None:
-        attempt = self[key]
-        super().__delitem__(key)
-        self.free = self.free.plus(attempt.dispatch.resources)
 
 
 def inbox_partition(worker_id: str, partitions: int) -> int:
     """The worker-inbox partition of `worker_id`: murmur2, as every producer uses."""
     return int(murmur2(worker_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _need(d: DispatchRequest) -> tuple[float, float, float]:
+    return (float(d.resources.cpu), float(d.resources.memory_mb), float(d.resources.gpu))
 
 
 class Worker:
@@ -123,80 +124,82 @@ class Worker:
         self.config = config
         self.dir = config.state_dir / config.worker_id
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.lease = self.dir / "lease"
         self.journal = Journal(self.dir / "journal.jsonl")
-        self.attempts = AttemptTable(config.capacity)
-        # (free capacity, attempts held) for the heartbeat thread; the main loop, the
-        # only one that touches `attempts`, replaces it after every pass.
-        self.view: tuple[Capacity, tuple[tuple[str, int], ...]] = (config.capacity, ())
+        self.attempts: dict[Key, Attempt] = {}
+        self.timeline = Timeline(config.capacity)
+        self.durations = DurationEstimates()
+        self.granted: list[Attempt] = []  # granted this pass, started together
+        self.adopted: dict[Key, tuple[Attempt, Entry]] = {}  # an earlier incarnation's
+        self.resend: list[Any] = []  # reports whose delivery failed
+        self.view: tuple[Capacity, tuple[Key, ...]] = (config.capacity, ())
         self.stop_event = threading.Event()
         self.producer = Producer(producer_config(settings))
         self.topics = {
             n: settings.topic(n) for n in ("job-log", "heartbeats", "worker-inbox", "run-logs")
         }
+        self.lease = self.dir / "lease.none"
+        self.executor: Executor = NoopExecutor()
+        self.checked_adopted = 0.0
 
-    # -- capacity -------------------------------------------------------------------------
-    def free(self) -> Capacity:
-        return self.attempts.free
+    # -- the executor ----------------------------------------------------------------------
+    def _new_executor(self) -> Executor:
+        if self.config.executor == "noop":
+            return NoopExecutor()
+        incarnation = time.time_ns()
+        self.lease = self.dir / f"lease.{incarnation}"
+        cap = self.config.capacity
+        return ProcessExecutor(
+            self.lease,
+            self.dir / f"executor.{incarnation}.log",
+            (cap.cpu, float(cap.memory_mb), float(cap.gpu)),
+            grace_s=self.config.fence_grace_s,
+            max_gap_s=self.config.max_gap_s,
+            stderr=self.dir / "executor.stderr",
+        )
 
-    # -- heartbeats and the lease -------------------------------------------------------------
-    def heartbeat_loop(self) -> None:
-        producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
-        while not self.stop_event.is_set():
-            started = time.monotonic()
-            at_ms = int(time.time() * 1000)
-            # The main loop's last published view: never wait for the main loop, which
-            # may be busy for seconds (starting a hundred processes under a saturated
-            # CPU). A beat that waited would renew the lease late and fence runs that are
-            # about to start. A view a loop old is as good as any beat's snapshot: the
-            # dispatcher keeps its reservations until a beat lists the attempt.
-            free, running = self.view
-            capacity = self.config.capacity
-            beat = {
-                "worker_id": self.config.worker_id,
-                "at_ms": at_ms,
-                "capacity": {
-                    "cpu": capacity.cpu,
-                    "memory_mb": capacity.memory_mb,
-                    "gpu": capacity.gpu,
-                },
-                "free": {
-                    "cpu": max(free.cpu, 0.0),
-                    "memory_mb": max(free.memory_mb, 0),
-                    "gpu": max(free.gpu, 0),
-                },
-                "labels": dict(self.config.labels),
-                "running": [{"run_id": r, "attempt": a} for r, a in running],
-            }
-            delivered: list[bool] = []
+    def _replace_executor(self, why: str) -> None:
+        """The executor died or hangs: kill it and the job groups it ran; report what
+        started as lost and give back what had not; then start a new one."""
+        old = self.executor
+        log.error("executor %d unusable (%s): replacing it", old.pid, why)
+        old.kill()
+        written = read_log(Path(old.log_path)) if old.log_path else {}
+        for attempt in [a for a in self.attempts.values() if a.executor is old]:
+            self._from_log(attempt, written.get(attempt.key, {}), f"the executor failed: {why}")
+        with contextlib.suppress(OSError):
+            self.lease.unlink()
+        self.executor = self._new_executor()
 
-            def acked(err: object, _msg: object, into: list[bool] = delivered) -> None:
-                into.append(err is None)
+    def _from_log(self, attempt: Attempt, entry: dict[str, Any], why: str) -> None:
+        """Settle an attempt from what its (dead) executor's log says of it."""
+        result = entry.get("result")
+        if result is not None:
+            self._finished(attempt, Finished.of(attempt.key, result))
+        elif "started" in entry or attempt.pid:
+            pid = attempt.pid or int(entry["started"]["pid"])
+            _kill_job(pid, attempt.dispatch.run_id)  # what is left of it must not run on
+            self._report(attempt, None, f"lost: {why}", int(time.time() * 1000))
+        else:
+            self._release(attempt, f"never started: {why}")
 
-            producer.produce(
-                self.topics["heartbeats"],
-                key=self.config.worker_id.encode(),
-                value=HEARTBEAT.encode(beat),
-                on_delivery=acked,
-            )
-            producer.flush(self.config.heartbeat_s)
-            took = time.monotonic() - started
-            if took > self.config.heartbeat_s / 2:
-                log.warning("slow heartbeat: acknowledged after %.2f s", took)
-            if delivered and delivered[0]:
-                # Alive until lease_s after the beat was *made*: conservative.
-                write_lease(self.lease, at_ms + int(self.config.lease_s * 1000))
-            else:
-                log.warning("heartbeat not acknowledged; the lease is not renewed")
-            self.stop_event.wait(max(0.0, self.config.heartbeat_s - (time.monotonic() - started)))
-
-    # -- main loop --------------------------------------------------------------------------
+    # -- main loop -------------------------------------------------------------------------
     def run(self) -> None:
-        write_lease(self.lease, int(time.time() * 1000) + int(self.config.lease_s * 1000))
         self._recover()
+        self.executor = self._new_executor()
         self._publish()
-        beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
-        beat.start()
+        heartbeat = Heartbeat(
+            Producer(producer_config(self.settings, **{"linger.ms": 0})),
+            self.topics["heartbeats"],
+            self.config.worker_id,
+            self.config.capacity,
+            self.config.labels,
+            heartbeat_s=self.config.heartbeat_s,
+            lease_s=self.config.lease_s,
+            view=lambda: self.view,
+            lease_file=lambda: self.lease,
+            stop=self.stop_event,
+        )
+        threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
         consumer = Consumer(
             consumer_config(self.settings, self.settings.group(f"worker-{self.config.worker_id}"))
         )
@@ -206,33 +209,51 @@ class Worker:
         log.info("worker %s ready (inbox partition %d)", self.config.worker_id, partition)
         try:
             while not self.stop_event.is_set():
-                messages = consumer.consume(100, timeout=0.2)
+                messages = consumer.consume(500, timeout=0.05)
                 for msg in messages:
                     if msg.error() is None and msg.key() == self.config.worker_id.encode():
                         self._handle(msg.value() or b"")
+                self._start_granted()
                 if messages:
                     # Replays after a crash are harmless (the journal and the attempt
                     # table ignore repeats); committing keeps them short.
                     consumer.commit(asynchronous=True)
-                self._poll_attempts()
+                self._pump()
                 self._publish()
                 self.producer.poll(0)
         finally:
             self.stop_event.set()
             consumer.close()
+            self.executor.close()
             self.producer.flush(10)
+            self.journal.flush()
 
     def stop(self) -> None:
         self.stop_event.set()
 
     def _publish(self) -> None:
-        self.view = (self.free(), tuple(self.attempts))  # done attempts leave the table
+        now = int(time.time() * 1000)
+        self.timeline.forget_before(now)
+        self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts))
 
-    def _send(self, record: Any) -> None:
+    # -- sending ---------------------------------------------------------------------------
+    def _send(self, record: Any, on_ack: Any = None) -> None:
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is None:
+                if on_ack is not None:
+                    on_ack()
+            else:
+                log.warning("report not delivered (%s); sending it again", err)
+                self.resend.append((record, on_ack))
+
         self.producer.produce(
-            self.topics["job-log"], key=record.job_id.encode(), value=JOB_LOG.encode(record)
+            self.topics["job-log"],
+            key=record.job_id.encode(),
+            value=JOB_LOG.encode(record),
+            on_delivery=delivered,
         )
 
+    # -- the inbox -------------------------------------------------------------------------
     def _handle(self, raw: bytes) -> None:
         try:
             message = WORKER_INBOX.decode(raw)
@@ -246,36 +267,40 @@ class Worker:
         elif isinstance(message, CancelOrder):
             self._cancel(message)
 
-    def _assigned(self, dispatch: DispatchRequest) -> None:
-        key = (dispatch.run_id, dispatch.attempt)
-        if key in self.attempts or self.journal.phase(*key) is not None:
+    def _assigned(self, d: DispatchRequest) -> None:
+        key = (d.run_id, d.attempt)
+        if key in self.attempts or self.journal.phase(*key) in ("started", "reported"):
             return  # a repeated assignment: claimed or ran already
-        if not self.free().fits(dispatch.resources) or not labels_match(
-            dispatch.resources.labels, self.config.labels
+        expected = self.durations.expected_ms(d.job_id)
+        if not labels_match(d.resources.labels, self.config.labels) or not self.timeline.fits(
+            d.resources, d.not_before_ms, expected
         ):
             log.info("no room for %s#%d; leaving it to re-dispatch", *key)
             return
-        self.attempts[key] = Attempt(dispatch, "claiming")
-        self._send(
-            ClaimRequested(
-                dispatch.job_id,
-                dispatch.run_id,
-                dispatch.attempt,
-                self.config.worker_id,
-                int(time.time() * 1000),
-            )
-        )
+        self.timeline.plan(key, d.resources, d.not_before_ms, expected)
+        self.attempts[key] = Attempt(d, "claiming", since=time.monotonic())
+        self.journal.record(d.run_id, d.attempt, d.job_id, "claiming", dispatch=to_plain(d))
+        self._claim(d)
+
+    def _claim(self, d: DispatchRequest) -> None:
+        at = int(time.time() * 1000)
+        self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
 
     def _replied(self, reply: ClaimReply) -> None:
         attempt = self.attempts.get((reply.run_id, reply.attempt))
         if attempt is None or attempt.phase != "claiming":
             return
         if not reply.granted:
-            del self.attempts[attempt.key]
+            self._drop(attempt)
             return
+        attempt.phase = "granted"
+        self.granted.append(attempt)
+
+    def _drop(self, attempt: Attempt) -> None:
         d = attempt.dispatch
-        self.journal.record(d.run_id, d.attempt, d.job_id, "granted", dispatch=to_plain(d))
-        self._start(attempt)
+        self.attempts.pop(attempt.key, None)
+        self.timeline.end(attempt.key)
+        self.journal.record(d.run_id, d.attempt, d.job_id, "dropped")
 
     def _cancel(self, order: CancelOrder) -> None:
         attempt = self.attempts.get((order.run_id, order.attempt))
@@ -283,49 +308,51 @@ class Worker:
             return
         attempt.cancelled = True
         if attempt.phase == "claiming":
-            del self.attempts[attempt.key]
-        elif attempt.supervisor_pid:
-            _signal(attempt.supervisor_pid, signal.SIGTERM)  # the supervisor's "cancel"
+            self._drop(attempt)
+        elif attempt.phase == "started" and attempt.executor is not None:
+            attempt.executor.cancel(attempt.key)
+        # "granted": started this pass, then cancelled through the executor next time
+        elif attempt.phase == "granted":
+            self.granted = [a for a in self.granted if a is not attempt]
+            self._drop(attempt)
 
-    # -- execution ------------------------------------------------------------------------
-    def _start(self, attempt: Attempt) -> None:
-        d = attempt.dispatch
-        if self.config.executor == "noop":
-            attempt.phase = "running"
-            return  # started by _poll_attempts at not_before
-        run_dir = self.dir / "runs" / _safe(d.run_id) / str(d.attempt)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.journal.record(d.run_id, d.attempt, d.job_id, "started", run_dir=str(run_dir))
-        argv = [
-            sys.executable,
-            "-m",
-            "connectors.supervise",
-            "--run-dir",
-            str(run_dir),
-            "--lease-file",
-            str(self.lease),
-            "--timeout-s",
-            str(d.timeout_s),
-            "--grace-s",
-            str(self.config.fence_grace_s),
-            "--start-at-ms",
-            str(d.not_before_ms),
-        ]
-        if d.resources.memory_mb > 0:
-            argv += ["--memory-mb", str(d.resources.memory_mb)]
-        with open(run_dir / "supervisor.log", "ab") as err:
-            proc = subprocess.Popen(
-                [*argv, "--", *d.command],
-                env=self._env(d),
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-                start_new_session=True,
-                cwd=run_dir,
+    # -- execution -------------------------------------------------------------------------
+    def _start_granted(self) -> None:
+        """Journal a batch of grants with one fsync, then hand them to the executor."""
+        if not self.granted:
+            return
+        batch, self.granted = self.granted, []
+        executor = self.executor
+        for attempt in batch:
+            d = attempt.dispatch
+            attempt.run_dir = self.dir / "runs" / _safe(d.run_id) / str(d.attempt)
+            self.journal.record(
+                d.run_id,
+                d.attempt,
+                d.job_id,
+                "started",
+                dispatch=to_plain(d),
+                run_dir=str(attempt.run_dir),
+                executor_log=executor.log_path,
+                executor_pid=executor.pid,
             )
-        (run_dir / "supervisor.pid").write_text(str(proc.pid))
-        attempt.phase, attempt.run_dir = "running", run_dir
-        attempt.supervisor, attempt.supervisor_pid = proc, proc.pid
+        self.journal.sync()  # durable before any of them can start
+        for attempt in batch:
+            d = attempt.dispatch
+            attempt.phase, attempt.executor = "started", executor
+            assert attempt.run_dir is not None
+            executor.start(
+                StartSpec(
+                    attempt.key,
+                    attempt.run_dir,
+                    d.command,
+                    self._env(d),
+                    d.timeout_s,
+                    d.resources.memory_mb,
+                    d.not_before_ms,
+                    _need(d),
+                )
+            )
 
     def _env(self, d: DispatchRequest) -> dict[str, str]:
         base = {
@@ -342,185 +369,173 @@ class Worker:
             "CRONLOG_ATTEMPT": str(d.attempt),
         }
 
-    def _poll_attempts(self) -> None:
-        now = int(time.time() * 1000)
-        for attempt in list(self.attempts.values()):
-            if attempt.phase != "running":
+    def _pump(self) -> None:
+        """Executor events, its health, the logs of long runs, failed deliveries."""
+        for event in self.executor.events():
+            attempt = self.attempts.get(event.key)
+            if attempt is None:
                 continue
-            if self.config.executor == "noop":
-                if now >= attempt.dispatch.not_before_ms:
-                    at = int(time.time() * 1000)  # per run: an honest start time
-                    self._report_start(attempt, at)
-                    self._report_finish(attempt, {"outcome": "exited", "exit_code": 0}, at)
-                continue
-            self._tail_logs(attempt)
-            if attempt.supervisor is not None:
-                attempt.supervisor.poll()  # reap it when it ends
-            assert attempt.run_dir is not None
-            started = attempt.run_dir / "started.json"
-            if not attempt.reported_start and started.exists():
-                info = orjson.loads(started.read_bytes())
-                self._report_start(attempt, int(info["started_ms"]))
-            result: dict[str, Any] | None = read_result(attempt.run_dir) or self._vanished(attempt)
-            if result is not None:
-                if not attempt.reported_start and result.get("started_ms"):
-                    self._report_start(attempt, int(result["started_ms"]))
-                self._tail_logs(attempt)
-                if attempt.supervisor is not None:
-                    attempt.supervisor.wait(10)  # it exits right after writing the result
-                self._report_finish(attempt, result, int(result["finished_ms"]))
-
-    def _vanished(self, attempt: Attempt) -> dict[str, Any] | None:
-        """A supervisor that ended without writing a result (killed before it could,
-        e.g. a cancel that arrived while it was starting): kill whatever it may have
-        started and report the attempt, so its resources are not held forever."""
-        if attempt.supervisor is not None:
-            code = attempt.supervisor.poll()
-            if code is None:
-                return None
-        elif attempt.supervisor_pid is not None and _alive(attempt.supervisor_pid):
-            return None
-        else:
-            code = -1
-        assert attempt.run_dir is not None
-        started = attempt.run_dir / "started.json"
-        if started.exists():
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.killpg(int(orjson.loads(started.read_bytes())["pgid"]), signal.SIGKILL)
-        outcome = "cancelled" if attempt.cancelled else "error"
-        return {
-            "outcome": outcome,
-            "exit_code": None,
-            "finished_ms": int(time.time() * 1000),
-            "error": f"the run's supervisor ended (status {code}) without a result",
-        }
-
-    def _report_start(self, attempt: Attempt, at_ms: int) -> None:
-        d = attempt.dispatch
-        attempt.reported_start = True
-        self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at_ms))
-
-    def _report_finish(self, attempt: Attempt, result: dict[str, Any], at_ms: int) -> None:
-        d = attempt.dispatch
-        self._send(
-            RunFinished(
-                d.job_id,
-                d.run_id,
-                d.attempt,
-                self.config.worker_id,
-                _exit_code(result),
-                _error(result),
-                at_ms,
-            )
-        )
-        self.journal.record(d.run_id, d.attempt, d.job_id, "reported")
-        attempt.phase = "done"
-        del self.attempts[attempt.key]
-
-    def _tail_logs(self, attempt: Attempt) -> None:
-        assert attempt.run_dir is not None
-        for stream in ("stdout", "stderr"):
-            path = attempt.run_dir / stream
-            offset = attempt.log_offsets[stream]
-            if offset >= MAX_LOG_BYTES or not path.exists() or path.stat().st_size <= offset:
-                continue
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(MAX_LOG_BYTES - offset)
-                more = f.read(1) != b""
-            for i in range(0, len(data), CHUNK):
-                piece = data[i : i + CHUNK]
-                last = i + CHUNK >= len(data)
-                truncated = last and more and offset + len(data) >= MAX_LOG_BYTES
-                self.producer.produce(
-                    self.topics["run-logs"],
-                    key=attempt.dispatch.run_id.encode(),
-                    value=RUN_LOG.encode(
-                        {
-                            "run_id": attempt.dispatch.run_id,
-                            "attempt": attempt.dispatch.attempt,
-                            "stream": stream,
-                            "seq": attempt.log_seq[stream],
-                            "data": piece.decode(errors="replace"),
-                            "truncated": truncated,
-                            "worker_id": self.config.worker_id,
-                            "at_ms": int(time.time() * 1000),
-                        }
-                    ),
-                )
-                attempt.log_seq[stream] += 1
-            attempt.log_offsets[stream] = offset + len(data)
-
-    # -- restart ----------------------------------------------------------------------------
-    def _recover(self) -> None:
-        """Adopt, report or declare lost what a previous incarnation left behind."""
-        for entry in self.journal.unfinished():
-            dispatch = from_plain(entry.info["dispatch"], DispatchRequest)
-            attempt = Attempt(dispatch, "running")
-            if entry.phase == "granted":
-                # Granted but never started: start it now (once: the journal says so).
-                self.attempts[attempt.key] = attempt
-                self._start(attempt)
-                continue
-            run_dir = Path(entry.info["run_dir"])
-            attempt.run_dir = run_dir
-            pid_file = run_dir / "supervisor.pid"
-            pid = int(pid_file.read_text()) if pid_file.exists() else None
-            alive = pid is not None and _alive(pid)
-            if read_result(run_dir) is not None or alive:
-                attempt.supervisor_pid = pid
-                self.attempts[attempt.key] = attempt  # adopt: poll will report it
+            if isinstance(event, Started):
+                self._started(attempt, event)
             else:
-                log.warning("lost %s#%d in a crash", *attempt.key)
-                self._report_finish_lost(attempt)
+                self._finished(attempt, event)
+        problem = self.executor.health()
+        if problem:
+            self._replace_executor(problem)
+        now = time.monotonic()
+        for attempt in self.attempts.values():
+            if attempt.tail is not None and now - attempt.tailed >= TAIL_EVERY_S:
+                attempt.tailed = now
+                attempt.tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
+        if now - self.checked_adopted >= 0.5:
+            self.checked_adopted = now
+            self._check_adopted()
+            for attempt in [a for a in self.attempts.values() if a.phase == "claiming"]:
+                if now - attempt.since > CLAIM_REPLY_S:
+                    self._drop(attempt)  # no answer: the ledger re-dispatches it
+        resend, self.resend = self.resend, []
+        for record, on_ack in resend:
+            self._send(record, on_ack)
 
-    def _report_finish_lost(self, attempt: Attempt) -> None:
+    def _started(self, attempt: Attempt, event: Started) -> None:
         d = attempt.dispatch
-        self._send(
-            RunFinished(
-                d.job_id,
-                d.run_id,
-                d.attempt,
-                self.config.worker_id,
-                None,
-                "lost: the worker restarted and the run's supervisor was gone",
-                int(time.time() * 1000),
+        attempt.pid, attempt.started_ms = event.pid, event.started_ms
+        self.timeline.begin(attempt.key, d.resources)
+        if attempt.run_dir is not None and self.config.executor == "process":
+            attempt.tail, attempt.tailed = (
+                LogTail(d.run_id, d.attempt, attempt.run_dir),
+                time.monotonic(),
             )
+        at = event.started_ms
+        self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
+
+    def _finished(self, attempt: Attempt, event: Finished) -> None:
+        d = attempt.dispatch
+        if event.outcome == "not_started":
+            self._release(attempt, event.error)
+            return
+        if event.started_ms is not None:
+            self.durations.observe(d.job_id, event.finished_ms - event.started_ms)
+            if attempt.started_ms is None:  # the Started event was not seen (adopted)
+                attempt.started_ms = event.started_ms
+                self._send(
+                    RunStarted(
+                        d.job_id, d.run_id, d.attempt, self.config.worker_id, event.started_ms
+                    )
+                )
+        if attempt.tail is None and attempt.run_dir is not None and event.started_ms is not None:
+            attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
+        if attempt.tail is not None:
+            attempt.tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
+        self._report(attempt, _exit_code(event), _error(event), event.finished_ms)
+
+    def _report(self, attempt: Attempt, code: int | None, error: str, at_ms: int) -> None:
+        d = attempt.dispatch
+        record = RunFinished(
+            d.job_id, d.run_id, d.attempt, self.config.worker_id, code, error, at_ms
         )
-        self.journal.record(d.run_id, d.attempt, d.job_id, "reported")
+        self._send(record, lambda: self._reported(d))
+        self._forget(attempt)
+
+    def _release(self, attempt: Attempt, why: str) -> None:
+        """Give back an attempt that never started: the ledger dispatches it again."""
+        d = attempt.dispatch
+        at = int(time.time() * 1000)
+        record = RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at)
+        # "released", not "reported": the same attempt may be assigned here again.
+        self._send(record, lambda: self._reported(d, "released"))
+        self._forget(attempt)
+
+    def _reported(self, d: DispatchRequest, phase: str = "reported") -> None:
+        self.journal.record(d.run_id, d.attempt, d.job_id, phase)
+
+    def _forget(self, attempt: Attempt) -> None:
+        attempt.phase = "done"
+        self.attempts.pop(attempt.key, None)
+        self.adopted.pop(attempt.key, None)
+        self.timeline.end(attempt.key)
+
+    # -- restart ---------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Settle what an earlier incarnation left: claims are asked again (a reply may
+        have been lost); started attempts are read from their executor's log (the outcome
+        is reported), waited for while that executor lives (it fences them when its lease,
+        which nobody renews now, expires), or else reported lost / given back."""
+        for entry in self.journal.unfinished():
+            d = from_plain(entry.info["dispatch"], DispatchRequest)
+            attempt = Attempt(d, entry.phase)
+            self.attempts[attempt.key] = attempt
+            if entry.phase == "claiming":
+                expected = self.durations.expected_ms(d.job_id)
+                self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
+                self._claim(d)
+                continue
+            attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
+            self.timeline.begin(attempt.key, d.resources)  # may be running: hold it
+            self.adopted[attempt.key] = (attempt, entry)
+        self._check_adopted()
+        for stale in self.dir.glob("lease.*"):
+            pid = _executor_pid_of(stale, self.journal)
+            if pid is None or not _is_executor(pid):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+
+    def _check_adopted(self) -> None:
+        logs: dict[str, dict[Key, dict[str, Any]]] = {}
+        for key, (attempt, entry) in list(self.adopted.items()):
+            path = str(entry.info.get("executor_log") or "")
+            if path not in logs:
+                logs[path] = read_log(Path(path)) if path else {}
+            written = logs[path].get(key, {})
+            pid = int(entry.info.get("executor_pid") or 0)
+            if "result" not in written and pid and _is_executor(pid):
+                continue  # it still guards the run: wait for its outcome
+            self._from_log(attempt, written, "the worker restarted and the run's executor was gone")
 
 
-def _exit_code(result: dict[str, Any]) -> int | None:
-    code = result.get("exit_code")
-    return int(code) if result.get("outcome") == "exited" and code is not None else None
+def _executor_pid_of(lease: Path, journal: Journal) -> int | None:
+    """The pid of the executor that guards `lease` (lease.N goes with executor.N.log)."""
+    suffix = lease.name.removeprefix("lease.")
+    wanted = str(lease.parent / f"executor.{suffix}.log")
+    for entry in journal.entries.values():
+        if entry.info.get("executor_log") == wanted:
+            return int(entry.info.get("executor_pid") or 0) or None
+    return None
 
 
-def _error(result: dict[str, Any]) -> str:
-    outcome = result.get("outcome")
-    if outcome == "exited":
-        sig = result.get("signal")
-        return f"killed by signal {sig}" if sig else ""
+def _kill_job(pid: int, run_id: str) -> None:
+    """SIGKILL the process group of a job whose executor died, if its leader is still
+    that job (its environment names the run): never a group that reused the pid."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return  # the leader is gone; what it left in its group is not ours to guess
+    if f"CRONLOG_RUN_ID={run_id}".encode() in environ.split(b"\0"):
+        signal_group(pid, signal.SIGKILL)
+
+
+def _is_executor(pid: int) -> bool:
+    if not alive(pid):
+        return False
+    try:
+        return b"connectors.worker.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _exit_code(event: Finished) -> int | None:
+    return event.exit_code if event.outcome == "exited" else None
+
+
+def _error(event: Finished) -> str:
+    if event.outcome == "exited":
+        return f"killed by signal {event.signal}" if event.signal else ""
     return {
         "timeout": "timed_out: killed after the timeout",
-        "fenced": "fenced: the worker could not prove it was alive",
+        "fenced": f"fenced: the worker could not prove it was alive ({event.error})",
         "cancelled": "cancelled",
-    }.get(str(outcome), f"error: {result.get('error', '')}")
+    }.get(event.outcome, f"error: {event.error}")
 
 
 def _safe(run_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)

@@ -12,7 +12,9 @@ The rules, in short:
 - proposals that arrive late (a takeover after a crash) follow the job's misfire policy
   inside a bounded catch-up window;
 - a run moves forward only: stale attempts, claims by another worker, reports for a
-  state the run has left, and premature deadlines are rejected with a reason.
+  state the run has left, and premature deadlines are rejected with a reason;
+- the one step back: an attempt claimed but never started (given back by its worker, or
+  its worker lost before the attempt's start time) is dispatched again, same attempt.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from streams.core.records import (
     RunEvent,
     RunFinished,
     RunNowRequested,
+    RunReleased,
     RunStarted,
     RunState,
     RunStateName,
@@ -133,6 +136,8 @@ def decide(
             builder.deadline(inp)
         case WorkerLost():
             builder.lost(inp)
+        case RunReleased():
+            builder.released(inp)
         case BackfillRequested():
             builder.backfill(inp)
         case DependencyLinked():
@@ -427,12 +432,25 @@ class _Builder:
         return best
 
     def _due(self, run: RunState, attempt: int, not_before: int, reason: str) -> None:
-        """Make (run, attempt) due and ask the dispatcher to place it."""
+        """Make (run, attempt) due and ask the dispatcher to place it, to start no
+        earlier than `not_before` (kept in the run state: see `_not_before`)."""
         deadline = max(self.at, not_before) + self.config.claim_timeout_ms
         moved = self._move(
             run, "due", reason, attempt=attempt, worker_id="", deadline=(deadline, "claim")
         )
+        moved = self.runs[run.run_id] = replace(moved, not_before_ms=not_before)
         self._dispatch(moved, not_before)
+
+    def _not_before(self, run: RunState) -> int | None:
+        """The current attempt's start time: no worker starts it earlier. Every dispatch of
+        the attempt carries this time or a later one. None when unknown (a state written
+        before it was kept, for a retry or a rerun: their start time has long passed)."""
+        if run.not_before_ms is not None:
+            return run.not_before_ms
+        if run.attempt == 1:  # first attempts are released by `_release`
+            spec = self.job.spec
+            return run.scheduled_ms + jitter_ms(spec.job_id, run.scheduled_ms, spec.jitter_s)
+        return None
 
     def _dispatch(self, run: RunState, not_before: int) -> None:
         spec = self.job.spec
@@ -698,7 +716,12 @@ class _Builder:
         """First claim of the current attempt wins; every claimant gets an answer."""
         run = self._current(inp.run_id, inp.attempt)
         if run is not None and run.state == "due":
-            backstop = self._timeout_backstop(max(self.at, run.scheduled_ms))
+            # Counted from the start time: the timeout never strikes before the run could
+            # start (a jitter may put that well after the scheduled time).
+            start = self._not_before(run)
+            backstop = self._timeout_backstop(
+                max(self.at, run.scheduled_ms if start is None else start)
+            )
             self._move(
                 run, "dispatched", "", worker_id=inp.worker_id, deadline=(backstop, "timeout")
             )
@@ -760,12 +783,42 @@ class _Builder:
             return None
         if run.worker_id != inp.worker_id or run.state not in ("dispatched", "running"):
             return self.reject(f"worker {inp.worker_id} does not hold this attempt")
-        # Whether a lost attempt did its work is unknown: only idempotent jobs run again.
         # Should the worker come back, it must not keep running the attempt.
         self._stop_order(run, "declared lost")
+        start = self._not_before(run)
+        if run.state == "dispatched" and start is not None and start > inp.at_ms:
+            # It cannot have started: a worker starts nothing before the attempt's start
+            # time, and its lease (which fences its runs) ended before this verdict. So
+            # the attempt is given back, as by the worker itself: no retry is consumed.
+            self._give_back(
+                run, f"worker {inp.worker_id} lost before the run's start: dispatched again"
+            )
+            return None
+        # Whether a lost attempt did its work is unknown: only idempotent jobs run again.
         self._fail_attempt(
             run, f"lost: worker {inp.worker_id}", retry_allowed=self.job.spec.idempotent
         )
+
+    def released(self, inp: RunReleased) -> None:
+        """The holder of an attempt it never started gives it back: dispatch it again."""
+        run = self._current(inp.run_id, inp.attempt)
+        if run is None:
+            return None
+        if run.worker_id != inp.worker_id or run.state != "dispatched":
+            return self.reject(
+                f"release by {inp.worker_id} while {run.state} on {run.worker_id or 'nobody'}"
+            )
+        why = f": {inp.reason}" if inp.reason else ": dispatched again"
+        self._give_back(run, f"released by worker {inp.worker_id}{why}")
+        return None
+
+    def _give_back(self, run: RunState, reason: str) -> None:
+        """A claimed attempt that never started goes back to `due`, the same attempt (no
+        retry is consumed), unclaimed, with a fresh claim deadline and a new dispatch
+        request that keeps its start time (as the claim deadline's re-dispatch does)."""
+        start = self._not_before(run)
+        not_before = self.at if start is None else max(start, self.at)
+        self._due(run, run.attempt, not_before, reason)
 
     def deadline(self, inp: DeadlineReached) -> None:
         run = self._current(inp.run_id, inp.attempt)

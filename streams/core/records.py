@@ -147,6 +147,20 @@ class WorkerLost:
 
 
 @dataclass(frozen=True, slots=True)
+class RunReleased:
+    """The worker holding (run, attempt) gives it back without having started it, and
+    will never start it (fenced before its start, restarted before starting it, no room
+    at its start time): the ledger dispatches the same attempt again."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class DependencyLinked:
     """Job `dependent` declares `job_id` an upstream (linked=False: no longer). Written by
     the dependent's ledger to the upstream's log, so the upstream knows whom to notify."""
@@ -201,6 +215,7 @@ LedgerInput: TypeAlias = (
     | DependencyLinked
     | UpstreamFinished
     | DispatchFailed
+    | RunReleased
 )
 
 
@@ -255,6 +270,9 @@ class RunState:
     request_id: str = ""
     # A waiting run depends on its upstreams' runs scheduled in (period_start_ms, scheduled].
     period_start_ms: int | None = None
+    # The current attempt's start time (`not_before_ms` of its dispatch): no worker starts
+    # it earlier. None in states written before this field existed.
+    not_before_ms: int | None = None
 
     @property
     def final(self) -> bool:

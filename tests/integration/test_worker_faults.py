@@ -6,6 +6,7 @@ SIGCONT its stale report is rejected; no (run, attempt) ran twice)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -157,3 +158,127 @@ def test_sigstop_past_the_heartbeat_timeout(
         sigstop_job_killed_after_s=round(fenced_after_s, 2),
         sigstop_declared_dead_after_s=round(declared_after_s, 2),
     )
+
+
+def executor_pid(worker: WorkerProc) -> int:
+    """The live executor process of a worker (its lease file names the worker's folder)."""
+    found = subprocess.run(
+        ["pgrep", "-f", f"connectors.worker.engine --lease-file .*/{worker.worker_id}/lease"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    assert found, f"no executor for {worker.worker_id}"
+    return max(int(pid) for pid in found)  # the newest, if an old one still drains
+
+
+def claimed_ahead(
+    topics: Settings, events: EventReader, job_id: str, marks: Path, in_s: float
+) -> tuple[str, str]:
+    """A one-off due `in_s` from now, claimed ahead (look-ahead): (run id, the worker)."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + in_s))
+    command = ["sh", "-c", f'echo "$CRONLOG_RUN_ID $CRONLOG_ATTEMPT" >> {marks}']
+    send_commands(topics, [job(job_id, command, schedule={"at": at})])
+    events.wait_until(
+        lambda: any(s == "dispatched" for _, s, _, _ in run_events(events, _run(events, job_id))),
+        60,
+        f"{job_id} claimed ahead",
+    )
+    run_id = _run(events, job_id)
+    victim = next(w for _, s, w, _ in run_events(events, run_id) if s == "dispatched")
+    return run_id, victim
+
+
+def _run(events: EventReader, job_id: str) -> str:
+    return next(
+        (run_id for run_id, evs in runs_by_id(events).items() if evs[0].job_id == job_id), ""
+    )
+
+
+def test_restart_gives_back_runs_claimed_ahead_that_never_started(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a worker holding a run claimed ahead, restarted at once: the old
+    executor never starts it, the new incarnation gives it back, and it runs on time,
+    once, as attempt 1 (it used to fail or wait for its claim deadline)."""
+    _, workers = cluster
+    marks = tmp_path / "starts.txt"
+    run_id, victim = claimed_ahead(topics, events, "ahead1", marks, in_s=30)
+    workers[victim].kill()
+    workers[victim].start()
+    done = wait_state(events, run_id, "succeeded", timeout_s=90)
+    assert done[0] == 1
+    states = run_events(events, run_id)
+    assert any(s == "due" and "released" in r for _, s, _, r in states), states
+    assert marks.read_text().split("\n")[:-1] == [f"{run_id} 1"]
+
+
+def test_worker_lost_before_the_start_dispatches_again(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+    tmp_path: Path,
+) -> None:
+    """A worker killed for longer than the failure detector's verdict while it held a run
+    claimed 40 s ahead: the verdict comes before the run's time, so the run is dispatched
+    again (not failed: lost) and runs once, on the other worker."""
+    _, workers = cluster
+    marks = tmp_path / "starts.txt"
+    run_id, victim = claimed_ahead(topics, events, "ahead2", marks, in_s=42)
+    workers[victim].kill()
+    try:
+        done = wait_state(events, run_id, "succeeded", timeout_s=90)
+    finally:
+        workers[victim].start()
+    assert done[0] == 1
+    assert done[2] != victim
+    states = run_events(events, run_id)
+    assert not any(s in ("failed", "retrying") for _, s, _, _ in states), states
+    assert marks.read_text().split("\n")[:-1] == [f"{run_id} 1"]
+
+
+def test_outcome_of_a_run_that_ended_while_the_worker_was_down_is_reported(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+) -> None:
+    """kill -9 of the worker mid-run; the job ends (exit 0) while the worker is down, within
+    its lease; the restarted worker reads the outcome from the old executor's log and
+    reports it: succeeded, not lost."""
+    _, workers = cluster
+    send_commands(topics, [job("endsalone", ["sh", "-c", "sleep 2; exit 0"])])
+    time.sleep(1)
+    send_commands(topics, [{"type": "job.run_now", "job_id": "endsalone", "request_id": "e1"}])
+    _, _, victim, _ = wait_state(events, "endsalone@manual:e1", "running")
+    workers[victim].kill()
+    time.sleep(3)  # the job ends meanwhile; the lease (7 s) has not expired
+    workers[victim].start()
+    done = wait_state(events, "endsalone@manual:e1", "succeeded", timeout_s=60)
+    assert (done[0], done[2]) == (1, victim)
+
+
+def test_a_killed_executor_is_replaced_and_its_jobs_killed(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+) -> None:
+    """kill -9 of the executor process mid-run: the worker kills the job's group, reports
+    the attempt lost (a non-idempotent job fails: lost), starts a new executor, and the
+    next run succeeds on the same worker."""
+    _, workers = cluster
+    send_commands(topics, [job("exekill", ["sh", "-c", "sleep 33.3; exit 0"])])
+    time.sleep(1)
+    send_commands(topics, [{"type": "job.run_now", "job_id": "exekill", "request_id": "x1"}])
+    _, _, victim, _ = wait_state(events, "exekill@manual:x1", "running")
+    assert alive("sleep 33.3")
+    os.kill(executor_pid(workers[victim]), signal.SIGKILL)
+    failed = wait_state(events, "exekill@manual:x1", "failed", timeout_s=30)
+    assert "executor" in failed[3]
+    assert not alive("sleep 33.3"), "the job outlived its executor"
+    send_commands(topics, [job("after", ["true"])])
+    time.sleep(1)
+    send_commands(topics, [{"type": "job.run_now", "job_id": "after", "request_id": "x2"}])
+    wait_state(events, "after@manual:x2", "succeeded", timeout_s=60)

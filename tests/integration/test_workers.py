@@ -76,9 +76,11 @@ def test_one_run_per_firing_across_three_workers(
         [
             job(
                 "every2",
-                ["sh", "-c", f'echo "$CRONLOG_RUN_ID $CRONLOG_ATTEMPT" >> {out}'],
+                ["sh", "-c", f'echo "$CRONLOG_RUN_ID $CRONLOG_ATTEMPT" >> {out}; sleep 3'],
                 schedule={"every": "2s"},
-                resources={"cpu": 0.5, "memory_mb": 64},
+                # Runs of 3 s every 2 s overlap, and two of them do not fit the small
+                # worker (reservations are in time: only overlapping runs compete).
+                resources={"cpu": 0.6, "memory_mb": 64},
             )
         ],
     )
@@ -107,7 +109,7 @@ def test_one_run_per_firing_across_three_workers(
         for e in evs
         if e.job_id == "every2" and e.state == "dispatched"
     }
-    assert len(workers) >= 2  # spread over the workers
+    assert len(workers) >= 2  # overlapping runs spread over the workers
 
 
 def test_placement_respects_resources_and_labels(topics: Settings, events: EventReader) -> None:

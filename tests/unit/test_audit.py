@@ -494,8 +494,8 @@ def test_every_transition_of_the_table_is_legal(source: str | None, target: str)
     attempt = 1
     auditor = Auditor()
     for offset, state in enumerate(path):
-        if offset and state == "due" and path[offset - 1] != "waiting":
-            attempt += 1  # a retry or a rerun
+        if offset and state == "due" and path[offset - 1] not in ("waiting", "dispatched"):
+            attempt += 1  # a retry or a rerun (a claim given back keeps its attempt)
         auditor.record(run_event(t, seq, state, t, attempt=attempt), 0, offset)
         seq += 1
     report = auditor.finish(now_ms=t)
@@ -509,6 +509,94 @@ def test_a_second_claim_of_an_attempt_is_a_double_claim() -> None:
     report = check(events)
     assert kinds(report) == {"double_claim": 1}
     assert report.violations[0].offset == len(events) - 1
+
+
+def released(t: int) -> list[RunEvent]:
+    """A run claimed ahead by w1, given back before its start, claimed again by w2."""
+    return [
+        run_event(t, 1, "due", t - 45_000),
+        run_event(t, 2, "dispatched", t - 44_000, worker="w1"),
+        run_event(t, 3, "due", t - 20_000),
+        run_event(t, 4, "dispatched", t - 19_000, worker="w2"),
+        run_event(t, 5, "running", t + 300, worker="w2"),
+        run_event(t, 6, "succeeded", t + 2_000, worker="w2"),
+    ]
+
+
+def test_a_claim_given_back_before_the_start_may_be_claimed_again() -> None:
+    events = simple_history(3)
+    t = T0 + 4 * MIN
+    events.extend(released(t))
+    report = check(events, now_ms=t + MIN)
+    assert report.clean, report.violations
+    assert report.lateness.count == 4  # the released run's start counts once
+
+
+def test_a_claim_given_back_is_claimed_once_more_then_a_third_is_a_double_claim() -> None:
+    events = simple_history(3)
+    t = T0 + 4 * MIN
+    life_ = released(t)
+    events.extend(life_[:4])
+    events.append(run_event(t, 5, "dispatched", t - 18_000, worker="zombie"))
+    report = check(events, now_ms=t + MIN)
+    assert kinds(report) == {"double_claim": 1}
+    assert report.violations[0].offset == len(events) - 1
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # a claim given back with a new attempt number: a give-back keeps the attempt
+        (
+            lambda t: [
+                run_event(t, 1, "due", t),
+                run_event(t, 2, "dispatched", t, worker="w1"),
+                run_event(t, 3, "due", t, attempt=2),
+            ],
+            "dispatched -> due with attempt 2, expected 1",
+        ),
+        # a started attempt is never given back
+        (
+            lambda t: [
+                run_event(t, 1, "due", t),
+                run_event(t, 2, "dispatched", t, worker="w1"),
+                run_event(t, 3, "running", t, worker="w1"),
+                run_event(t, 4, "due", t),
+            ],
+            "running -> due is not a legal transition",
+        ),
+    ],
+    ids=["new-attempt", "after-start"],
+)
+def test_illegal_give_backs(events: object, expected: str) -> None:
+    assert callable(events)
+    history = simple_history(3)
+    t = T0 + 4 * MIN
+    history.extend(events(t))
+    report = check(history, now_ms=t + MIN)
+    assert set(kinds(report)) == {"illegal_transition"}, report.violations
+    assert any(expected in v.detail for v in report.of_kind("illegal_transition"))
+
+
+def test_a_start_after_a_give_back_is_still_one_start() -> None:
+    events = simple_history(3)
+    t = T0 + 4 * MIN
+    events.extend(released(t)[:5])
+    events.append(run_event(t, 6, "running", t + 400, worker="w1"))
+    report = check(events, now_ms=t + MIN)
+    assert kinds(report) == {"double_start": 1}
+
+
+def test_each_give_back_extends_the_allowance_by_one_attempt() -> None:
+    base = spec(timeout_s=100, retry=RetryPolicy(max_attempts=3, backoff_s=10, max_backoff_s=15))
+    assert allowance_ms(base, released=2) == allowance_ms(base) + 2 * 160_000
+    events = simple_history(2)
+    t = T0 + 3 * MIN
+    events += released(t)[:3]  # given back, then never claimed again
+    allowed = allowance_ms(spec(), released=1)
+    assert check(events, now_ms=t + allowed - 1).counts["not_final"] == 0
+    report = check(events, AuditConfig(safety_margin_ms=10**12), now_ms=t + allowed + 1)
+    assert kinds(report) == {"not_final": 1}
 
 
 def test_a_second_start_of_an_attempt_is_a_double_start() -> None:

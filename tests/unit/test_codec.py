@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 import orjson
 import pytest
-from fastavro import parse_schema, schemaless_reader
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,6 +38,7 @@ from streams.core.records import (
     JobEvent,
     JobState,
     RunEvent,
+    RunReleased,
     RunState,
     RunStateName,
     Trigger,
@@ -327,6 +328,30 @@ def test_every_ledger_input_class_round_trips(cls: type[Any], data: st.DataObjec
     back = JOB_LOG.decode(JOB_LOG.encode(record))
     assert type(back) is cls
     assert back == record
+
+
+def test_a_release_round_trips_on_the_job_log() -> None:
+    record = RunReleased("nightly", "nightly@x", 2, "w1", "no room at its start time", 1_234)
+    data = JOB_LOG.encode(record)
+    assert JOB_LOG.version_of(data) is JOB_LOG.current
+    back = JOB_LOG.decode(data)
+    assert type(back) is RunReleased
+    assert back == record
+    assert from_json(to_json(record)) == record
+    assert to_plain(record)["type"] == "RunReleased"
+
+
+def test_a_run_state_keeps_its_start_time_and_old_states_read_without_it() -> None:
+    state = dataclasses.replace(RUN_STATE_SAMPLE, not_before_ms=1_500)
+    assert RUN_STATE.decode(RUN_STATE.encode(state)) == state
+    # A state written by the previous schema version (no not_before_ms) reads as None.
+    previous = RUN_STATE.schema.versions[-2]
+    assert "not_before_ms" not in [f["name"] for f in previous.schema["fields"]]
+    buffer = io.BytesIO()
+    buffer.write(previous.header)
+    old = {k: v for k, v in RUN_STATE.to_avro(RUN_STATE_SAMPLE).items() if k != "not_before_ms"}
+    schemaless_writer(buffer, previous.parsed, old)
+    assert RUN_STATE.decode(buffer.getvalue()) == RUN_STATE_SAMPLE
 
 
 @pytest.mark.parametrize(

@@ -2,14 +2,18 @@
 
 Actors: an on-time scheduler node that goes down now and then (takeovers, misfires); a
 zombie node replaying stale proposals; a timer proposing deadlines; workers that claim
-(sometimes two for one dispatch), start, finish, fail, or die silently (a failure
-detector then proposes WorkerLost); a network that delays, reorders and duplicates
-every input. The ledger consumes the resulting log; now and then it "crashes" and
-replays the log from its last checkpoint, which must reproduce the same outputs.
+(sometimes two for one dispatch), start at the run's start time (not before), finish,
+fail, die silently after the start or vanish before it (a failure detector then proposes
+WorkerLost), or give a claim back before the start (RunReleased); a network that delays,
+reorders and duplicates every input (but keeps a worker's records about an attempt in
+order around a release, as Kafka does). The ledger consumes the resulting log; now and
+then it "crashes" and replays the log from its last checkpoint, which must reproduce the
+same outputs.
 
 Checked: never two runs for one (job, T); every scheduled time decided (run or skipped
-by policy); at most one accepted claim and one start per (run, attempt); every
-transition legal and in order; every run final once the world calms down.
+by policy); one accepted claim per (run, attempt) until it is given back, one start per
+(run, attempt), and no attempt executed by two workers; every transition legal and in
+order; every run final once the world calms down.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 from collections import Counter, defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -30,6 +34,7 @@ from streams.core.records import (
     LedgerInput,
     RunEvent,
     RunFinished,
+    RunReleased,
     RunStarted,
     WorkerLost,
 )
@@ -45,7 +50,7 @@ LEGAL: dict[str | None, set[str]] = {
     None: {"due", "skipped", "waiting"},
     "waiting": {"due", "skipped", "cancelled"},
     "due": {"dispatched", "cancelled"},
-    "dispatched": {"running", "succeeded", "failed", "retrying", "cancelled"},
+    "dispatched": {"due", "running", "succeeded", "failed", "retrying", "cancelled"},
     "running": {"succeeded", "failed", "retrying", "cancelled"},
     "retrying": {"due", "cancelled"},
     "succeeded": {"due"},
@@ -63,6 +68,24 @@ CONFIG = LedgerConfig(
 )
 
 
+def _holder(inp: LedgerInput) -> tuple[str, str, int] | None:
+    """(worker, run, attempt) of a record a worker sends about an attempt it holds."""
+    if isinstance(inp, ClaimRequested | RunStarted | RunFinished | RunReleased):
+        return inp.worker_id, inp.run_id, inp.attempt
+    return None
+
+
+@dataclass
+class Holding:
+    """One accepted claim, as its worker lives it."""
+
+    worker: str
+    start_at: int
+    done_at: int
+    fate: str
+    started: bool = False
+
+
 class Sim:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
@@ -70,16 +93,33 @@ class Sim:
         self.now = T0
         self.log: list[LedgerInput] = []
         self.inflight: list[LedgerInput] = []
+        # A worker's records for one attempt, delivered in order (see `send`).
+        self.ordered: dict[tuple[str, str, int] | None, list[LedgerInput]] = {}
         self.stale: World | None = None  # the zombie's frozen view
         self.node_down_until = 0
-        self.workers: dict[tuple[str, int], tuple[str, int, str]] = {}  # claimed by me
+        # (run, attempt, claim number) -> what its holder does with it
+        self.workers: dict[tuple[str, int, int], Holding] = {}
+        self.claims: Counter[tuple[str, int]] = Counter()  # accepted claims so far
+        self.events_seen = 0
+        self.executed: Counter[tuple[str, int]] = Counter()  # real starts, by any worker
         self.dispatch_seen = 0
         self.checkpoint: tuple[World, int] = (self.world.snapshot(), 0)
 
     def send(self, inp: LedgerInput) -> None:
-        self.inflight.append(inp)
-        if self.rng.random() < 0.1:
-            self.inflight.append(inp)  # duplicate delivery
+        copies = [inp, inp] if self.rng.random() < 0.1 else [inp]  # duplicate delivery
+        key = _holder(inp)
+        if isinstance(inp, RunReleased):
+            # A worker's records reach the log in the order it sent them (one idempotent
+            # producer, one partition per job), and the ledger relies on it here: a
+            # release never overtakes, nor is overtaken by, the worker's other records
+            # for that attempt (a later claim of it must not be released by it).
+            earlier = [x for x in self.inflight if _holder(x) == key]
+            self.inflight = [x for x in self.inflight if _holder(x) != key]
+            self.ordered.setdefault(key, []).extend([*earlier, *copies])
+        elif key is not None and key in self.ordered:
+            self.ordered[key].extend(copies)
+        else:
+            self.inflight.extend(copies)
 
     def register_jobs(self) -> None:
         for i in range(self.rng.randint(2, 5)):
@@ -95,6 +135,7 @@ class Sim:
                     max_attempts=self.rng.randint(1, 3), backoff_s=1, max_backoff_s=4
                 ),
                 misfire=self.rng.choice(["run_all", "run_once", "skip"]),
+                jitter_s=self.rng.choice([0, 0, 2]),
                 concurrency=self.rng.choice(["allow", "allow", "forbid", "replace"]),
                 depends_on=(f"job{i - 1}",) if i and self.rng.random() < 0.4 else (),
             )
@@ -131,31 +172,70 @@ class Sim:
                     )
                 )
         self.dispatch_seen = len(w.dispatch)
+        for event in w.events[self.events_seen :]:
+            if isinstance(event, RunEvent) and event.state == "dispatched":
+                self.claims[(event.run_id, event.attempt)] += 1
+        self.events_seen = len(w.events)
         for run in list(w.runs.values()):
             if run.state not in ("dispatched", "running") or not run.worker_id:
                 continue
-            key = (run.run_id, run.attempt)
-            if key not in self.workers:
-                fate = self.rng.choice(["ok", "ok", "ok", "fail", "die", "slow"])
-                self.workers[key] = (run.worker_id, self.now + self.rng.randint(0, 3000), fate)
-                self.send(RunStarted(run.job_id, run.run_id, run.attempt, run.worker_id, self.now))
-            worker, done_at, fate = self.workers[key]
-            if self.now < done_at:
+            key = (run.run_id, run.attempt, self.claims[(run.run_id, run.attempt)])
+            h = self.workers.get(key)
+            if h is None:
+                fate = self.rng.choice(
+                    ["ok", "ok", "ok", "fail", "die", "slow", "release", "vanish"]
+                )
+                # The worker starts the run at its start time, never earlier; one that
+                # vanishes is declared lost some time after the claim, maybe before then.
+                start = max(self.now, run.not_before_ms or 0)
+                end = self.now if fate == "vanish" else start
+                h = self.workers[key] = Holding(
+                    run.worker_id, start, end + self.rng.randint(0, 3000), fate
+                )
+            if h.fate == "release":
+                if not h.started:  # given back before its start: it never runs here
+                    h.started = True
+                    self.send(
+                        RunReleased(
+                            run.job_id, run.run_id, run.attempt, h.worker, "no room", self.now
+                        )
+                    )
                 continue
-            if fate == "die":
+            if h.fate == "vanish":  # gone before the start: only the detector speaks
+                if self.now >= h.done_at and self.rng.random() < 0.5:
+                    self.send(WorkerLost(run.job_id, run.run_id, run.attempt, h.worker, self.now))
+                continue
+            if not h.started:
+                if self.now < h.start_at:
+                    continue
+                h.started = True
+                self.executed[(run.run_id, run.attempt)] += 1
+                self.send(RunStarted(run.job_id, run.run_id, run.attempt, h.worker, self.now))
+            if self.now < h.done_at:
+                continue
+            if h.fate == "die":
                 if self.rng.random() < 0.5:  # the failure detector notices
-                    self.send(WorkerLost(run.job_id, run.run_id, run.attempt, worker, self.now))
-            elif fate != "slow" or self.rng.random() < 0.05:
-                code = 0 if fate in ("ok", "slow") else 1
+                    self.send(WorkerLost(run.job_id, run.run_id, run.attempt, h.worker, self.now))
+            elif h.fate != "slow" or self.rng.random() < 0.05:
+                code = 0 if h.fate in ("ok", "slow") else 1
                 self.send(
-                    RunFinished(run.job_id, run.run_id, run.attempt, worker, code, "", self.now)
+                    RunFinished(run.job_id, run.run_id, run.attempt, h.worker, code, "", self.now)
                 )
 
     def network(self) -> None:
         self.rng.shuffle(self.inflight)
         keep = int(len(self.inflight) * self.rng.random() * 0.5)
         deliver, self.inflight = self.inflight[keep:], self.inflight[:keep]
-        for inp in deliver:
+        # Ordered queues: a prefix of each, interleaved with the rest, in its own order.
+        timed = [(self.rng.random(), inp) for inp in deliver]
+        for key, queue in list(self.ordered.items()):
+            n = self.rng.randint(0, len(queue))
+            timed.extend(zip(sorted(self.rng.random() for _ in range(n)), queue[:n], strict=True))
+            del queue[:n]
+            if not queue:
+                del self.ordered[key]
+        timed.sort(key=lambda pair: pair[0])
+        for _, inp in timed:
             self.deliver_now(inp)
 
     def crash_and_replay(self) -> None:
@@ -192,27 +272,38 @@ def check(sim: Sim) -> None:
     by_run: dict[str, list[RunEvent]] = defaultdict(list)
     for event in w.run_events():
         by_run[event.run_id].append(event)
-    claims: Counter[tuple[str, int]] = Counter()
+    claims: Counter[tuple[str, int, int]] = Counter()
     starts: Counter[tuple[str, int]] = Counter()
     for run_id, events in by_run.items():
         seqs = [int(e.event_id.rsplit("#", 1)[1]) for e in events]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"{run_id}: {seqs}"
-        previous: str | None = None
+        previous: RunEvent | None = None
+        given_back = 0  # claims given back before their start, so far
+        created = 0  # creation events (a give-back is `due` again, not a creation)
         for event in events:
-            assert event.state in LEGAL[previous], f"{run_id}: {previous} -> {event.state}"
-            previous = event.state
-            claims[(run_id, event.attempt)] += event.state == "dispatched"
+            before = None if previous is None else previous.state
+            assert event.state in LEGAL[before], f"{run_id}: {before} -> {event.state}"
+            if previous is not None and before == "dispatched" and event.state == "due":
+                # Given back before the start: the same attempt, unclaimed, never started.
+                assert event.attempt == previous.attempt, f"{run_id}: {event}"
+                assert event.worker_id == "", f"{run_id}: {event}"
+                assert not starts[(run_id, event.attempt)], f"{run_id}: {event}"
+                assert event.reason.startswith(("released by", "worker ")), event.reason
+                given_back += 1
+            else:
+                created += event.state in ("due", "skipped") and event.attempt == 1
+            previous = event
+            claims[(run_id, event.attempt, given_back)] += event.state == "dispatched"
             starts[(run_id, event.attempt)] += event.state == "running"
         # One (job, T) has one run: it was created once (one creation event).
-        assert (
-            sum(e.state in ("due", "skipped") and e.attempt == 1 for e in events) <= 1
-            or events[0].trigger != "schedule"
-        )
+        assert created <= 1 or events[0].trigger != "schedule"
         assert events[-1].state in ("succeeded", "failed", "cancelled", "skipped"), (
             f"{run_id} ended {events[-1].state}"
         )
     assert max(claims.values(), default=0) <= 1
     assert max(starts.values(), default=0) <= 1
+    # No attempt was executed by two workers (a claim given back was never started).
+    assert max(sim.executed.values(), default=0) <= 1
     for job in w.jobs.values():
         due = fires_between(job.spec.schedule, job.created_ms, job.fired_ms)
         decided = {e.scheduled_ms for e in w.run_events() if e.job_id == job.spec.job_id}

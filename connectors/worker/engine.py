@@ -1,0 +1,497 @@
+"""The executor process: one long-lived process per worker incarnation runs every job.
+
+    python -m connectors.worker.engine --lease-file FILE --log FILE [--cpu C ...]
+
+Why one process and not a supervisor per run: starting a Python interpreter per run cost
+~80 ms of wall time and 50-100 ms of CPU, so a 2-core machine collapsed at ~30 runs/s. A
+fork/exec of the job itself costs ~1 ms (0.15 ms of this process's CPU with the vfork
+path of `subprocess`). This process starts jobs directly, each leading its own session
+and process group, and watches all of them in one loop: child exits (SIGCHLD), start
+times, timeouts and the lease.
+
+Why a process apart from the worker's main process: self-fencing must not depend on the
+worker's loop. A worker that is SIGKILLed, SIGSTOPped or wedged stops renewing the lease,
+and this process kills every job group once the lease has expired (within the loop's
+0.1 s tick plus the grace). It is in its own session, so signals to the worker's process
+group do not reach it. If this process itself is stopped for longer than `--max-gap-s`
+it can no longer vouch that the lease held the whole time (the failure detector may have
+declared the worker dead meanwhile), so it fences everything when it runs again. If it is
+killed, the worker notices (its pipe closes) and kills the job groups it was told about.
+
+Protocol (JSON lines). The worker writes to stdin:
+  {"op": "start", "key": [run_id, attempt], "run_dir", "argv", "env", "timeout_s",
+   "memory_mb", "start_at_ms", "need": [cpu, memory_mb, gpu]}
+  {"op": "cancel", "key": [...]}
+This process writes to stdout, and appends to `--log` (so a restarted worker can read the
+outcome of what an earlier incarnation ran):
+  {"ev": "started", "key", "pid", "started_ms"}
+  {"ev": "finished", "key", "result": {outcome, exit_code, signal, started_ms,
+   finished_ms, error}}
+  {"ev": "tick"} every half second (the worker's sign that this process is alive).
+Outcomes: exited (by itself, any code), timeout, cancelled, fenced (lease expired after
+the start), error (could not start), not_started (never started and never will be:
+fenced, cancelled, or no room within `--start-wait-s` of its start time, or the worker
+went away before its time; the worker gives such a run back for dispatch).
+
+Resources at the start: a run whose start time has come starts only if what the running
+jobs reserve leaves room for it (cpu, memory, gpu of the worker); otherwise it waits, in
+order of start time, until enough of them end. Memory is limited per job by RLIMIT_AS
+(address space, not resident memory: JVM and Go runtimes reserve far more address space
+than they use, so give them a generous `memory_mb`); cgroup v2 memory.max would be exact
+but needs a delegated hierarchy, which the machines this was built on do not have.
+
+Job processes that leave their process group (setsid, daemonising) are not killed with
+it; they are reaped here (this process is a child subreaper) but not tracked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from connectors.worker.lease import read_lease
+from connectors.worker.procs import (
+    become_subreaper,
+    decode_status,
+    group_alive,
+    limit_address_space,
+    signal_group,
+)
+
+Key = tuple[str, int]
+MIB: Final = 1024 * 1024
+TICK_S: Final = 0.1
+ALIVE_EVERY_S: Final = 0.5
+KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long to wait for a group to disappear
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    lease_file: Path
+    log_file: Path
+    capacity: tuple[float, float, float] = (float("inf"), float("inf"), float("inf"))
+    grace_s: float = 1.0
+    max_gap_s: float = 2.5
+    start_wait_s: float = 30.0
+
+
+@dataclass
+class Job:
+    key: Key
+    run_dir: Path
+    argv: list[str]
+    env: dict[str, str]
+    timeout_s: float
+    memory_mb: int
+    start_at_ms: int
+    need: tuple[float, float, float]
+    state: str = "pending"  # pending | queued | running | stopping
+    pid: int = 0
+    started_ms: int | None = None
+    start_mono: float = 0.0
+    queued_mono: float = 0.0
+    status: int | None = None  # the leader's wait status, once reaped
+    outcome: str = ""
+    error: str = ""
+    kill_at: float = 0.0  # monotonic: SIGKILL from then on
+    give_up_at: float = 0.0
+    rlimit_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, out_fd: int = 1, in_fd: int = 0) -> None:
+        self.config = config
+        self.jobs: dict[Key, Job] = {}
+        self.by_pid: dict[int, Job] = {}
+        self.starts: list[tuple[int, Key]] = []  # (start_at_ms, key) heap
+        self.timeouts: list[tuple[float, Key]] = []  # (monotonic deadline, key) heap
+        self.queue: deque[Key] = deque()  # due, waiting for room
+        self.in_use = [0.0, 0.0, 0.0]
+        self.in_fd, self.out_fd = in_fd, out_fd
+        self.inbuf = b""
+        self.outbuf = bytearray()
+        self.orphaned = False  # the worker went away
+        self.stopping_all = ""
+        self.log = open(config.log_file, "ab")  # noqa: SIM115 - kept for the process's life
+        self.last_loop = time.monotonic()
+        self.last_alive = 0.0
+        self.last_lease_check = 0.0
+        self.lease_ok = False
+        self.lease_seen = False  # the lease was valid once: from then on, invalid = expired
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w, in_fd, out_fd):
+            os.set_blocking(fd, False)
+
+    # -- setup ---------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_stop)
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        self.stopping_all = f"the executor got {signal.Signals(signum).name}"
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self.in_fd, selectors.EVENT_READ, "in")
+        selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        while True:
+            for key, _ in selector.select(self._sleep_s()):
+                if key.data == "in":
+                    self._read_input(selector)
+                else:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake_r, 4096):
+                            pass
+            self.step()
+            if (self.orphaned or self.stopping_all) and not self.jobs:
+                self._flush(final=True)
+                return
+
+    def _sleep_s(self) -> float:
+        sleep = TICK_S
+        if self.starts:
+            sleep = min(sleep, max(0.0, (self.starts[0][0] - now_ms()) / 1000))
+        return sleep
+
+    def step(self) -> None:
+        """One pass: reap, check the lease, start what is due, enforce timeouts, stop."""
+        mono = time.monotonic()
+        gap = mono - self.last_loop
+        self.last_loop = mono
+        self._reap()
+        if gap > self.config.max_gap_s:
+            self._fence_all(f"the executor did not run for {gap:.1f} s: lease not proven")
+        elif self.stopping_all:
+            self._fence_all(self.stopping_all, outcome="fenced")
+        elif self._lease_valid(mono):
+            self._start_due(mono)
+        elif self.lease_seen:
+            self._fence_all("lease expired")
+        # else: no heartbeat acknowledged yet; nothing starts until one is
+        self._enforce_timeouts(mono)
+        self._progress_stops(mono)
+        if mono - self.last_alive >= ALIVE_EVERY_S:
+            self.last_alive = mono
+            self._emit({"ev": "tick"}, log=False)
+        self._flush()
+
+    def _lease_valid(self, mono: float) -> bool:
+        if mono - self.last_lease_check >= TICK_S or not self.lease_ok:
+            deadline = read_lease(self.config.lease_file)
+            self.lease_ok = deadline is not None and now_ms() < deadline
+            self.lease_seen = self.lease_seen or self.lease_ok
+            self.last_lease_check = mono
+        return self.lease_ok
+
+    # -- input ---------------------------------------------------------------------------
+    def _read_input(self, selector: selectors.BaseSelector) -> None:
+        try:
+            data = os.read(self.in_fd, 1 << 20)
+        except BlockingIOError:
+            return
+        if not data:
+            selector.unregister(self.in_fd)
+            self._orphan()
+            return
+        lines = (self.inbuf + data).split(b"\n")
+        self.inbuf = lines.pop()
+        for line in lines:
+            if line:
+                self.handle(orjson.loads(line))
+
+    def handle(self, op: dict[str, Any]) -> None:
+        key: Key = (op["key"][0], int(op["key"][1]))
+        if op["op"] == "start":
+            if key in self.jobs:
+                return
+            job = Job(
+                key,
+                Path(op["run_dir"]),
+                list(op["argv"]),
+                dict(op["env"]),
+                float(op["timeout_s"]),
+                int(op.get("memory_mb") or 0),
+                int(op["start_at_ms"]),
+                _vector(op.get("need")),
+            )
+            self.jobs[key] = job
+            if self.orphaned or self.stopping_all:
+                self._finish(job, "not_started", "the worker is going away")
+                return
+            heapq.heappush(self.starts, (job.start_at_ms, key))
+        elif op["op"] == "cancel":
+            held = self.jobs.get(key)
+            if held is None:
+                return
+            if held.state in ("pending", "queued"):
+                self._finish(held, "not_started", "cancelled before the start")
+            elif held.state == "running":
+                self._stop(held, "cancelled", "cancelled")
+
+    def _orphan(self) -> None:
+        """The worker is gone: start nothing more; running jobs live until the lease ends
+        (nobody renews it now), then they are fenced like any others."""
+        self.orphaned = True
+        for job in list(self.jobs.values()):
+            if job.state in ("pending", "queued"):
+                self._finish(job, "not_started", "the worker went away before its start")
+
+    # -- starting ------------------------------------------------------------------------
+    def _start_due(self, mono: float) -> None:
+        now = now_ms()
+        while self.starts and self.starts[0][0] <= now:
+            _, key = heapq.heappop(self.starts)
+            job = self.jobs.get(key)
+            if job is not None and job.state == "pending":
+                job.state, job.queued_mono = "queued", mono
+                self.queue.append(key)
+        while self.queue:
+            job = self.jobs.get(self.queue[0])
+            if job is None or job.state != "queued":
+                self.queue.popleft()
+                continue
+            if not self._room_for(job.need):
+                if mono - job.queued_mono > self.config.start_wait_s:
+                    self.queue.popleft()
+                    self._finish(
+                        job,
+                        "not_started",
+                        f"no room on the worker within {self.config.start_wait_s:g} s "
+                        "of its start time",
+                    )
+                    continue
+                return  # in order: the head waits for room, the others behind it
+            self.queue.popleft()
+            self._spawn(job, mono)
+
+    def _room_for(self, need: tuple[float, float, float]) -> bool:
+        # A job larger than the whole worker is started alone rather than never.
+        nothing_runs = not any(self.in_use)
+        return nothing_runs or all(
+            u + n <= c + 1e-9
+            for u, n, c in zip(self.in_use, need, self.config.capacity, strict=True)
+        )
+
+    def _spawn(self, job: Job, mono: float) -> None:
+        report_r = report_w = -1
+        preexec = None
+        if job.memory_mb > 0:
+            report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
+            preexec = limit_address_space(job.memory_mb * MIB, report_w)
+        try:
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            with (
+                open(job.run_dir / "stdout", "ab") as out,
+                open(job.run_dir / "stderr", "ab") as err,
+            ):
+                proc = subprocess.Popen(
+                    job.argv,
+                    cwd=job.run_dir,
+                    env=job.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
+            return
+        finally:
+            if report_w >= 0:
+                os.close(report_w)
+        if report_r >= 0:
+            report = os.read(report_r, 4096)
+            os.close(report_r)
+            if report != b"ok":
+                job.rlimit_error = report.decode(errors="replace") or "not confirmed"
+        # subprocess must never wait for this pid: this loop reaps it (waitpid(-1)).
+        proc.returncode = 0
+        job.pid, job.state = proc.pid, "running"
+        job.started_ms, job.start_mono = now_ms(), mono
+        for i, n in enumerate(job.need):
+            self.in_use[i] += n
+        self.by_pid[proc.pid] = job
+        heapq.heappush(self.timeouts, (mono + job.timeout_s, job.key))
+        self._emit({"ev": "started", "key": job.key, "pid": job.pid, "started_ms": job.started_ms})
+
+    # -- watching ------------------------------------------------------------------------
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.by_pid.pop(pid, None)
+            if job is None:
+                continue  # an adopted orphan of some job
+            job.status = status
+            if job.state == "running":
+                # The leader is gone. Processes it left in its group are stopped too; the
+                # group's id cannot be reused while any member lives.
+                if group_alive(job.pid):
+                    self._stop(job, "exited", "")
+                else:
+                    self._finish(job, "exited", "")
+
+    def _enforce_timeouts(self, mono: float) -> None:
+        while self.timeouts and self.timeouts[0][0] <= mono:
+            _, key = heapq.heappop(self.timeouts)
+            job = self.jobs.get(key)
+            if job is not None and job.state == "running":
+                self._stop(job, "timeout", "timed out")
+
+    def _fence_all(self, why: str, outcome: str = "fenced") -> None:
+        for job in list(self.jobs.values()):
+            if job.state in ("pending", "queued"):
+                self._finish(job, "not_started", f"{why} before the start")
+            elif job.state == "running":
+                self._stop(job, outcome, why)
+
+    def _stop(self, job: Job, outcome: str, error: str) -> None:
+        """SIGTERM to the job's group now, SIGKILL after the grace."""
+        job.state, job.outcome, job.error = "stopping", outcome, error
+        mono = time.monotonic()
+        job.kill_at = mono + self.config.grace_s
+        job.give_up_at = job.kill_at + KILL_WAIT_S
+        signal_group(job.pid, signal.SIGTERM)
+
+    def _progress_stops(self, mono: float) -> None:
+        for job in [j for j in self.jobs.values() if j.state == "stopping"]:
+            if job.status is not None and not group_alive(job.pid):
+                self._finish(job, job.outcome, job.error)
+            elif mono >= job.give_up_at:
+                note = f"processes of group {job.pid} still present after SIGKILL"
+                self._finish(job, job.outcome, f"{job.error}; {note}" if job.error else note)
+            elif mono >= job.kill_at:
+                signal_group(job.pid, signal.SIGKILL)
+
+    def _finish(self, job: Job, outcome: str, error: str) -> None:
+        if job.state in ("running", "stopping"):
+            for i, n in enumerate(job.need):
+                self.in_use[i] = max(0.0, self.in_use[i] - n)
+        exit_code, sig = decode_status(job.status) if job.status is not None else (None, None)
+        if job.rlimit_error:
+            note = f"memory limit not applied: {job.rlimit_error}"
+            error = f"{error}; {note}" if error else note
+        result = {
+            "outcome": outcome,
+            "exit_code": exit_code,
+            "signal": sig,
+            "started_ms": job.started_ms,
+            "finished_ms": now_ms(),
+            "error": error,
+        }
+        del self.jobs[job.key]
+        self._emit({"ev": "finished", "key": job.key, "result": result})
+
+    # -- output --------------------------------------------------------------------------
+    def _emit(self, event: dict[str, Any], *, log: bool = True) -> None:
+        line = orjson.dumps(event) + b"\n"
+        if log:
+            self.log.write(line)
+        if not self.orphaned:
+            self.outbuf += line
+
+    def _flush(self, *, final: bool = False) -> None:
+        # Never block on the worker: a stopped worker must not stop the fencing.
+        self.log.flush()
+        while self.outbuf and not self.orphaned:
+            try:
+                written = os.write(self.out_fd, self.outbuf)
+            except BlockingIOError:
+                return
+            except (BrokenPipeError, OSError):
+                self.outbuf.clear()
+                self._orphan()
+                return
+            del self.outbuf[:written]
+        if final:
+            self.log.close()
+
+
+def _vector(raw: object) -> tuple[float, float, float]:
+    values = [float(x) for x in raw][:3] if isinstance(raw, list) else []
+    values += [0.0] * (3 - len(values))
+    return values[0], values[1], values[2]
+
+
+def read_log(path: Path) -> dict[Key, dict[str, Any]]:
+    """What an executor's log says of each attempt: {"started": ..., "result": ...}."""
+    seen: dict[Key, dict[str, Any]] = {}
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return seen
+    for line in raw.splitlines():
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # a torn last line
+        key = (event["key"][0], int(event["key"][1]))
+        entry = seen.setdefault(key, {})
+        if event["ev"] == "started":
+            entry["started"] = event
+        elif event["ev"] == "finished":
+            entry["result"] = event["result"]
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m connectors.worker.engine")
+    parser.add_argument("--lease-file", type=Path, required=True)
+    parser.add_argument("--log", type=Path, required=True)
+    parser.add_argument("--cpu", type=float, default=float("inf"))
+    parser.add_argument("--memory-mb", type=float, default=float("inf"))
+    parser.add_argument("--gpu", type=float, default=float("inf"))
+    parser.add_argument("--grace-s", type=float, default=1.0)
+    parser.add_argument("--max-gap-s", type=float, default=2.5)
+    parser.add_argument("--start-wait-s", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    if os.getsid(0) != os.getpid():
+        with contextlib.suppress(OSError):
+            os.setsid()
+    warning = become_subreaper()
+    if warning:
+        print(f"executor: warning: {warning}", file=sys.stderr)
+    engine = Engine(
+        EngineConfig(
+            args.lease_file,
+            args.log,
+            (args.cpu, args.memory_mb, args.gpu),
+            args.grace_s,
+            args.max_gap_s,
+            args.start_wait_s,
+        )
+    )
+    engine.install_signals()
+    engine.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

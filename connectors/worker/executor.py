@@ -1,0 +1,279 @@
+"""How a worker runs what it was granted: the `Executor` protocol and its two kinds.
+
+- `ProcessExecutor` (the default): one long-lived executor process per worker incarnation
+  (connectors/worker/engine.py) starts the jobs and guards them; this class is the
+  worker's side of the pipe to it.
+- `NoopExecutor`: runs nothing; an attempt "starts" at its time and succeeds at once. For
+  benchmarks of the control plane, never for real work.
+
+The worker's main loop only calls `start`, `cancel`, `events` and `health`; it does not
+know which kind it drives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StartSpec:
+    key: Key
+    run_dir: Path
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    timeout_s: float
+    memory_mb: int
+    start_at_ms: int
+    need: tuple[float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    key: Key
+    pid: int
+    started_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    key: Key
+    outcome: str  # exited | timeout | cancelled | fenced | error | not_started
+    exit_code: int | None
+    signal: int | None
+    started_ms: int | None
+    finished_ms: int
+    error: str
+
+    @staticmethod
+    def of(key: Key, result: dict[str, object]) -> Finished:
+        def opt(name: str) -> int | None:
+            value = result.get(name)
+            return int(value) if isinstance(value, int) else None
+
+        return Finished(
+            key,
+            str(result["outcome"]),
+            opt("exit_code"),
+            opt("signal"),
+            opt("started_ms"),
+            int(str(result["finished_ms"])),
+            str(result.get("error") or ""),
+        )
+
+
+Event = Started | Finished
+
+
+class Executor(Protocol):
+    #: The file where the executor records what it started and how it ended ('' if none).
+    log_path: str
+    pid: int
+
+    def start(self, spec: StartSpec) -> None: ...
+    def cancel(self, key: Key) -> None: ...
+    def events(self) -> list[Event]: ...
+    def health(self) -> str:
+        """'' while usable; otherwise why not (the worker then replaces it)."""
+        ...
+
+    def kill(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class NoopExecutor:
+    """Starts nothing: each attempt starts at its time and exits 0 at once."""
+
+    log_path = ""
+    pid = 0
+
+    def __init__(self) -> None:
+        self.waiting: dict[Key, int] = {}
+        self._cancelled: list[Event] = []
+
+    def start(self, spec: StartSpec) -> None:
+        self.waiting[spec.key] = spec.start_at_ms
+
+    def cancel(self, key: Key) -> None:
+        if self.waiting.pop(key, None) is not None:
+            at = int(time.time() * 1000)
+            self._cancelled.append(Finished(key, "not_started", None, None, None, at, "cancelled"))
+
+    def events(self) -> list[Event]:
+        now = int(time.time() * 1000)
+        out, self._cancelled = list(self._cancelled), []
+        for key, start_at in list(self.waiting.items()):
+            if start_at <= now:
+                del self.waiting[key]
+                at = int(time.time() * 1000)  # per run: an honest start time
+                out += [Started(key, 0, at), Finished(key, "exited", 0, None, at, at, "")]
+        return out
+
+    def health(self) -> str:
+        return ""
+
+    def kill(self) -> None:
+        self.waiting.clear()
+
+    def close(self) -> None:
+        self.waiting.clear()
+
+
+class ProcessExecutor:
+    """The worker's end of the executor process: JSON lines both ways, never blocking."""
+
+    def __init__(
+        self,
+        lease_file: Path,
+        log_file: Path,
+        capacity: tuple[float, float, float],
+        *,
+        grace_s: float = 1.0,
+        max_gap_s: float = 2.5,
+        silence_s: float = 3.0,
+        stderr: Path | None = None,
+    ) -> None:
+        self.log_path = str(log_file)
+        self.silence_s = silence_s
+        argv = [
+            sys.executable,
+            "-m",
+            "connectors.worker.engine",
+            "--lease-file",
+            str(lease_file),
+            "--log",
+            str(log_file),
+            "--cpu",
+            repr(capacity[0]),
+            "--memory-mb",
+            repr(capacity[1]),
+            "--gpu",
+            repr(capacity[2]),
+            "--grace-s",
+            repr(grace_s),
+            "--max-gap-s",
+            repr(max_gap_s),
+        ]
+        with open(stderr or os.devnull, "ab") as err:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": _pythonpath()},
+            )
+        self.pid = self.proc.pid
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.stdin_fd = self.proc.stdin.fileno()
+        self.stdout_fd = self.proc.stdout.fileno()
+        os.set_blocking(self.stdout_fd, False)
+        self.inbuf = b""
+        self.outbuf = bytearray()
+        self.heard = time.monotonic()
+        self.closed = False
+
+    def start(self, spec: StartSpec) -> None:
+        self._send(
+            {
+                "op": "start",
+                "key": spec.key,
+                "run_dir": str(spec.run_dir),
+                "argv": spec.argv,
+                "env": spec.env,
+                "timeout_s": spec.timeout_s,
+                "memory_mb": spec.memory_mb,
+                "start_at_ms": spec.start_at_ms,
+                "need": spec.need,
+            }
+        )
+
+    def cancel(self, key: Key) -> None:
+        self._send({"op": "cancel", "key": key})
+
+    def _send(self, op: dict[str, object]) -> None:
+        self.outbuf += orjson.dumps(op) + b"\n"
+        self._flush()
+
+    def _flush(self) -> None:
+        # Blocking writes are fine here: the executor always reads its input promptly,
+        # and if it is stopped or dead the health check replaces it.
+        while self.outbuf and not self.closed:
+            try:
+                written = os.write(self.stdin_fd, self.outbuf)
+            except (BrokenPipeError, OSError):
+                self.outbuf.clear()
+                return
+            del self.outbuf[:written]
+
+    def events(self) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            try:
+                data = os.read(self.stdout_fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                break
+            if not data:
+                break
+            self.heard = time.monotonic()
+            self.inbuf += data
+        if b"\n" not in self.inbuf:
+            return out
+        lines = self.inbuf.split(b"\n")
+        self.inbuf = lines.pop()
+        for line in lines:
+            if not line:
+                continue
+            event = orjson.loads(line)
+            if event["ev"] == "tick":
+                continue
+            key = (event["key"][0], int(event["key"][1]))
+            if event["ev"] == "started":
+                out.append(Started(key, int(event["pid"]), int(event["started_ms"])))
+            elif event["ev"] == "finished":
+                out.append(Finished.of(key, event["result"]))
+        return out
+
+    def health(self) -> str:
+        code = self.proc.poll()
+        if code is not None:
+            return f"the executor process exited (status {code})"
+        silent = time.monotonic() - self.heard
+        if silent > self.silence_s:
+            return f"the executor process has been silent for {silent:.1f} s"
+        return ""
+
+    def kill(self) -> None:
+        """SIGKILL the executor (the caller kills the job groups it knew of)."""
+        self.closed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5)
+
+    def close(self) -> None:
+        """Let it go: it starts nothing more and fences its jobs when the lease ends."""
+        self.closed = True
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+
+def _pythonpath() -> str:
+    """The executor imports this package: pass on where it was imported from."""
+    root = str(Path(__file__).resolve().parents[2])
+    existing = os.environ.get("PYTHONPATH", "")
+    return f"{root}{os.pathsep}{existing}" if existing else root

@@ -1,0 +1,104 @@
+"""The worker's heartbeat and lease thread.
+
+Every `heartbeat_s` it sends a heartbeat (capacity, what is free in the busiest second of
+the coming minute, labels, the attempts held) and, only once Kafka acknowledged it,
+renews the lease: alive until `lease_s` after the beat was *made* (conservative). No
+lease is written before the first acknowledged beat, so a worker that cannot reach Kafka
+never starts anything.
+
+It never waits for the main loop, which may be busy for seconds under a saturated CPU: it
+sends the view the main loop last published. A beat that waited would renew the lease
+late and fence runs that are about to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from connectors.worker.lease import write_lease
+from schemas.codec import HEARTBEAT
+from streams.core.placement import Capacity
+
+log = logging.getLogger("cronlog.worker")
+
+View = tuple[Capacity, tuple[tuple[str, int], ...]]
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        worker_id: str,
+        capacity: Capacity,
+        labels: tuple[tuple[str, str], ...],
+        *,
+        heartbeat_s: float,
+        lease_s: float,
+        view: Callable[[], View],
+        lease_file: Callable[[], Path],
+        stop: threading.Event,
+    ) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.labels = labels
+        self.heartbeat_s = heartbeat_s
+        self.lease_s = lease_s
+        self.view = view
+        self.lease_file = lease_file
+        self.stop = stop
+        self.acknowledged = 0  # beats acknowledged so far
+
+    def beat(self) -> bool:
+        """Send one heartbeat; renew the lease if Kafka acknowledged it in time."""
+        started = time.monotonic()
+        at_ms = int(time.time() * 1000)
+        free, held = self.view()
+        capacity = self.capacity
+        record = {
+            "worker_id": self.worker_id,
+            "at_ms": at_ms,
+            "capacity": {"cpu": capacity.cpu, "memory_mb": capacity.memory_mb, "gpu": capacity.gpu},
+            "free": {
+                "cpu": max(free.cpu, 0.0),
+                "memory_mb": max(free.memory_mb, 0),
+                "gpu": max(free.gpu, 0),
+            },
+            "labels": dict(self.labels),
+            "running": [{"run_id": r, "attempt": a} for r, a in held],
+        }
+        delivered: list[bool] = []
+
+        def acked(err: object, _msg: object) -> None:
+            delivered.append(err is None)
+
+        self.producer.produce(
+            self.topic,
+            key=self.worker_id.encode(),
+            value=HEARTBEAT.encode(record),
+            on_delivery=acked,
+        )
+        self.producer.flush(self.heartbeat_s)
+        took = time.monotonic() - started
+        if took > self.heartbeat_s / 2:
+            log.warning("slow heartbeat: acknowledged after %.2f s", took)
+        if delivered and delivered[0]:
+            write_lease(self.lease_file(), at_ms + int(self.lease_s * 1000))
+            self.acknowledged += 1
+            return True
+        log.warning("heartbeat not acknowledged; the lease is not renewed")
+        return False
+
+    def loop(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            self.beat()
+            self.stop.wait(max(0.0, self.heartbeat_s - (time.monotonic() - started)))

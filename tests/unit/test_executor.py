@@ -1,0 +1,277 @@
+"""The executor process on real processes (no Kafka): start times, exit codes and output,
+timeouts and cancel killing whole process groups, self-fencing when the lease expires,
+when the worker goes away and when the executor itself was paused, memory limits,
+start-time room and giving back runs that never started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from connectors.worker.engine import read_log
+from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
+from connectors.worker.lease import write_lease
+from connectors.worker.procs import alive
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Harness:
+    def __init__(self, root: Path, capacity: tuple[float, float, float], max_gap_s: float):
+        self.root = root
+        self.lease = root / "lease"
+        self.log = root / "executor.log"
+        self.executor = ProcessExecutor(
+            self.lease,
+            self.log,
+            capacity,
+            grace_s=0.5,
+            max_gap_s=max_gap_s,
+            stderr=root / "executor.stderr",
+        )
+        self.seen: list[Event] = []
+
+    def renew(self, seconds: float = 30) -> None:
+        write_lease(self.lease, now_ms() + int(seconds * 1000))
+
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        at_ms: int | None = None,
+        timeout_s: float = 30,
+        memory_mb: int = 0,
+        need: tuple[float, float, float] = (0, 0, 0),
+    ) -> tuple[str, int]:
+        key = (name, 1)
+        self.executor.start(
+            StartSpec(
+                key,
+                self.root / name,
+                tuple(argv),
+                {"PATH": os.environ["PATH"], "CRONLOG_RUN_ID": name},
+                timeout_s,
+                memory_mb,
+                now_ms() if at_ms is None else at_ms,
+                need,
+            )
+        )
+        return key
+
+    def wait(self, check: Callable[[], bool], timeout_s: float = 20, what: str = "") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.seen += self.executor.events()
+            if check():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}; seen {self.seen}")
+
+    def finished(self, key: tuple[str, int], timeout_s: float = 20) -> Finished:
+        self.wait(lambda: self.result(key) is not None, timeout_s, f"{key} to finish")
+        result = self.result(key)
+        assert result is not None
+        return result
+
+    def result(self, key: tuple[str, int]) -> Finished | None:
+        return next((e for e in self.seen if isinstance(e, Finished) and e.key == key), None)
+
+    def started(self, key: tuple[str, int]) -> Started | None:
+        return next((e for e in self.seen if isinstance(e, Started) and e.key == key), None)
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def factory(
+        capacity: tuple[float, float, float] = (100.0, 1e9, 10.0), max_gap_s: float = 2.5
+    ) -> Harness:
+        harness = Harness(tmp_path, capacity, max_gap_s)
+        made.append(harness)
+        return harness
+
+    yield factory
+    for harness in made:
+        if harness.executor.proc.poll() is None:
+            harness.executor.kill()
+
+
+def group_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_starts_at_its_time_with_exit_code_and_output(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew()
+    at = now_ms() + 700
+    key = h.start("r1", ["sh", "-c", "echo out; echo err >&2; exit 3"], at_ms=at)
+    result = h.finished(key)
+    started = h.started(key)
+    assert started is not None
+    assert started.started_ms >= at
+    assert (result.outcome, result.exit_code) == ("exited", 3)
+    assert (h.root / "r1" / "stdout").read_text() == "out\n"
+    assert (h.root / "r1" / "stderr").read_text() == "err\n"
+    assert read_log(h.log)[key]["result"]["exit_code"] == 3  # a restarted worker reads it
+
+
+def test_a_missing_command_is_an_error_not_a_crash(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew()
+    bad = h.finished(h.start("bad", ["/no/such/program"]))
+    assert bad.outcome == "error"
+    assert "/no/such/program" in bad.error
+    good = h.finished(h.start("good", ["true"]))
+    assert (good.outcome, good.exit_code) == ("exited", 0)
+
+
+def test_timeout_and_cancel_kill_the_whole_group(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew()
+    slow = h.start("slow", ["sh", "-c", "sleep 50 & sleep 50; wait"], timeout_s=1)
+    cancel = h.start("cancel", ["sh", "-c", "sleep 50 & sleep 50; wait"])
+    h.wait(lambda: h.started(cancel) is not None, what="the start")
+    started = h.started(cancel)
+    assert started is not None
+    h.executor.cancel(cancel)
+    cancelled = h.finished(cancel)
+    timed_out = h.finished(slow)
+    assert cancelled.outcome == "cancelled"
+    assert timed_out.outcome == "timeout"
+    for key in (slow, cancel):
+        event = h.started(key)
+        assert event is not None
+        assert group_gone(event.pid)
+
+
+def test_leftover_processes_of_a_finished_job_are_stopped(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew()
+    key = h.start("left", ["sh", "-c", "sleep 60 & exit 0"])
+    result = h.finished(key)
+    started = h.started(key)
+    assert result.outcome == "exited"
+    assert result.exit_code == 0
+    assert started is not None
+    assert group_gone(started.pid)
+
+
+def test_lease_expiry_fences_running_and_pending_runs(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew(seconds=2)
+    running = h.start("running", ["sleep", "60"])
+    pending = h.start("pending", ["true"], at_ms=now_ms() + 60_000)
+    h.wait(lambda: h.started(running) is not None, what="the start")
+    fenced = h.finished(running, timeout_s=10)
+    expired_at = int((h.root / "lease").read_text())
+    assert fenced.outcome == "fenced"
+    # Killed within the lease plus the grace (0.5 s) plus the loop's tick, with margin.
+    assert fenced.finished_ms - expired_at < 1500
+    assert h.finished(pending).outcome == "not_started"
+
+
+def test_nothing_starts_before_a_first_lease(make: Callable[..., Harness]) -> None:
+    h = make()
+    key = h.start("early", ["true"])
+    time.sleep(0.6)
+    h.seen += h.executor.events()
+    assert h.started(key) is None
+    h.renew()
+    assert h.finished(key).outcome == "exited"
+
+
+def test_worker_gone_pending_dropped_running_fenced_at_lease_end(
+    make: Callable[..., Harness],
+) -> None:
+    h = make()
+    h.renew(seconds=2)
+    running = h.start("running", ["sleep", "60"])
+    pending = h.start("pending", ["true"], at_ms=now_ms() + 60_000)
+    h.wait(lambda: h.started(running) is not None, what="the start")
+    started = h.started(running)
+    assert started is not None
+    h.executor.close()  # what a SIGKILLed worker leaves: its end of the pipe closed
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not group_gone(started.pid):
+        time.sleep(0.05)
+    assert group_gone(started.pid)
+    h.executor.proc.wait(10)  # it exits once nothing is left to guard
+    written = read_log(h.log)
+    assert written[running]["result"]["outcome"] == "fenced"
+    assert written[pending]["result"]["outcome"] == "not_started"
+
+
+def test_a_paused_executor_fences_everything_when_it_runs_again(
+    make: Callable[..., Harness],
+) -> None:
+    h = make(max_gap_s=1.0)
+    h.renew()
+    running = h.start("running", ["sleep", "60"])
+    h.wait(lambda: h.started(running) is not None, what="the start")
+    os.kill(h.executor.pid, signal.SIGSTOP)
+    time.sleep(2.0)
+    h.renew()  # the worker renewed meanwhile: the executor still cannot vouch for the gap
+    os.kill(h.executor.pid, signal.SIGCONT)
+    result = h.finished(running)
+    assert result.outcome == "fenced"
+    assert "did not run" in result.error
+
+
+def test_memory_limit(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew()
+    grab = [sys.executable, "-c", "x = bytearray(400 * 1024 * 1024); print(len(x))"]
+    small = h.finished(h.start("small", grab, memory_mb=200))
+    assert small.outcome == "exited"
+    assert small.exit_code != 0
+    assert "MemoryError" in (h.root / "small" / "stderr").read_text()
+    large = h.finished(h.start("large", grab, memory_mb=2048))
+    assert (large.outcome, large.exit_code) == ("exited", 0)
+
+
+def test_a_run_waits_for_room_at_its_start(make: Callable[..., Harness]) -> None:
+    h = make(capacity=(1.0, 1e9, 10.0))
+    h.renew()
+    first = h.start("first", ["sleep", "0.8"], need=(1.0, 0, 0))
+    second = h.start("second", ["true"], need=(0.6, 0, 0))
+    a, b = h.finished(first), h.finished(second)
+    assert a.outcome == b.outcome == "exited"
+    assert b.started_ms is not None
+    assert b.started_ms >= a.finished_ms - 50
+
+
+def test_executor_killed_leaves_a_readable_log(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.renew()
+    key = h.start("k", ["sleep", "60"])
+    h.wait(lambda: h.started(key) is not None, what="the start")
+    started = h.started(key)
+    assert started is not None
+    h.executor.kill()
+    assert "started" in read_log(h.log)[key]  # the worker knows the group to kill
+    assert alive(started.pid)
+    os.killpg(started.pid, signal.SIGKILL)
+
+
+def test_jobs_are_children_of_the_executor_itself(make: Callable[..., Harness]) -> None:
+    """No process per run besides the job: the job's parent is the executor."""
+    h = make()
+    h.renew()
+    keys = [h.start(f"many{i}", ["sh", "-c", "echo $PPID"]) for i in range(20)]
+    for key in keys:
+        assert h.finished(key).exit_code == 0
+        assert (h.root / key[0] / "stdout").read_text().strip() == str(h.executor.pid)

@@ -364,6 +364,14 @@ def scenario(args: argparse.Namespace) -> int:
             }
             for p in c.procs
         ]
+        slowest = sorted(started, key=lambda e: e.scheduled_ms - starts[e.run_id].at_ms)[:3]
+        for e in slowest:  # where the slowest runs spent their time, for the reader
+            history = [
+                f"{x.state}@{(x.at_ms - e.scheduled_ms) / 1000:+.1f}s {x.worker_id} {x.reason}"
+                for x in run_events
+                if x.run_id == e.run_id
+            ]
+            print(f"slowest: {e.run_id}: " + " | ".join(history))
         figures: dict[str, object] = {
             "executor": args.executor,
             "jobs": args.jobs,

@@ -4,15 +4,17 @@ It follows `heartbeats` (every worker's capacity, what it has free in the busies
 of the coming minute, held attempts) and places the runs of its `dispatch` partitions:
 best fit against each worker's free resources minus the reservations it made itself.
 Reservations are in time (streams/core/timeline.py): a placement books the run's
-resources for the second of its start (`not_before`), not from the moment it is placed,
-so runs claimed ahead do not block runs due earlier or later; it is released when the
-worker's heartbeat lists the attempt (the worker then counts it, with its own estimate
-of the run's duration), or after `reservation_ms`.
+resources from its start (`not_before`) for `DEFAULT_EXPECTED_MS` (the dispatcher knows
+no durations), not from the moment it is placed, so runs claimed ahead do not block runs
+due earlier or later; it is released when the worker's heartbeat lists the attempt (the
+worker then counts it, with its own estimate of the run's duration), or after
+`reservation_ms`.
 Runs that fit nowhere now wait in a fair queue (priority first, then round-robin across
 owners) and are placed when capacity frees; a run no known worker could ever fit fails
 with the reason. Placement is only a proposal: the worker checks its own room before it
-claims, and the ledger's claim deadline re-dispatches anything lost, so the dispatcher's
-state is soft and is rebuilt from recent heartbeats after a restart.
+claims (and hands a run it has no room for straight back to `dispatch`), and the
+ledger's claim deadline re-dispatches anything lost, so the dispatcher's state is soft
+and is rebuilt from recent heartbeats after a restart.
 
 Failure detection: a worker silent for `dead_after_missed` heartbeat intervals plus a
 grace is declared dead, and each attempt it held gets a WorkerLost on its job's log (the
@@ -42,7 +44,7 @@ from streams.core.placement import (
 )
 from streams.core.records import DispatchFailed, DispatchRequest, WorkerAssignment, WorkerLost
 from streams.core.spec import Resources
-from streams.core.timeline import Timeline
+from streams.core.timeline import DEFAULT_EXPECTED_MS, Timeline
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 
@@ -84,7 +86,7 @@ class WorkerInfo:
 
     def reserve(self, key: Key, need: Resources, start_ms: int, until_ms: int) -> None:
         self.reserved[key] = (need, until_ms)
-        self.booked.plan(key, need, start_ms, self.booked.slot_ms)
+        self.booked.plan(key, need, start_ms, DEFAULT_EXPECTED_MS)
 
     def release(self, key: Key) -> None:
         self.reserved.pop(key, None)
@@ -204,8 +206,12 @@ class Dispatcher:
         alive = self._alive(now)
 
         def fits(item: Item) -> bool:
-            start = self.pending[item.key].not_before_ms
-            chosen = best_fit(item.need, [w.view(start) for w in alive])
+            request = self.pending[item.key]
+            start, key = request.not_before_ms, (request.run_id, request.attempt)
+            # A worker that handed this run back (no room, by its own reckoning) still
+            # holds the booking of that placement: not there again until it expires.
+            candidates = [w.view(start) for w in alive if key not in w.reserved]
+            chosen = best_fit(item.need, candidates)
             if chosen is None:
                 return False
             self._assign(self.pending.pop(item.key), chosen.worker_id, now)

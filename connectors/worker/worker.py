@@ -46,7 +46,7 @@ from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import alive, signal_group
 from connectors.worker.runlogs import LogTail
-from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
+from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
 from streams.core.ids import iso_utc
 from streams.core.placement import Capacity, labels_match
@@ -135,7 +135,8 @@ class Worker:
         self.stop_event = threading.Event()
         self.producer = Producer(producer_config(settings))
         self.topics = {
-            n: settings.topic(n) for n in ("job-log", "heartbeats", "worker-inbox", "run-logs")
+            n: settings.topic(n)
+            for n in ("job-log", "heartbeats", "worker-inbox", "run-logs", "dispatch")
         }
         self.lease = self.dir / "lease.none"
         self.executor: Executor = NoopExecutor()
@@ -275,7 +276,13 @@ class Worker:
         if not labels_match(d.resources.labels, self.config.labels) or not self.timeline.fits(
             d.resources, d.not_before_ms, expected
         ):
-            log.info("no room for %s#%d; leaving it to re-dispatch", *key)
+            # Hand it straight back to the dispatchers rather than leave it to the claim
+            # deadline (30 s after its time): the placement that sent it here is still
+            # booked on this worker in the dispatcher's view, so it goes elsewhere.
+            log.info("no room for %s#%d; handing it back for placement", *key)
+            self.producer.produce(
+                self.topics["dispatch"], key=d.run_id.encode(), value=DISPATCH.encode(d)
+            )
             return
         self.timeline.plan(key, d.resources, d.not_before_ms, expected)
         self.attempts[key] = Attempt(d, "claiming", since=time.monotonic())

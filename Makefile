@@ -57,7 +57,11 @@ bench: topics
 	$(BIN)/python -m bench.ledger --jobs 5000
 	$(BIN)/python -m bench.burst --quick --executor noop
 	$(BIN)/python -m bench.burst --quick --executor noop --lead-s 0
-	$(BIN)/python -m bench.burst --jobs 200 --executor process
+	$(BIN)/python -m bench.spawn --quick
+	$(BIN)/python -m bench.burst --quick --executor process --command sh
+	$(BIN)/python -m bench.realjobs --quick
+	$(BIN)/python -m bench.realjobs --quick --kill-worker-at 30
+	$(BIN)/python -m bench.realjobs --quick --rates 100,250,400 --compare-noop
 	$(BIN)/python -m bench.sustained --quick
 	$(BIN)/python -m bench.registry --quick
 	$(BIN)/python -m bench.failover --quick
@@ -68,7 +72,11 @@ bench-full: topics
 	$(BIN)/python -m bench.ledger --jobs 50000
 	$(BIN)/python -m bench.burst --executor noop
 	$(BIN)/python -m bench.burst --executor noop --lead-s 0
-	$(BIN)/python -m bench.burst --jobs 1000 --executor process
+	$(BIN)/python -m bench.spawn
+	$(BIN)/python -m bench.burst --jobs 10000 --executor process --command sh
+	$(BIN)/python -m bench.realjobs
+	$(BIN)/python -m bench.realjobs --kill-worker-at 120
+	$(BIN)/python -m bench.realjobs --rates 100,250,400,600 --compare-noop
 	$(BIN)/python -m bench.sustained
 	$(BIN)/python -m bench.registry
 	$(BIN)/python -m bench.failover

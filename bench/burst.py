@@ -5,7 +5,9 @@ seconds) in Europe/Berlin that fires at that second: the top-of-the-hour case, w
 cron and time-zone work it costs.
 
 Prints p50/p99/max start lateness (the worker's actual start minus the scheduled time)
-and the time until every run finished. `python -m bench.burst --jobs 2000`.
+and the time until every run finished, then runs the audit over the run events (a
+non-zero exit if it is not clean). `python -m bench.burst --jobs 2000`;
+`--executor process --command sh` for real `sh -c` processes.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from bench.common import bench_settings, percentile, report
+from bench.common import audit, bench_settings, percentile, report, verdict
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
+
+COMMANDS = {"true": ["true"], "sh": ["sh", "-c", "echo burst $CRONLOG_RUN_ID"]}
 
 
 def main() -> None:
@@ -31,6 +35,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--executor", choices=("noop", "process"), default="noop")
     parser.add_argument("--schedule", choices=("at", "cron"), default="at")
+    parser.add_argument(
+        "--command",
+        choices=("true", "sh"),
+        default="true",
+        help="each job runs `true`, or `sh -c 'echo burst $CRONLOG_RUN_ID'`",
+    )
     parser.add_argument(
         "--lead-in-s",
         type=float,
@@ -77,7 +87,7 @@ def main() -> None:
                         "job_id": f"burst-{i:06d}",
                         "owner": f"o{i % 10}",
                         "schedule": schedule,
-                        "command": ["true"],
+                        "command": COMMANDS[args.command],
                     }
                     for i in range(args.jobs)
                 ],
@@ -100,8 +110,10 @@ def main() -> None:
                     by_run.setdefault(event.run_id, []).append(event.state)
                 stuck = {r: s for r, s in by_run.items() if r not in finished}
                 print("unfinished:", len(stuck), list(stuck.items())[:5])
+            code, audit_report = audit(settings)
+            print(audit_report)
             report(
-                f"burst-{args.schedule}-{args.executor}-lead{args.lead_s:g}",
+                f"burst-{args.schedule}-{args.executor}-{args.command}-lead{args.lead_s:g}",
                 {
                     "jobs": args.jobs,
                     "schedule": args.schedule,
@@ -115,8 +127,11 @@ def main() -> None:
                     "start_lateness_p99_s": percentile(lateness, 0.99),
                     "start_lateness_max_s": max(lateness, default=float("nan")),
                     "all_finished_after_due_s": (max(finished.values(), default=0) / 1000 - due_s),
+                    "audit": verdict(code),
                 },
             )
+            if code != 0:
+                raise SystemExit(f"the audit is not clean ({verdict(code)})")
         finally:
             events.close()
             for worker in workers:

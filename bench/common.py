@@ -3,6 +3,7 @@ and worker processes, figures printed as a table and written as JSON."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ from pathlib import Path
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.isolation import delete_topics_with_prefix
+from tests.support.nodes import EventReader
 from tests.support.services import real_services
 
 REPORTS = Path(__file__).resolve().parents[1] / ".state" / "reports"
@@ -112,3 +114,39 @@ def table(name: str, rows: list[dict[str, object]]) -> None:
     print("  " + "  ".join(c.rjust(widths[c]) for c in columns))
     for row in rows:
         print("  " + "  ".join(cell(row.get(c)).rjust(widths[c]) for c in columns))
+
+
+def audit(settings: Settings) -> tuple[int, str]:
+    """`cronlog audit` over the whole run-events topic: (exit code, its report). Every
+    benchmark ends with it: figures from a run that broke a guarantee are worthless."""
+    from projections.audit_replay import run_audit
+
+    out, err = io.StringIO(), io.StringIO()
+    code = run_audit(settings, None, None, None, out, err=err)
+    return code, out.getvalue() + err.getvalue()
+
+
+def verdict(code: int) -> str:
+    return {0: "clean", 1: "VIOLATIONS"}.get(code, "ERROR")
+
+
+def window_lateness(
+    events: EventReader, window_start_ms: int, window_end_ms: int
+) -> tuple[int, int, list[float]]:
+    """First attempts scheduled in [start, end): (due, started, start lateness in s)."""
+    starts = {
+        e.run_id: e for e, _ in events.run_events() if e.state == "running" and e.attempt == 1
+    }
+    due = started = 0
+    late: list[float] = []
+    for e, _ in events.run_events():
+        if (
+            e.state == "due"
+            and e.attempt == 1
+            and window_start_ms <= e.scheduled_ms < window_end_ms
+        ):
+            due += 1
+            if e.run_id in starts:
+                started += 1
+                late.append((starts[e.run_id].at_ms - e.scheduled_ms) / 1000)
+    return due, started, late

@@ -29,7 +29,6 @@ process executor reaches >= 80% of noop's rate and >= 250 runs/s.
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import os
 import sys
@@ -43,8 +42,16 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from bench.common import bench_settings, lateness, report, table, tree_stats
-from projections.audit_replay import run_audit
+from bench.common import (
+    audit,
+    bench_settings,
+    lateness,
+    report,
+    table,
+    tree_stats,
+    verdict,
+    window_lateness,
+)
 from schemas.codec import RUN_LOG, CodecError
 from streams.core.records import FINAL_STATES, RunEvent
 from streams.settings import Settings
@@ -190,17 +197,6 @@ def upserts(ids: range, every: str, cpu: float) -> list[bytes | dict[str, object
 
 def pauses(ids: range) -> list[bytes | dict[str, object]]:
     return [{"type": "job.pause", "job_id": f"rj-{i:06d}"} for i in ids]
-
-
-def audit(settings: Settings) -> tuple[int, str]:
-    """`cronlog audit` over the whole run-events topic: (exit code, its report)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = run_audit(settings, None, None, None, out, err=err)
-    return code, out.getvalue() + err.getvalue()
-
-
-def verdict(code: int) -> str:
-    return {0: "clean", 1: "VIOLATIONS"}.get(code, "ERROR")
 
 
 def last_states(events: EventReader) -> dict[str, RunEvent]:
@@ -460,23 +456,7 @@ def rate_steps(
             events.poll_for(3)
             meter.stop()
             meter_end_ms = int(time.time() * 1000)
-            starts = {
-                e.run_id: e
-                for e, _ in events.run_events()
-                if e.state == "running" and e.attempt == 1
-            }
-            due = started = 0
-            late: list[float] = []
-            for e, _ in events.run_events():
-                if (
-                    e.state == "due"
-                    and e.attempt == 1
-                    and window_start_ms <= e.scheduled_ms < window_end_ms
-                ):
-                    due += 1
-                    if e.run_id in starts:
-                        started += 1
-                        late.append((starts[e.run_id].at_ms - e.scheduled_ms) / 1000)
+            due, started, late = window_lateness(events, window_start_ms, window_end_ms)
             figures = lateness(late)
             ran = sum(
                 1

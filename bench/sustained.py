@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import bench_settings, lateness, report, table, tree_stats
+from bench.common import bench_settings, lateness, report, table, tree_stats, window_lateness
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
 
 
@@ -70,23 +70,7 @@ def main() -> None:
                     for p in [node, *workers]
                     if p.proc
                 }
-                due = started = 0
-                late: list[float] = []
-                starts = {
-                    e.run_id: e
-                    for e, _ in events.run_events()
-                    if e.state == "running" and e.attempt == 1
-                }
-                for e, _ in events.run_events():
-                    if (
-                        e.state == "due"
-                        and e.attempt == 1
-                        and window_start_ms <= e.scheduled_ms < window_end_ms
-                    ):
-                        due += 1
-                        if e.run_id in starts:
-                            started += 1
-                            late.append((starts[e.run_id].at_ms - e.scheduled_ms) / 1000)
+                due, started, late = window_lateness(events, window_start_ms, window_end_ms)
                 figures = lateness(late)
                 row: dict[str, object] = {
                     "rate": rate,

@@ -75,7 +75,8 @@ Key = tuple[str, int]
 MIB: Final = 1024 * 1024
 TICK_S: Final = 0.1
 ALIVE_EVERY_S: Final = 0.5
-KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long to wait for a group to disappear
+KILL_WAIT_S: Final = 10.0
+STEP_BUDGET_S: Final = 0.05  # spawning in one pass of the loop, at most  # after SIGKILL, how long to wait for a group to disappear
 
 
 def now_ms() -> int:
@@ -124,6 +125,8 @@ class Engine:
         self.starts: list[tuple[int, Key]] = []  # (start_at_ms, key) heap
         self.timeouts: list[tuple[float, Key]] = []  # (monotonic deadline, key) heap
         self.queue: deque[Key] = deque()  # due, waiting for room
+        self.stopping: set[Key] = set()  # being killed: checked every pass
+        self.more = False  # due runs left for the next pass (the budget ran out)
         self.in_use = [0.0, 0.0, 0.0]
         self.in_fd, self.out_fd = in_fd, out_fd
         self.inbuf = b""
@@ -170,6 +173,8 @@ class Engine:
                 return
 
     def _sleep_s(self) -> float:
+        if self.more:
+            return 0.0
         sleep = TICK_S
         if self.starts:
             sleep = min(sleep, max(0.0, (self.starts[0][0] - now_ms()) / 1000))
@@ -260,6 +265,7 @@ class Engine:
 
     # -- starting ------------------------------------------------------------------------
     def _start_due(self, mono: float) -> None:
+        self.more = False
         now = now_ms()
         while self.starts and self.starts[0][0] <= now:
             _, key = heapq.heappop(self.starts)
@@ -285,6 +291,11 @@ class Engine:
                 return  # in order: the head waits for room, the others behind it
             self.queue.popleft()
             self._spawn(job, mono)
+            if time.monotonic() - mono > STEP_BUDGET_S:
+                # A burst of thousands due at once must not hold the loop for seconds:
+                # reaping, the lease, timeouts and the sign of life come first.
+                self.more = True
+                return
 
     def _room_for(self, need: tuple[float, float, float]) -> bool:
         # A job larger than the whole worker is started alone rather than never.
@@ -375,13 +386,14 @@ class Engine:
     def _stop(self, job: Job, outcome: str, error: str) -> None:
         """SIGTERM to the job's group now, SIGKILL after the grace."""
         job.state, job.outcome, job.error = "stopping", outcome, error
+        self.stopping.add(job.key)
         mono = time.monotonic()
         job.kill_at = mono + self.config.grace_s
         job.give_up_at = job.kill_at + KILL_WAIT_S
         signal_group(job.pid, signal.SIGTERM)
 
     def _progress_stops(self, mono: float) -> None:
-        for job in [j for j in self.jobs.values() if j.state == "stopping"]:
+        for job in [self.jobs[k] for k in list(self.stopping)]:
             if job.status is not None and not group_alive(job.pid):
                 self._finish(job, job.outcome, job.error)
             elif mono >= job.give_up_at:
@@ -407,6 +419,7 @@ class Engine:
             "error": error,
         }
         del self.jobs[job.key]
+        self.stopping.discard(job.key)
         self._emit({"ev": "finished", "key": job.key, "result": result})
 
     # -- output --------------------------------------------------------------------------

@@ -100,7 +100,6 @@ class Attempt:
     pid: int = 0
     started_ms: int | None = None
     tail: LogTail | None = None
-    tailed: float = 0.0
     cancelled: bool = False
     since: float = 0.0  # monotonic: when it entered its phase
 
@@ -141,6 +140,8 @@ class Worker:
         self.lease = self.dir / "lease.none"
         self.executor: Executor = NoopExecutor()
         self.checked_adopted = 0.0
+        self.tailed = 0.0
+        self.published = 0.0
 
     # -- the executor ----------------------------------------------------------------------
     def _new_executor(self) -> Executor:
@@ -233,6 +234,9 @@ class Worker:
         self.stop_event.set()
 
     def _publish(self) -> None:
+        if time.monotonic() - self.published < 0.2:
+            return  # the heartbeat reads it every few seconds
+        self.published = time.monotonic()
         now = int(time.time() * 1000)
         self.timeline.forget_before(now)
         self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts))
@@ -390,10 +394,13 @@ class Worker:
         if problem:
             self._replace_executor(problem)
         now = time.monotonic()
-        for attempt in self.attempts.values():
-            if attempt.tail is not None and now - attempt.tailed >= TAIL_EVERY_S:
-                attempt.tailed = now
-                attempt.tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
+        if now - self.tailed >= TAIL_EVERY_S:  # the output of long runs, as it comes
+            self.tailed = now
+            for attempt in self.attempts.values():
+                if attempt.tail is not None:
+                    attempt.tail.send_new(
+                        self.producer, self.topics["run-logs"], self.config.worker_id
+                    )
         if now - self.checked_adopted >= 0.5:
             self.checked_adopted = now
             self._check_adopted()
@@ -409,10 +416,7 @@ class Worker:
         attempt.pid, attempt.started_ms = event.pid, event.started_ms
         self.timeline.begin(attempt.key, d.resources)
         if attempt.run_dir is not None and self.config.executor == "process":
-            attempt.tail, attempt.tailed = (
-                LogTail(d.run_id, d.attempt, attempt.run_dir),
-                time.monotonic(),
-            )
+            attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
         at = event.started_ms
         self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
 

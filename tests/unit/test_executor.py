@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -275,3 +276,25 @@ def test_jobs_are_children_of_the_executor_itself(make: Callable[..., Harness]) 
     for key in keys:
         assert h.finished(key).exit_code == 0
         assert (h.root / key[0] / "stdout").read_text().strip() == str(h.executor.pid)
+
+
+def test_a_burst_due_at_once_keeps_the_executor_responsive(
+    make: Callable[..., Harness],
+) -> None:
+    """400 runs due in the same millisecond: all start and exit 0, none is fenced for a
+    'pause' of the loop, and the executor never looks dead to its worker meanwhile."""
+    h = make()
+    h.renew()
+    at = now_ms() + 300
+    keys = [h.start(f"b{i}", ["true"], at_ms=at) for i in range(400)]
+    problems: list[str] = []
+
+    def done() -> bool:
+        if problem := h.executor.health():
+            problems.append(problem)
+        return all(h.result(k) is not None for k in keys)
+
+    h.wait(done, timeout_s=60, what="the burst")
+    assert problems == []
+    outcomes = Counter((r.outcome, r.exit_code) for k in keys if (r := h.result(k)))
+    assert outcomes == Counter({("exited", 0): 400})

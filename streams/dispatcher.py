@@ -4,11 +4,11 @@ It follows `heartbeats` (every worker's capacity, what it has free in the busies
 of the coming minute, held attempts) and places the runs of its `dispatch` partitions:
 best fit against each worker's free resources minus the reservations it made itself.
 Reservations are in time (streams/core/timeline.py): a placement books the run's
-resources from its start (`not_before`) for `DEFAULT_EXPECTED_MS` (the dispatcher knows
-no durations), not from the moment it is placed, so runs claimed ahead do not block runs
-due earlier or later; it is released when the worker's heartbeat lists the attempt (the
-worker then counts it, with its own estimate of the run's duration), or after
-`reservation_ms`.
+resources for the second of its start (`not_before`), not from the moment it is placed,
+so runs claimed ahead do not block runs due in other seconds; it is released when the
+worker's heartbeat lists the attempt (the worker then counts it, with its own estimate
+of the run's duration), when a heartbeat made a second after the placement does not
+list it (the worker handed it back), or after `reservation_ms`.
 Runs that fit nowhere now wait in a fair queue (priority first, then round-robin across
 owners) and are placed when capacity frees; a run no known worker could ever fit fails
 with the reason. Placement is only a proposal: the worker checks its own room before it
@@ -44,11 +44,13 @@ from streams.core.placement import (
 )
 from streams.core.records import DispatchFailed, DispatchRequest, WorkerAssignment, WorkerLost
 from streams.core.spec import Resources
-from streams.core.timeline import DEFAULT_EXPECTED_MS, Timeline
+from streams.core.timeline import Timeline
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")
+# A placement not listed by a heartbeat made this long after it was refused or lost.
+REFUSAL_MARGIN_MS = 1000
 Key = tuple[str, int]
 
 
@@ -70,7 +72,7 @@ class WorkerInfo:
     labels: tuple[tuple[str, str], ...]
     seen_ms: int
     running: set[Key] = field(default_factory=set)
-    reserved: dict[Key, tuple[Resources, int]] = field(default_factory=dict)
+    reserved: dict[Key, tuple[Resources, int, int]] = field(default_factory=dict)
     dead: bool = False
     booked: Timeline = field(default_factory=lambda: Timeline(Capacity(0.0, 0, 0)))
 
@@ -84,9 +86,12 @@ class WorkerInfo:
         )
         return WorkerView(self.worker_id, self.capacity, free, self.labels)
 
-    def reserve(self, key: Key, need: Resources, start_ms: int, until_ms: int) -> None:
-        self.reserved[key] = (need, until_ms)
-        self.booked.plan(key, need, start_ms, DEFAULT_EXPECTED_MS)
+    def reserve(self, key: Key, need: Resources, start_ms: int, until_ms: int, now: int) -> None:
+        """Book `need` on this worker for the second of its start: whole, because this
+        dispatcher knows nothing of how long runs last (a run due now is about to hold
+        its resources; the worker, which knows, judges finer once it lists the run)."""
+        self.reserved[key] = (need, until_ms, now)
+        self.booked.plan(key, need, start_ms, self.booked.slot_ms)
 
     def release(self, key: Key) -> None:
         self.reserved.pop(key, None)
@@ -180,8 +185,13 @@ class Dispatcher:
         )
         info.labels = tuple(sorted(beat["labels"].items()))
         info.running = running
-        for key in running & set(info.reserved):
-            info.release(key)  # the worker's own free figure now includes it
+        for key, (_, _, placed_ms) in list(info.reserved.items()):
+            if key in running:
+                info.release(key)  # the worker's own free figure now includes it
+            elif placed_ms < beat["at_ms"] - REFUSAL_MARGIN_MS:
+                # Placed well before this beat and not held: the worker handed it back
+                # (no room) or lost it. Its free figure is the news now.
+                info.release(key)
 
     # -- queueing and placing ----------------------------------------------------------------
     def _queue(self, raw: bytes) -> None:
@@ -209,7 +219,8 @@ class Dispatcher:
             request = self.pending[item.key]
             start, key = request.not_before_ms, (request.run_id, request.attempt)
             # A worker that handed this run back (no room, by its own reckoning) still
-            # holds the booking of that placement: not there again until it expires.
+            # holds the booking of that placement: not there again until its next
+            # heartbeat says what it has free.
             candidates = [w.view(start) for w in alive if key not in w.reserved]
             chosen = best_fit(item.need, candidates)
             if chosen is None:
@@ -245,6 +256,7 @@ class Dispatcher:
             request.resources,
             request.not_before_ms,
             max(now, request.not_before_ms) + self.config.reservation_ms,
+            now,
         )
         self.producer.produce(
             self.settings.topic("worker-inbox"),
@@ -254,7 +266,7 @@ class Dispatcher:
 
     def _expire(self, now: int) -> None:
         for info in self.workers.values():
-            for key, (_, until) in list(info.reserved.items()):
+            for key, (_, until, _) in list(info.reserved.items()):
                 if until <= now:
                     info.release(key)
 

@@ -251,4 +251,10 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
     async def finished(run_id: str, request: Request, who: Caller) -> JSONResponse:
         return await report(run_id, "finished", request, who)
 
+    @app.post("/runs/{run_id}/released", tags=["workers"], openapi_extra=OBJECT_BODY)
+    async def released(run_id: str, request: Request, who: Caller) -> JSONResponse:
+        """Give back a granted attempt that was never started and never will be: the
+        ledger dispatches the same attempt again."""
+        return await report(run_id, "released", request, who)
+
     return app

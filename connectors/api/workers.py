@@ -33,6 +33,7 @@ from streams.core.records import (
     ClaimReply,
     ClaimRequested,
     RunFinished,
+    RunReleased,
     RunStarted,
     WorkerAssignment,
 )
@@ -189,11 +190,16 @@ class WorkerGateway:
             raise ServiceError(422, f"{run_id!r} is not a run id", "run_id")
         attempt = _attempt(body)
         now = int(time.time() * 1000)
-        record: ClaimRequested | RunStarted | RunFinished
+        record: ClaimRequested | RunStarted | RunFinished | RunReleased
         if kind == "ack":
             record = ClaimRequested(job_id, run_id, attempt, worker_id, now)
         elif kind == "started":
             record = RunStarted(job_id, run_id, attempt, worker_id, now)
+        elif kind == "released":
+            reason = body.get("reason", "")
+            if not isinstance(reason, str):
+                raise ServiceError(422, "reason must be a string", "reason")
+            record = RunReleased(job_id, run_id, attempt, worker_id, reason[:2000], now)
         else:
             exit_code = body.get("exit_code")
             if exit_code is not None and (

@@ -75,8 +75,8 @@ Key = tuple[str, int]
 MIB: Final = 1024 * 1024
 TICK_S: Final = 0.1
 ALIVE_EVERY_S: Final = 0.5
-KILL_WAIT_S: Final = 10.0
-STEP_BUDGET_S: Final = 0.05  # spawning in one pass of the loop, at most  # after SIGKILL, how long to wait for a group to disappear
+KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long to wait for a group to disappear
+STEP_BUDGET_S: Final = 0.05  # spawning in one pass of the loop, at most
 
 
 def now_ms() -> int:

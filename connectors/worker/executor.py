@@ -80,6 +80,8 @@ class Executor(Protocol):
     #: The file where the executor records what it started and how it ended ('' if none).
     log_path: str
     pid: int
+    #: Whether runs leave stdout/stderr files in their run directory to stream.
+    output: bool
 
     def start(self, spec: StartSpec) -> None: ...
     def cancel(self, key: Key) -> None: ...
@@ -97,6 +99,7 @@ class NoopExecutor:
 
     log_path = ""
     pid = 0
+    output = False
 
     def __init__(self) -> None:
         self.waiting: dict[Key, int] = {}
@@ -145,6 +148,7 @@ class ProcessExecutor:
         stderr: Path | None = None,
     ) -> None:
         self.log_path = str(log_file)
+        self.output = True
         self.silence_s = silence_s
         argv = [
             sys.executable,

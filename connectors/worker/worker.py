@@ -415,7 +415,7 @@ class Worker:
         d = attempt.dispatch
         attempt.pid, attempt.started_ms = event.pid, event.started_ms
         self.timeline.begin(attempt.key, d.resources)
-        if attempt.run_dir is not None and self.config.executor == "process":
+        if attempt.run_dir is not None and self.executor.output:
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
         at = event.started_ms
         self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
@@ -434,7 +434,12 @@ class Worker:
                         d.job_id, d.run_id, d.attempt, self.config.worker_id, event.started_ms
                     )
                 )
-        if attempt.tail is None and attempt.run_dir is not None and event.started_ms is not None:
+        if (
+            attempt.tail is None
+            and attempt.run_dir is not None
+            and event.started_ms is not None
+            and self.executor.output
+        ):
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
         if attempt.tail is not None:
             attempt.tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)

@@ -346,6 +346,26 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
     )[0]
     assert grant["granted"] is True
     running.append({"run_id": run_id, "attempt": attempt})
+    beat()
+    # Give it back before starting it (say, no room after all): the same attempt comes back
+    # as a new assignment, and can be claimed again.
+    inbox["assignments"].clear()
+    inbox["grants"].clear()
+    back = api.post(
+        f"/runs/{run_id}/released", json={"attempt": attempt, "reason": "no room"}, headers=W
+    )
+    assert back.status_code == 202
+    running.clear()
+    again = eventually(
+        lambda: [a for a in beat()["assignments"] if a["run_id"] == run_id], "the re-assignment"
+    )[0]
+    assert again["attempt"] == attempt
+    assert api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W).status_code == 202
+    regrant = eventually(
+        lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], "the second reply"
+    )[0]
+    assert regrant["granted"] is True
+    running.append({"run_id": run_id, "attempt": attempt})
     assert (
         api.post(f"/runs/{run_id}/started", json={"attempt": attempt}, headers=W).status_code == 202
     )

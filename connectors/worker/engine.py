@@ -67,8 +67,9 @@ from connectors.worker.procs import (
     become_subreaper,
     decode_status,
     group_alive,
-    limit_address_space,
     signal_group,
+    spawn,
+    spawn_limited,
 )
 
 Key = tuple[str, int]
@@ -306,45 +307,22 @@ class Engine:
         )
 
     def _spawn(self, job: Job, mono: float) -> None:
-        report_r = report_w = -1
-        preexec = None
-        if job.memory_mb > 0:
-            report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
-            preexec = limit_address_space(job.memory_mb * MIB, report_w)
         try:
             job.run_dir.mkdir(parents=True, exist_ok=True)
-            with (
-                open(job.run_dir / "stdout", "ab") as out,
-                open(job.run_dir / "stderr", "ab") as err,
-            ):
-                proc = subprocess.Popen(
-                    job.argv,
-                    cwd=job.run_dir,
-                    env=job.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                    preexec_fn=preexec,
+            if job.memory_mb > 0:
+                pid, job.rlimit_error = spawn_limited(
+                    job.argv, job.env, job.run_dir, job.memory_mb * MIB
                 )
+            else:
+                pid = spawn(job.argv, job.env, job.run_dir)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
             return
-        finally:
-            if report_w >= 0:
-                os.close(report_w)
-        if report_r >= 0:
-            report = os.read(report_r, 4096)
-            os.close(report_r)
-            if report != b"ok":
-                job.rlimit_error = report.decode(errors="replace") or "not confirmed"
-        # subprocess must never wait for this pid: this loop reaps it (waitpid(-1)).
-        proc.returncode = 0
-        job.pid, job.state = proc.pid, "running"
+        job.pid, job.state = pid, "running"
         job.started_ms, job.start_mono = now_ms(), mono
         for i, n in enumerate(job.need):
             self.in_use[i] += n
-        self.by_pid[proc.pid] = job
+        self.by_pid[pid] = job
         heapq.heappush(self.timeouts, (mono + job.timeout_s, job.key))
         self._emit({"ev": "started", "key": job.key, "pid": job.pid, "started_ms": job.started_ms})
 

@@ -6,8 +6,11 @@ import contextlib
 import ctypes
 import os
 import resource
+import shutil
 import signal
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -78,3 +81,70 @@ def decode_status(status: int) -> tuple[int | None, int | None]:
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status), None
     return None, None
+
+
+# Signals Python ignores that a job must get back with their default action (what
+# subprocess's restore_signals does): an ignored disposition survives exec.
+_RESTORED = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def spawn(argv: Sequence[str], env: dict[str, str], cwd: Path) -> int:
+    """Start a job with posix_spawn (vfork + exec: ~0.1 ms of this process's CPU, a
+    quarter of `subprocess.Popen`'s): a new session and process group, stdin from
+    /dev/null, stdout and stderr appended to files in `cwd`. The program is looked up
+    in the job's own PATH, as `subprocess` does. Returns the pid (the caller reaps it).
+
+    posix_spawn has no working-directory attribute here, so this process changes its
+    own for the call: callers must be single-threaded (the executor is)."""
+    program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+    if program is None:
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(cwd / "stdout"), append, 0o644),
+        (os.POSIX_SPAWN_OPEN, 2, str(cwd / "stderr"), append, 0o644),
+    ]
+    home = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return os.posix_spawn(
+            program,
+            list(argv),
+            env,
+            file_actions=actions,
+            setsid=True,
+            setsigdef=_RESTORED,
+            setsigmask=(),
+        )
+    finally:
+        os.chdir(home)
+
+
+def spawn_limited(
+    argv: Sequence[str], env: dict[str, str], cwd: Path, limit_bytes: int
+) -> tuple[int, str]:
+    """Like `spawn`, with RLIMIT_AS set in the child before exec (fork + exec, since
+    posix_spawn cannot set limits). Returns the pid and '' or why the limit was not
+    applied (the job runs anyway)."""
+    report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
+    try:
+        with open(cwd / "stdout", "ab") as out, open(cwd / "stderr", "ab") as err:
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                preexec_fn=limit_address_space(limit_bytes, report_w),
+            )
+    finally:
+        os.close(report_w)
+    try:
+        report = os.read(report_r, 4096)
+    finally:
+        os.close(report_r)
+    proc.returncode = 0  # subprocess must never wait for this pid: the caller reaps it
+    return proc.pid, "" if report == b"ok" else report.decode(errors="replace") or "not confirmed"

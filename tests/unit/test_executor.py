@@ -298,3 +298,35 @@ def test_a_burst_due_at_once_keeps_the_executor_responsive(
     assert problems == []
     outcomes = Counter((r.outcome, r.exit_code) for k in keys if (r := h.result(k)))
     assert outcomes == Counter({("exited", 0): 400})
+
+
+def test_jobs_get_default_signals_and_their_own_path(
+    make: Callable[..., Harness], tmp_path: Path
+) -> None:
+    """The executor (Python) ignores SIGPIPE; its jobs must not inherit that. And the
+    program is looked up in the job's own PATH, as subprocess would."""
+    h = make()
+    h.renew()
+    key = h.start("sigs", ["sh", "-c", "grep SigIgn /proc/$$/status"])
+    assert h.finished(key).exit_code == 0
+    ignored = int((h.root / "sigs" / "stdout").read_text().split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "only-here"
+    tool.write_text("#!/bin/sh\necho found\n")
+    tool.chmod(0o755)
+    h.executor.start(
+        StartSpec(
+            ("own-path", 1),
+            h.root / "own-path",
+            ("only-here",),
+            {"PATH": f"{bindir}:/usr/bin:/bin"},
+            30,
+            0,
+            now_ms(),
+            (0, 0, 0),
+        )
+    )
+    assert h.finished(("own-path", 1)).exit_code == 0
+    assert (h.root / "own-path" / "stdout").read_text() == "found\n"

@@ -75,6 +75,7 @@ class WorkerInfo:
     reserved: dict[Key, tuple[Resources, int, int]] = field(default_factory=dict)
     dead: bool = False
     booked: Timeline = field(default_factory=lambda: Timeline(Capacity(0.0, 0, 0)))
+    maybe: dict[Key, int] = field(default_factory=dict)  # released early, until (ms)
 
     def view(self, at_ms: int) -> WorkerView:
         """What this dispatcher believes is free on the worker in the second of `at_ms`."""
@@ -190,7 +191,10 @@ class Dispatcher:
                 info.release(key)  # the worker's own free figure now includes it
             elif placed_ms < beat["at_ms"] - REFUSAL_MARGIN_MS:
                 # Placed well before this beat and not held: the worker handed it back
-                # (no room) or lost it. Its free figure is the news now.
+                # (no room) or lost it. Its free figure is the news now. The worker may
+                # still have claimed it unseen (a view a moment old): should it die, the
+                # verdict names this attempt too, until the reservation would have ended.
+                info.maybe[key] = info.reserved[key][1]
                 info.release(key)
 
     # -- queueing and placing ----------------------------------------------------------------
@@ -269,6 +273,9 @@ class Dispatcher:
             for key, (_, until, _) in list(info.reserved.items()):
                 if until <= now:
                     info.release(key)
+            for key, until in list(info.maybe.items()):
+                if until <= now:
+                    del info.maybe[key]
 
     # -- failure detection ---------------------------------------------------------------------
     def _detect(self, now: int) -> None:
@@ -280,7 +287,7 @@ class Dispatcher:
                 continue
             info.dead = True
             self.declared_dead += 1
-            held = info.running | set(info.reserved)
+            held = info.running | set(info.reserved) | set(info.maybe)
             log.warning(
                 "worker %s silent for %.1f s: declared dead, %d attempts lost",
                 info.worker_id,
@@ -292,6 +299,7 @@ class Dispatcher:
                 self._send(job_id, WorkerLost(job_id, run_id, attempt, info.worker_id, now))
             for key in list(info.reserved):
                 info.release(key)
+            info.maybe.clear()
 
     def _send(self, job_id: str, record: WorkerLost | DispatchFailed) -> None:
         self.producer.produce(

@@ -134,7 +134,9 @@ class Engine:
         self.outbuf = bytearray()
         self.orphaned = False  # the worker went away
         self.stopping_all = ""
-        self.log = open(config.log_file, "ab")  # noqa: SIM115 - kept for the process's life
+        # Unbuffered: every line is in the file (the OS's) the moment it is written, so
+        # a SIGKILL of this process loses none of them.
+        self.log = open(config.log_file, "ab", buffering=0)  # noqa: SIM115
         self.last_loop = time.monotonic()
         self.last_alive = 0.0
         self.last_lease_check = 0.0
@@ -183,6 +185,7 @@ class Engine:
 
     def step(self) -> None:
         """One pass: reap, check the lease, start what is due, enforce timeouts, stop."""
+        self.more = False  # set again by _start_due if its budget runs out
         mono = time.monotonic()
         gap = mono - self.last_loop
         self.last_loop = mono
@@ -202,6 +205,15 @@ class Engine:
             self.last_alive = mono
             self._emit({"ev": "tick"}, log=False)
         self._flush()
+
+    def _lease_holds_now(self, pass_began: float) -> bool:
+        """Checked right before each start: the lease read now (not the pass's cached
+        answer) is valid, and this pass has not itself been stalled long enough for the
+        failure detector to have given up on the worker meanwhile."""
+        if time.monotonic() - pass_began > self.config.max_gap_s:
+            return False
+        deadline = read_lease(self.config.lease_file)
+        return deadline is not None and now_ms() < deadline
 
     def _lease_valid(self, mono: float) -> bool:
         if mono - self.last_lease_check >= TICK_S or not self.lease_ok:
@@ -266,7 +278,6 @@ class Engine:
 
     # -- starting ------------------------------------------------------------------------
     def _start_due(self, mono: float) -> None:
-        self.more = False
         now = now_ms()
         while self.starts and self.starts[0][0] <= now:
             _, key = heapq.heappop(self.starts)
@@ -290,6 +301,8 @@ class Engine:
                     )
                     continue
                 return  # in order: the head waits for room, the others behind it
+            if not self._lease_holds_now(mono):
+                return  # the next pass fences (or waits for a first lease)
             self.queue.popleft()
             self._spawn(job, mono)
             if time.monotonic() - mono > STEP_BUDGET_S:
@@ -307,6 +320,9 @@ class Engine:
         )
 
     def _spawn(self, job: Job, mono: float) -> None:
+        # The intent first: if this process dies between the spawn and the "started"
+        # line, the worker knows the job may exist and must not give the run back.
+        self.log.write(orjson.dumps({"ev": "starting", "key": job.key}) + b"\n")
         try:
             job.run_dir.mkdir(parents=True, exist_ok=True)
             if job.memory_mb > 0:
@@ -324,6 +340,11 @@ class Engine:
             self.in_use[i] += n
         self.by_pid[pid] = job
         heapq.heappush(self.timeouts, (mono + job.timeout_s, job.key))
+        if len(self.timeouts) > 2 * len(self.jobs) + 1000:
+            # Entries of finished jobs stay until their time: an hour of them at
+            # hundreds of runs a second would be millions. Keep the live ones only.
+            self.timeouts = [t for t in self.timeouts if t[1] in self.jobs]
+            heapq.heapify(self.timeouts)
         self._emit({"ev": "started", "key": job.key, "pid": job.pid, "started_ms": job.started_ms})
 
     # -- watching ------------------------------------------------------------------------
@@ -410,7 +431,6 @@ class Engine:
 
     def _flush(self, *, final: bool = False) -> None:
         # Never block on the worker: a stopped worker must not stop the fencing.
-        self.log.flush()
         while self.outbuf and not self.orphaned:
             try:
                 written = os.write(self.out_fd, self.outbuf)
@@ -431,25 +451,38 @@ def _vector(raw: object) -> tuple[float, float, float]:
     return values[0], values[1], values[2]
 
 
-def read_log(path: Path) -> dict[Key, dict[str, Any]]:
-    """What an executor's log says of each attempt: {"started": ..., "result": ...}."""
-    seen: dict[Key, dict[str, Any]] = {}
+def read_log(
+    path: Path,
+    wanted: set[Key] | None = None,
+    start: int = 0,
+    into: dict[Key, dict[str, Any]] | None = None,
+) -> tuple[dict[Key, dict[str, Any]], int]:
+    """What an executor's log says of each attempt ({"starting", "started", "result"}),
+    read from byte `start` on and merged `into` an earlier answer, for the `wanted`
+    attempts only (all if None); and the offset to read from next time. A log grows with
+    every run, so a worker that waits on a few attempts reads only what is new."""
+    seen = {} if into is None else into
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            f.seek(start)
+            raw = f.read()
     except OSError:
-        return seen
-    for line in raw.splitlines():
+        return seen, start
+    end = raw.rfind(b"\n") + 1  # a torn last line is read again next time
+    for line in raw[:end].splitlines():
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError:
-            continue  # a torn last line
+            continue
         key = (event["key"][0], int(event["key"][1]))
+        if wanted is not None and key not in wanted:
+            continue
         entry = seen.setdefault(key, {})
-        if event["ev"] == "started":
-            entry["started"] = event
-        elif event["ev"] == "finished":
+        if event["ev"] == "finished":
             entry["result"] = event["result"]
-    return seen
+        else:
+            entry[event["ev"]] = event
+    return seen, start + end
 
 
 def main(argv: list[str] | None = None) -> int:

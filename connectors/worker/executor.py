@@ -184,6 +184,8 @@ class ProcessExecutor:
         self.stdin_fd = self.proc.stdin.fileno()
         self.stdout_fd = self.proc.stdout.fileno()
         os.set_blocking(self.stdout_fd, False)
+        os.set_blocking(self.stdin_fd, False)
+        self.stuck_since: float | None = None  # when a write to it last could not proceed
         self.inbuf = b""
         self.outbuf = bytearray()
         self.heard = time.monotonic()
@@ -212,17 +214,23 @@ class ProcessExecutor:
         self._flush()
 
     def _flush(self) -> None:
-        # Blocking writes are fine here: the executor always reads its input promptly,
-        # and if it is stopped or dead the health check replaces it.
+        # Never block the worker's loop on the executor: a stopped or wedged executor
+        # fills the pipe, and `health` then reports it, so it gets replaced.
         while self.outbuf and not self.closed:
             try:
                 written = os.write(self.stdin_fd, self.outbuf)
-            except (BrokenPipeError, OSError):
+            except BlockingIOError:
+                if self.stuck_since is None:
+                    self.stuck_since = time.monotonic()
+                return
+            except OSError:
                 self.outbuf.clear()
                 return
             del self.outbuf[:written]
+        self.stuck_since = None
 
     def events(self) -> list[Event]:
+        self._flush()
         out: list[Event] = []
         while True:
             try:
@@ -259,6 +267,8 @@ class ProcessExecutor:
         silent = time.monotonic() - self.heard
         if silent > self.silence_s:
             return f"the executor process has been silent for {silent:.1f} s"
+        if self.stuck_since is not None and time.monotonic() - self.stuck_since > self.silence_s:
+            return "the executor process has not read its input for too long"
         return ""
 
     def kill(self) -> None:
@@ -266,7 +276,8 @@ class ProcessExecutor:
         self.closed = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)  # one in uninterruptible sleep is left to the kernel
 
     def close(self) -> None:
         """Let it go: it starts nothing more and fences its jobs when the lease ends."""

@@ -8,7 +8,9 @@ never starts anything.
 
 It never waits for the main loop, which may be busy for seconds under a saturated CPU: it
 sends the view the main loop last published. A beat that waited would renew the lease
-late and fence runs that are about to start.
+late and fence runs that are about to start. But a main loop stuck for much longer
+(`loop_alive` false: no pass for 20 s) stops the renewals: such a worker reads no orders
+and sends no reports, and its jobs must be fenced rather than kept alive by beats.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Heartbeat:
         view: Callable[[], View],
         lease_file: Callable[[], Path],
         stop: threading.Event,
+        loop_alive: Callable[[], bool] = lambda: True,
     ) -> None:
         self.producer = producer
         self.topic = topic
@@ -55,6 +58,7 @@ class Heartbeat:
         self.view = view
         self.lease_file = lease_file
         self.stop = stop
+        self.loop_alive = loop_alive
         self.acknowledged = 0  # beats acknowledged so far
 
     def beat(self) -> bool:
@@ -90,6 +94,11 @@ class Heartbeat:
         took = time.monotonic() - started
         if took > self.heartbeat_s / 2:
             log.warning("slow heartbeat: acknowledged after %.2f s", took)
+        if delivered and delivered[0] and not self.loop_alive():
+            # Beats alone do not make a worker: a main loop stuck this long reads no
+            # orders and sends no reports, so its jobs must be fenced, not kept alive.
+            log.error("the worker's main loop is stuck; the lease is not renewed")
+            return False
         if delivered and delivered[0]:
             write_lease(self.lease_file(), at_ms + int(self.lease_s * 1000))
             self.acknowledged += 1

@@ -129,22 +129,40 @@ def spawn_limited(
     applied (the job runs anyway)."""
     report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
     try:
-        with open(cwd / "stdout", "ab") as out, open(cwd / "stderr", "ab") as err:
-            proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                preexec_fn=limit_address_space(limit_bytes, report_w),
-            )
-    finally:
-        os.close(report_w)
-    try:
+        try:
+            with open(cwd / "stdout", "ab") as out, open(cwd / "stderr", "ab") as err:
+                proc = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=limit_address_space(limit_bytes, report_w),
+                )
+        finally:
+            os.close(report_w)
         report = os.read(report_r, 4096)
     finally:
         os.close(report_r)
     proc.returncode = 0  # subprocess must never wait for this pid: the caller reaps it
     return proc.pid, "" if report == b"ok" else report.decode(errors="replace") or "not confirmed"
+
+
+def job_processes(run_id: str, attempt: int) -> list[int]:
+    """Pids whose environment names this (run, attempt): the processes of a job whose
+    executor died before it could record the pid. A scan of /proc: for rare paths only."""
+    wanted = {f"CRONLOG_RUN_ID={run_id}".encode(), f"CRONLOG_ATTEMPT={attempt}".encode()}
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= environ:
+            found.append(int(entry.name))
+    return found

@@ -44,7 +44,7 @@ from connectors.worker.executor import (
 )
 from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.journal import Entry, Journal
-from connectors.worker.procs import alive, signal_group
+from connectors.worker.procs import alive, job_processes, signal_group
 from connectors.worker.runlogs import LogTail
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
@@ -70,6 +70,7 @@ Key = tuple[str, int]
 HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
 TAIL_EVERY_S = 1.0
 CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
+LOOP_STUCK_S = 20.0  # a main loop without a pass for this long stops the lease renewals
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class Attempt:
     tail: LogTail | None = None
     cancelled: bool = False
     since: float = 0.0  # monotonic: when it entered its phase
+    claimed_ms: int = 0  # the time of the latest claim: only its reply counts
 
     @property
     def key(self) -> Key:
@@ -140,6 +142,10 @@ class Worker:
         self.lease = self.dir / "lease.none"
         self.executor: Executor = NoopExecutor()
         self.checked_adopted = 0.0
+        # Per earlier executor's log: what was read of it so far, and where to go on.
+        self.adopted_logs: dict[str, tuple[dict[Key, dict[str, Any]], int]] = {}
+        self.read_now: set[str] = set()
+        self.loop_seen = time.monotonic()
         self.tailed = 0.0
         self.published = 0.0
 
@@ -165,7 +171,7 @@ class Worker:
         old = self.executor
         log.error("executor %d unusable (%s): replacing it", old.pid, why)
         old.kill()
-        written = read_log(Path(old.log_path)) if old.log_path else {}
+        written = read_log(Path(old.log_path))[0] if old.log_path else {}
         for attempt in [a for a in self.attempts.values() if a.executor is old]:
             self._from_log(attempt, written.get(attempt.key, {}), f"the executor failed: {why}")
         with contextlib.suppress(OSError):
@@ -177,9 +183,13 @@ class Worker:
         result = entry.get("result")
         if result is not None:
             self._finished(attempt, Finished.of(attempt.key, result))
-        elif "started" in entry or attempt.pid:
-            pid = attempt.pid or int(entry["started"]["pid"])
-            _kill_job(pid, attempt.dispatch.run_id)  # what is left of it must not run on
+        elif "started" in entry or "starting" in entry or attempt.pid:
+            # It started, or may have (the executor died between the two lines): what is
+            # left of it must not run on, and whether it did its work is unknown.
+            d = attempt.dispatch
+            pid = attempt.pid or int(entry.get("started", {}).get("pid", 0))
+            for leader in [pid] if pid else job_processes(d.run_id, d.attempt):
+                _kill_job(leader, d.run_id)
             self._report(attempt, None, f"lost: {why}", int(time.time() * 1000))
         else:
             self._release(attempt, f"never started: {why}")
@@ -200,6 +210,7 @@ class Worker:
             view=lambda: self.view,
             lease_file=lambda: self.lease,
             stop=self.stop_event,
+            loop_alive=lambda: time.monotonic() - self.loop_seen < LOOP_STUCK_S,
         )
         threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
         consumer = Consumer(
@@ -211,6 +222,7 @@ class Worker:
         log.info("worker %s ready (inbox partition %d)", self.config.worker_id, partition)
         try:
             while not self.stop_event.is_set():
+                self.loop_seen = time.monotonic()
                 messages = consumer.consume(500, timeout=0.05)
                 for msg in messages:
                     if msg.error() is None and msg.key() == self.config.worker_id.encode():
@@ -289,17 +301,40 @@ class Worker:
             )
             return
         self.timeline.plan(key, d.resources, d.not_before_ms, expected)
-        self.attempts[key] = Attempt(d, "claiming", since=time.monotonic())
+        attempt = Attempt(d, "claiming", since=time.monotonic())
+        self.attempts[key] = attempt
         self.journal.record(d.run_id, d.attempt, d.job_id, "claiming", dispatch=to_plain(d))
-        self._claim(d)
+        attempt.claimed_ms = self._claim(d)
 
-    def _claim(self, d: DispatchRequest) -> None:
+    def _claim(self, d: DispatchRequest) -> int:
         at = int(time.time() * 1000)
         self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
+        return at
 
     def _replied(self, reply: ClaimReply) -> None:
-        attempt = self.attempts.get((reply.run_id, reply.attempt))
+        key = (reply.run_id, reply.attempt)
+        attempt = self.attempts.get(key)
         if attempt is None or attempt.phase != "claiming":
+            if reply.granted and attempt is None and self.journal.phase(*key) == "dropped":
+                # Granted after this worker gave the claim up: give it back at once
+                # rather than leave the run dispatched to nobody until its timeout.
+                entry = self.journal.entries[key]
+                at = int(time.time() * 1000)
+                self._send(
+                    RunReleased(
+                        entry.job_id,
+                        reply.run_id,
+                        reply.attempt,
+                        self.config.worker_id,
+                        "the claim was given up before its reply came",
+                        at,
+                    )
+                )
+            return
+        if reply.at_ms != attempt.claimed_ms:
+            # The reply to an earlier claim of this attempt (replayed from the inbox after
+            # a restart, or before the attempt was given back and assigned again): the
+            # ledger answers each claim with that claim's time.
             return
         if not reply.granted:
             self._drop(attempt)
@@ -406,7 +441,10 @@ class Worker:
             self._check_adopted()
             for attempt in [a for a in self.attempts.values() if a.phase == "claiming"]:
                 if now - attempt.since > CLAIM_REPLY_S:
-                    self._drop(attempt)  # no answer: the ledger re-dispatches it
+                    # No answer. Should the claim have been granted after all, the
+                    # release gives the run back (the ledger rejects it otherwise).
+                    self._drop(attempt)
+                    self._release(attempt, "no reply to the claim")
         resend, self.resend = self.resend, []
         for record, on_ack in resend:
             self._send(record, on_ack)
@@ -484,7 +522,7 @@ class Worker:
             if entry.phase == "claiming":
                 expected = self.durations.expected_ms(d.job_id)
                 self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
-                self._claim(d)
+                attempt.since, attempt.claimed_ms = time.monotonic(), self._claim(d)
                 continue
             attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
             self.timeline.begin(attempt.key, d.resources)  # may be running: hold it
@@ -497,16 +535,26 @@ class Worker:
                     stale.unlink()
 
     def _check_adopted(self) -> None:
-        logs: dict[str, dict[Key, dict[str, Any]]] = {}
+        """Read what is new in each earlier executor's log for the attempts still waited
+        on; settle those it finished, or whose executor is gone."""
+        wanted = set(self.adopted)
         for key, (attempt, entry) in list(self.adopted.items()):
             path = str(entry.info.get("executor_log") or "")
-            if path not in logs:
-                logs[path] = read_log(Path(path)) if path else {}
-            written = logs[path].get(key, {})
+            written: dict[str, Any] = {}
+            if path:
+                seen, offset = self.adopted_logs.get(path, ({}, 0))
+                if path not in self.read_now:
+                    seen, offset = read_log(Path(path), wanted, offset, seen)
+                    self.adopted_logs[path] = (seen, offset)
+                    self.read_now.add(path)
+                written = seen.get(key, {})
             pid = int(entry.info.get("executor_pid") or 0)
             if "result" not in written and pid and _is_executor(pid):
                 continue  # it still guards the run: wait for its outcome
             self._from_log(attempt, written, "the worker restarted and the run's executor was gone")
+        self.read_now.clear()
+        if not self.adopted:
+            self.adopted_logs.clear()
 
 
 def _executor_pid_of(lease: Path, journal: Journal) -> int | None:
@@ -527,7 +575,9 @@ def _kill_job(pid: int, run_id: str) -> None:
     except OSError:
         return  # the leader is gone; what it left in its group is not ours to guess
     if f"CRONLOG_RUN_ID={run_id}".encode() in environ.split(b"\0"):
-        signal_group(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)  # its group, if it leads one
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _is_executor(pid: int) -> bool:

@@ -775,7 +775,11 @@ class _Builder:
         reason = inp.error or (
             f"exit code {inp.exit_code}" if inp.exit_code is not None else "killed"
         )
-        self._fail_attempt(run, reason, retry_allowed=True, exit_code=inp.exit_code)
+        # A worker that cannot know how an attempt ended (its executor died, it restarted)
+        # reports it lost: like a WorkerLost verdict, only idempotent jobs run again.
+        lost = inp.exit_code is None and inp.error.startswith("lost")
+        retry = not lost or self.job.spec.idempotent
+        self._fail_attempt(run, reason, retry_allowed=retry, exit_code=inp.exit_code)
 
     def lost(self, inp: WorkerLost) -> None:
         run = self._current(inp.run_id, inp.attempt)

@@ -127,7 +127,7 @@ def test_starts_at_its_time_with_exit_code_and_output(make: Callable[..., Harnes
     assert (result.outcome, result.exit_code) == ("exited", 3)
     assert (h.root / "r1" / "stdout").read_text() == "out\n"
     assert (h.root / "r1" / "stderr").read_text() == "err\n"
-    assert read_log(h.log)[key]["result"]["exit_code"] == 3  # a restarted worker reads it
+    assert read_log(h.log)[0][key]["result"]["exit_code"] == 3  # a restarted worker reads it
 
 
 def test_a_missing_command_is_an_error_not_a_crash(make: Callable[..., Harness]) -> None:
@@ -211,7 +211,7 @@ def test_worker_gone_pending_dropped_running_fenced_at_lease_end(
         time.sleep(0.05)
     assert group_gone(started.pid)
     h.executor.proc.wait(10)  # it exits once nothing is left to guard
-    written = read_log(h.log)
+    written = read_log(h.log)[0]
     assert written[running]["result"]["outcome"] == "fenced"
     assert written[pending]["result"]["outcome"] == "not_started"
 
@@ -263,7 +263,7 @@ def test_executor_killed_leaves_a_readable_log(make: Callable[..., Harness]) -> 
     started = h.started(key)
     assert started is not None
     h.executor.kill()
-    assert "started" in read_log(h.log)[key]  # the worker knows the group to kill
+    assert "started" in read_log(h.log)[0][key]  # the worker knows the group to kill
     assert alive(started.pid)
     os.killpg(started.pid, signal.SIGKILL)
 
@@ -330,3 +330,20 @@ def test_jobs_get_default_signals_and_their_own_path(
     )
     assert h.finished(("own-path", 1)).exit_code == 0
     assert (h.root / "own-path" / "stdout").read_text() == "found\n"
+
+
+def test_the_log_is_read_from_where_the_last_read_stopped(tmp_path: Path) -> None:
+    log = tmp_path / "executor.log"
+    log.write_bytes(
+        b'{"ev":"starting","key":["a",1]}\n{"ev":"started","key":["a",1],"pid":7}\n'
+        b'{"ev":"started","key":["b",1],"pid":8}\n{"ev":"finished","key":["a"'
+    )
+    seen, offset = read_log(log, {("a", 1)})
+    assert set(seen) == {("a", 1)}
+    assert "result" not in seen[("a", 1)]  # the torn line is not read yet
+    with open(log, "ab") as f:
+        f.write(b',1],"result":{"outcome":"exited","exit_code":0}}\n')
+    seen, offset = read_log(log, {("a", 1)}, offset, seen)
+    assert seen[("a", 1)]["result"]["exit_code"] == 0
+    assert seen[("a", 1)]["started"]["pid"] == 7
+    assert offset == log.stat().st_size

@@ -775,9 +775,10 @@ class _Builder:
         reason = inp.error or (
             f"exit code {inp.exit_code}" if inp.exit_code is not None else "killed"
         )
-        # A worker that cannot know how an attempt ended (its executor died, it restarted)
-        # reports it lost: like a WorkerLost verdict, only idempotent jobs run again.
-        lost = inp.exit_code is None and inp.error.startswith("lost")
+        # An attempt whose effects are unknown: lost (the worker's executor died, it
+        # restarted) or fenced (killed mid-run because the worker could not prove it was
+        # alive). Like a WorkerLost verdict: only idempotent jobs run again.
+        lost = inp.exit_code is None and inp.error.startswith(("lost", "fenced"))
         retry = not lost or self.job.spec.idempotent
         self._fail_attempt(run, reason, retry_allowed=retry, exit_code=inp.exit_code)
 

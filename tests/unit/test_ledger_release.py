@@ -305,14 +305,17 @@ def test_the_audit_accepts_releases_and_losses_before_the_start() -> None:
 
 
 @pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize(
+    "error", ["lost: the executor failed", "fenced: the worker could not prove it was alive"]
+)
 def test_a_worker_reporting_an_attempt_lost_retries_only_idempotent_jobs(
-    idempotent: bool,
+    idempotent: bool, error: str
 ) -> None:
     """The worker's own `lost` report (its executor died mid-run) is judged like a
     WorkerLost verdict: whether the attempt did its work is unknown."""
     w = claimed(idempotent=idempotent, retry=RetryPolicy(max_attempts=3, backoff_s=1))
     w.apply(RunStarted("j", RUN, 1, "w1", T))
-    w.apply(RunFinished("j", RUN, 1, "w1", None, "lost: the executor failed", T + 500))
+    w.apply(RunFinished("j", RUN, 1, "w1", None, error, T + 500))
     assert w.runs[RUN].state == ("retrying" if idempotent else "failed")
     # An ordinary failure (a non-zero exit) still retries either way.
     other = claimed(idempotent=False, retry=RetryPolicy(max_attempts=3, backoff_s=1))

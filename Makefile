@@ -52,7 +52,7 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Quick sizes (about 10 minutes in all); bench-full runs the design's sizes.
+# Quick sizes (about 25 minutes in all, the real-process scenarios included); bench-full runs the design's sizes.
 bench: topics
 	$(BIN)/python -m bench.ledger --jobs 5000
 	$(BIN)/python -m bench.burst --quick --executor noop

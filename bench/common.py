@@ -150,3 +150,19 @@ def window_lateness(
                 started += 1
                 late.append((starts[e.run_id].at_ms - e.scheduled_ms) / 1000)
     return due, started, late
+
+
+def step_figures(
+    due: int, started: int, window_start_ms: int, window_end_ms: int, late: list[float]
+) -> dict[str, object]:
+    """One step of a rate benchmark: what was due and started, the rate achieved, and
+    the start lateness of its runs."""
+    figures = lateness(late)
+    return {
+        "due": due,
+        "started": started,
+        "achieved_per_s": started / ((window_end_ms - window_start_ms) / 1000),
+        "p50_s": figures["start_lateness_p50_s"],
+        "p99_s": figures["start_lateness_p99_s"],
+        "max_s": figures["start_lateness_max_s"],
+    }

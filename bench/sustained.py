@@ -16,7 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import bench_settings, lateness, report, table, tree_stats, window_lateness
+from bench.common import (
+    bench_settings,
+    lateness,
+    report,
+    step_figures,
+    table,
+    tree_stats,
+    window_lateness,
+)
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
 
 
@@ -74,12 +82,7 @@ def main() -> None:
                 figures = lateness(late)
                 row: dict[str, object] = {
                     "rate": rate,
-                    "due": due,
-                    "started": started,
-                    "achieved_per_s": started / ((window_end_ms - window_start_ms) / 1000),
-                    "p50_s": figures["start_lateness_p50_s"],
-                    "p99_s": figures["start_lateness_p99_s"],
-                    "max_s": figures["start_lateness_max_s"],
+                    **step_figures(due, started, window_start_ms, window_end_ms, late),
                     "node_cores": cpu.get(node.name, 0.0),
                     "workers_cores": sum(v for k, v in cpu.items() if k != node.name),
                 }

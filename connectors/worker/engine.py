@@ -56,7 +56,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -107,7 +107,6 @@ class Job:
     state: str = "pending"  # pending | queued | running | stopping
     pid: int = 0
     started_ms: int | None = None
-    start_mono: float = 0.0
     queued_mono: float = 0.0
     status: int | None = None  # the leader's wait status, once reaped
     outcome: str = ""
@@ -115,7 +114,6 @@ class Job:
     kill_at: float = 0.0  # monotonic: SIGKILL from then on
     give_up_at: float = 0.0
     rlimit_error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine:
@@ -335,7 +333,7 @@ class Engine:
             self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
             return
         job.pid, job.state = pid, "running"
-        job.started_ms, job.start_mono = now_ms(), mono
+        job.started_ms = now_ms()
         for i, n in enumerate(job.need):
             self.in_use[i] += n
         self.by_pid[pid] = job

@@ -13,6 +13,7 @@ know which kind it drives.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import signal
 import subprocess
@@ -102,23 +103,28 @@ class NoopExecutor:
     output = False
 
     def __init__(self) -> None:
-        self.waiting: dict[Key, int] = {}
+        self.due: list[tuple[int, Key]] = []  # (start time, attempt), a heap
+        self.waiting: set[Key] = set()
         self._cancelled: list[Event] = []
 
     def start(self, spec: StartSpec) -> None:
-        self.waiting[spec.key] = spec.start_at_ms
+        if spec.key not in self.waiting:
+            self.waiting.add(spec.key)
+            heapq.heappush(self.due, (spec.start_at_ms, spec.key))
 
     def cancel(self, key: Key) -> None:
-        if self.waiting.pop(key, None) is not None:
+        if key in self.waiting:
+            self.waiting.discard(key)  # its heap entry is skipped when it comes up
             at = int(time.time() * 1000)
             self._cancelled.append(Finished(key, "not_started", None, None, None, at, "cancelled"))
 
     def events(self) -> list[Event]:
         now = int(time.time() * 1000)
         out, self._cancelled = list(self._cancelled), []
-        for key, start_at in list(self.waiting.items()):
-            if start_at <= now:
-                del self.waiting[key]
+        while self.due and self.due[0][0] <= now:
+            _, key = heapq.heappop(self.due)
+            if key in self.waiting:
+                self.waiting.discard(key)
                 at = int(time.time() * 1000)  # per run: an honest start time
                 out += [Started(key, 0, at), Finished(key, "exited", 0, None, at, at, "")]
         return out
@@ -127,10 +133,11 @@ class NoopExecutor:
         return ""
 
     def kill(self) -> None:
-        self.waiting.clear()
+        self.close()
 
     def close(self) -> None:
         self.waiting.clear()
+        self.due.clear()
 
 
 class ProcessExecutor:

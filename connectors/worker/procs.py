@@ -15,17 +15,6 @@ from pathlib import Path
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def alive(pid: int) -> bool:
-    """Whether a process with this pid exists (a zombie counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def group_alive(pgid: int) -> bool:
     """Whether any process of process group ``pgid`` exists."""
     try:

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from aiokafka.partitioner import murmur2
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from connectors.stack.process import pid_alive
 from connectors.worker.engine import read_log
 from connectors.worker.executor import (
     Executor,
@@ -44,7 +45,7 @@ from connectors.worker.executor import (
 )
 from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.journal import Entry, Journal
-from connectors.worker.procs import alive, job_processes, signal_group
+from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runlogs import LogTail
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
@@ -60,7 +61,7 @@ from streams.core.records import (
     RunStarted,
     WorkerAssignment,
 )
-from streams.core.timeline import DurationEstimates, Timeline
+from streams.core.timeline import DurationEstimates, Timeline, as_vector
 from streams.kafka import committed_or, consumer_config, producer_config
 from streams.settings import Settings
 
@@ -70,6 +71,7 @@ Key = tuple[str, int]
 HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
 TAIL_EVERY_S = 1.0
 CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
+PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
 LOOP_STUCK_S = 20.0  # a main loop without a pass for this long stops the lease renewals
 
 
@@ -115,10 +117,6 @@ def inbox_partition(worker_id: str, partitions: int) -> int:
     return int(murmur2(worker_id.encode()) & 0x7FFFFFFF) % partitions
 
 
-def _need(d: DispatchRequest) -> tuple[float, float, float]:
-    return (float(d.resources.cpu), float(d.resources.memory_mb), float(d.resources.gpu))
-
-
 class Worker:
     def __init__(self, settings: Settings, config: WorkerConfig):
         self.settings = settings
@@ -144,8 +142,9 @@ class Worker:
         self.checked_adopted = 0.0
         # Per earlier executor's log: what was read of it so far, and where to go on.
         self.adopted_logs: dict[str, tuple[dict[Key, dict[str, Any]], int]] = {}
-        self.read_now: set[str] = set()
         self.loop_seen = time.monotonic()
+        # What of the worker's own environment every job gets (taken once, not per run).
+        self.base_env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
         self.tailed = 0.0
         self.published = 0.0
 
@@ -376,8 +375,7 @@ class Worker:
                 d.run_id,
                 d.attempt,
                 d.job_id,
-                "started",
-                dispatch=to_plain(d),
+                "started",  # the dispatch is in the "claiming" line, written before
                 run_dir=str(attempt.run_dir),
                 executor_log=executor.log_path,
                 executor_pid=executor.pid,
@@ -396,18 +394,13 @@ class Worker:
                     d.timeout_s,
                     d.resources.memory_mb,
                     d.not_before_ms,
-                    _need(d),
+                    as_vector(d.resources),
                 )
             )
 
     def _env(self, d: DispatchRequest) -> dict[str, str]:
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
-        }
         return {
-            **base,
+            **self.base_env,
             **dict(d.env),
             "CRONLOG_RUN_ID": d.run_id,
             "CRONLOG_JOB_ID": d.job_id,
@@ -537,22 +530,21 @@ class Worker:
     def _check_adopted(self) -> None:
         """Read what is new in each earlier executor's log for the attempts still waited
         on; settle those it finished, or whose executor is gone."""
-        wanted = set(self.adopted)
+        wanted, read_now = set(self.adopted), set()
         for key, (attempt, entry) in list(self.adopted.items()):
             path = str(entry.info.get("executor_log") or "")
             written: dict[str, Any] = {}
             if path:
                 seen, offset = self.adopted_logs.get(path, ({}, 0))
-                if path not in self.read_now:
+                if path not in read_now:
                     seen, offset = read_log(Path(path), wanted, offset, seen)
                     self.adopted_logs[path] = (seen, offset)
-                    self.read_now.add(path)
+                    read_now.add(path)
                 written = seen.get(key, {})
             pid = int(entry.info.get("executor_pid") or 0)
             if "result" not in written and pid and _is_executor(pid):
                 continue  # it still guards the run: wait for its outcome
             self._from_log(attempt, written, "the worker restarted and the run's executor was gone")
-        self.read_now.clear()
         if not self.adopted:
             self.adopted_logs.clear()
 
@@ -581,7 +573,7 @@ def _kill_job(pid: int, run_id: str) -> None:
 
 
 def _is_executor(pid: int) -> bool:
-    if not alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         return b"connectors.worker.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()

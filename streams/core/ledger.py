@@ -447,7 +447,7 @@ class _Builder:
         before it was kept, for a retry or a rerun: their start time has long passed)."""
         if run.not_before_ms is not None:
             return run.not_before_ms
-        if run.attempt == 1:  # first attempts are released by `_release`
+        if run.attempt == 1:  # a first attempt starts at its time plus the stable jitter
             spec = self.job.spec
             return run.scheduled_ms + jitter_ms(spec.job_id, run.scheduled_ms, spec.jitter_s)
         return None

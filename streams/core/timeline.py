@@ -46,7 +46,8 @@ MAX_SPAN_MS = 120_000
 Vector = tuple[float, float, float]  # cpu, memory_mb, gpu
 
 
-def _vec(need: Resources) -> Vector:
+def as_vector(need: Resources) -> Vector:
+    """(cpu, memory_mb, gpu) of `need`, as floats."""
     return (float(need.cpu), float(need.memory_mb), float(need.gpu))
 
 
@@ -67,14 +68,14 @@ class Timeline:
         """Book `need` over [start_ms, start_ms + expected_ms) (a repeat replaces)."""
         self.end(key)
         span = max(1, min(expected_ms, self.max_span_ms))
-        vector = _vec(need)
+        vector = as_vector(need)
         self.planned[key] = (vector, start_ms, span)
         self._book(vector, start_ms, span, +1)
 
     def begin(self, key: Hashable, need: Resources) -> None:
         """The run started: it holds `need` from now until `end`."""
         self.end(key)
-        vector = _vec(need)
+        vector = as_vector(need)
         self.active[key] = vector
         self.running = [r + v for r, v in zip(self.running, vector, strict=True)]
 
@@ -112,7 +113,7 @@ class Timeline:
     def fits(self, need: Resources, start_ms: int, expected_ms: int) -> bool:
         """Would `need` over [start_ms, start_ms + expected_ms) stay within the capacity,
         counting the running runs as still running and the planned ones by their share?"""
-        vector = _vec(need)
+        vector = as_vector(need)
         total = (float(self.capacity.cpu), float(self.capacity.memory_mb), float(self.capacity.gpu))
         # It must fit beside the running runs at any one moment (they may run on), and
         # its share must fit every slot it covers.

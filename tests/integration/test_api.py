@@ -335,17 +335,25 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
     run_id = api.post("/jobs/polyglot/run-now", headers={**A, "Idempotency-Key": "go"}).json()[
         "run_id"
     ]
-    assignment = eventually(
-        lambda: [a for a in beat()["assignments"] if a["run_id"] == run_id], "the assignment"
-    )[0]
+
+    def assigned_and_granted(what: str) -> dict[str, Any]:
+        """Wait for the run's assignment, claim it (ack), wait for the granted reply."""
+        assignment: dict[str, Any] = eventually(
+            lambda: [a for a in beat()["assignments"] if a["run_id"] == run_id], what
+        )[0]
+        attempt = assignment["attempt"]
+        ack = api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W)
+        assert ack.status_code == 202
+        grant = eventually(
+            lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], f"{what}'s reply"
+        )[0]
+        assert grant["granted"] is True
+        running.append({"run_id": run_id, "attempt": attempt})
+        return assignment
+
+    assignment = assigned_and_granted("the assignment")
     attempt = assignment["attempt"]
     assert assignment["command"] == ["echo", "hi"]
-    assert api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W).status_code == 202
-    grant = eventually(
-        lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], "the claim's reply"
-    )[0]
-    assert grant["granted"] is True
-    running.append({"run_id": run_id, "attempt": attempt})
     beat()
     # Give it back before starting it (say, no room after all): the same attempt comes back
     # as a new assignment, and can be claimed again.
@@ -356,16 +364,7 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
     )
     assert back.status_code == 202
     running.clear()
-    again = eventually(
-        lambda: [a for a in beat()["assignments"] if a["run_id"] == run_id], "the re-assignment"
-    )[0]
-    assert again["attempt"] == attempt
-    assert api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W).status_code == 202
-    regrant = eventually(
-        lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], "the second reply"
-    )[0]
-    assert regrant["granted"] is True
-    running.append({"run_id": run_id, "attempt": attempt})
+    assert assigned_and_granted("the re-assignment")["attempt"] == attempt
     assert (
         api.post(f"/runs/{run_id}/started", json={"attempt": attempt}, headers=W).status_code == 202
     )

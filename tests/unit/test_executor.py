@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from connectors.stack.process import pid_alive
 from connectors.worker.engine import read_log
 from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
 from connectors.worker.lease import write_lease
-from connectors.worker.procs import alive
 
 
 def now_ms() -> int:
@@ -264,7 +264,7 @@ def test_executor_killed_leaves_a_readable_log(make: Callable[..., Harness]) -> 
     assert started is not None
     h.executor.kill()
     assert "started" in read_log(h.log)[0][key]  # the worker knows the group to kill
-    assert alive(started.pid)
+    assert pid_alive(started.pid)
     os.killpg(started.pid, signal.SIGKILL)
 
 

@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TextIO, TypeAlias
 
 from streams.core.ids import iso_utc
-from streams.core.records import FINAL_STATES, JobEvent, RunEvent
+from streams.core.records import FINAL_STATES, TRANSITIONS, JobEvent, RunEvent
 from streams.core.schedule import fires_between
 from streams.core.spec import DstPolicy, JobSpec, Schedule
 
@@ -115,20 +115,6 @@ KINDS: Final[tuple[ViolationKind, ...]] = (
     "undecodable",
 )
 
-# state -> the states it may move to. None: a run's first event.
-TRANSITIONS: Final[dict[str | None, frozenset[str]]] = {
-    None: frozenset({"due", "waiting", "skipped"}),
-    "waiting": frozenset({"due", "skipped", "cancelled"}),
-    "due": frozenset({"dispatched", "failed", "cancelled"}),
-    # -> due: the claim was given back before the run started (the same attempt).
-    "dispatched": frozenset({"due", "running", "succeeded", "failed", "retrying", "cancelled"}),
-    "running": frozenset({"succeeded", "failed", "retrying", "cancelled"}),
-    "retrying": frozenset({"due", "cancelled"}),
-    "succeeded": frozenset({"due"}),
-    "failed": frozenset({"due"}),
-    "cancelled": frozenset({"due"}),
-    "skipped": frozenset({"due"}),  # the ledger reruns any final run
-}
 # Transitions into `due` that begin a new attempt (a retry, a rerun).
 _NEW_ATTEMPT_FROM: Final = frozenset({"retrying", *FINAL_STATES})
 

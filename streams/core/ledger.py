@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.records import (
+    FINAL_STATES,
+    TRANSITIONS,
     BackfillRequested,
     CancelOrder,
     CancelRequested,
@@ -282,9 +284,12 @@ class _Builder:
         exit_code: int | None = None,
     ) -> RunState:
         """Record one transition: new run state, its event, and the job's run lists."""
+        before = None if run.seq <= 0 else run.state
+        if state not in TRANSITIONS[before]:  # a bug in this module, never an input's fault
+            raise AssertionError(f"{run.run_id}: {before} -> {state} is not a legal transition")
         attempt = run.attempt if attempt is None else attempt
         worker = run.worker_id if worker_id is None else worker_id
-        final = state in ("succeeded", "failed", "cancelled", "skipped")
+        final = state in FINAL_STATES
         moved = replace(
             run,
             state=state,

@@ -25,6 +25,23 @@ RunStateName: TypeAlias = Literal[
     "skipped",
 ]
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "skipped"})
+# The legal run transitions, declared once: the ledger moves runs only along these, the
+# audit flags any other, the simulation checks every event against them. None: a run's
+# first event. Into `due` from a final state or `retrying` begins a new attempt (a retry,
+# a rerun, a firing revived after a pause or schedule change cancelled it before its
+# time); from `dispatched` it keeps the attempt (a claim given back before the start).
+TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({"due", "waiting", "skipped"}),
+    "waiting": frozenset({"due", "skipped", "cancelled"}),
+    "due": frozenset({"dispatched", "failed", "cancelled"}),
+    "dispatched": frozenset({"due", "running", "succeeded", "failed", "retrying", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "retrying", "cancelled"}),
+    "retrying": frozenset({"due", "cancelled"}),
+    "succeeded": frozenset({"due"}),
+    "failed": frozenset({"due"}),
+    "cancelled": frozenset({"due"}),
+    "skipped": frozenset({"due"}),
+}
 Trigger: TypeAlias = Literal["schedule", "backfill", "manual", "dependency"]
 DeadlineKind: TypeAlias = Literal["claim", "timeout", "retry", "dependency"]
 

@@ -27,6 +27,7 @@ import pytest
 
 from streams.core.ledger import LedgerConfig
 from streams.core.records import (
+    TRANSITIONS,
     ClaimRequested,
     DeadlineReached,
     FireProposed,
@@ -46,18 +47,7 @@ T0 = 1_800_000_000_000
 SEEDS = int(os.environ.get("CRONLOG_SIM_SEEDS", "200"))
 STEPS = int(os.environ.get("CRONLOG_SIM_STEPS", "1500"))
 
-LEGAL: dict[str | None, set[str]] = {
-    None: {"due", "skipped", "waiting"},
-    "waiting": {"due", "skipped", "cancelled"},
-    "due": {"dispatched", "cancelled"},
-    "dispatched": {"due", "running", "succeeded", "failed", "retrying", "cancelled"},
-    "running": {"succeeded", "failed", "retrying", "cancelled"},
-    "retrying": {"due", "cancelled"},
-    "succeeded": {"due"},
-    "failed": {"due"},
-    "cancelled": {"due"},
-    "skipped": set(),
-}
+LEGAL = TRANSITIONS
 CONFIG = LedgerConfig(
     claim_timeout_ms=4000,
     timeout_grace_ms=3000,

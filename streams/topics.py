@@ -10,11 +10,18 @@ instead of "fixing" it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from streams.settings import Settings
@@ -37,11 +44,17 @@ class TopicSpec:
 # - run-events is the audit log, replayed by `cronlog audit`: kept forever by default.
 # - job-log is the ledger's ordered input; its state is checkpointed in jobs/runs, so
 #   it need not be kept forever, but a long window lets an operator replay decisions.
+# - commands, job-log and heartbeats carry the one clock (message.timestamp.type =
+#   LogAppendTime): the broker stamps every record as it appends it, and the ledger takes
+#   its "now", ingress a command's time and the failure detector nothing but these
+#   stamps and durations on its own monotonic clock, so no producer's clock decides
+#   anything. ensure_topics sets it on topics created before it was required.
+BROKER_TIME = {"message.timestamp.type": "LogAppendTime"}
 CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         "commands",
         "untrusted JSON commands from users, the API and the CLI",
-        {"retention.ms": str(7 * DAY_MS)},
+        {"retention.ms": str(7 * DAY_MS), **BROKER_TIME},
     ),
     TopicSpec(
         "commands.dlq",
@@ -49,7 +62,9 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         {"retention.ms": str(30 * DAY_MS)},
     ),
     TopicSpec(
-        "job-log", "the ledger's ordered input, keyed by job_id", {"retention.ms": str(90 * DAY_MS)}
+        "job-log",
+        "the ledger's ordered input, keyed by job_id",
+        {"retention.ms": str(90 * DAY_MS), **BROKER_TIME},
     ),
     TopicSpec(
         "run-events", "every job and run transition: the audit log", {"retention.ms": str(FOREVER)}
@@ -65,7 +80,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)},
     ),
     TopicSpec("dispatch", "runs to place on workers", {"retention.ms": str(DAY_MS)}),
-    TopicSpec("heartbeats", "worker liveness and free resources", {"retention.ms": str(DAY_MS)}),
+    TopicSpec(
+        "heartbeats",
+        "worker liveness and free resources",
+        {"retention.ms": str(DAY_MS), **BROKER_TIME},
+    ),
     TopicSpec(
         "worker-inbox", "assignments to workers, keyed by worker_id", {"retention.ms": str(DAY_MS)}
     ),
@@ -152,8 +171,53 @@ def ensure_topics(
                     f"CRONLOG_PARTITIONS is {settings.partitions}"
                 )
             outcomes.append(TopicOutcome(name, False, count))
+    _require_broker_time(
+        admin, [settings.topic(s.name) for s in specs if s.config.get(_TIMESTAMP_TYPE)], timeout_s
+    )
     order = {settings.topic(spec.name): i for i, spec in enumerate(specs)}
     return sorted(outcomes, key=lambda o: order[o.topic])
+
+
+_TIMESTAMP_TYPE = "message.timestamp.type"
+_LOG_APPEND_TIME = "LogAppendTime"
+
+
+def _require_broker_time(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+    """Set LogAppendTime on these topics where it is not set yet (topics made by an older
+    cronlog have CreateTime, which would let a producer's clock into the ledger's
+    decisions), and wait until the broker applies it."""
+    deadline = time.monotonic() + timeout_s
+    lagging = _not_broker_time(admin, names, timeout_s)
+    if not lagging:
+        return
+    entry = ConfigEntry(
+        _TIMESTAMP_TYPE, _LOG_APPEND_TIME, incremental_operation=AlterConfigOpType.SET
+    )
+    resources = [
+        ConfigResource(ResourceType.TOPIC, name, incremental_configs=[entry]) for name in lagging
+    ]
+    for resource, future in admin.incremental_alter_configs(
+        resources, request_timeout=timeout_s
+    ).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            raise TopicError(f"could not set {_TIMESTAMP_TYPE} on {resource.name}: {exc}") from exc
+    while lagging := _not_broker_time(admin, lagging, timeout_s):
+        if time.monotonic() > deadline:
+            raise TopicError(f"{_TIMESTAMP_TYPE} not applied in time on {', '.join(lagging)}")
+        time.sleep(0.1)
+
+
+def _not_broker_time(admin: AdminClient, names: list[str], timeout_s: float) -> list[str]:
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, name) for name in names], request_timeout=timeout_s
+    )
+    return [
+        resource.name
+        for resource, future in futures.items()
+        if future.result(timeout=timeout_s)[_TIMESTAMP_TYPE].value != _LOG_APPEND_TIME
+    ]
 
 
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:

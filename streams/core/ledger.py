@@ -108,15 +108,23 @@ RunLookup = Callable[[str], RunState | None]
 
 
 def decide(
-    job: JobState | None, runs: RunLookup, inp: LedgerInput, config: LedgerConfig = LedgerConfig()
+    job: JobState | None,
+    runs: RunLookup,
+    inp: LedgerInput,
+    config: LedgerConfig = LedgerConfig(),
+    now_ms: int | None = None,
 ) -> Decision:
+    """`now_ms` is the ledger's one clock: the broker's append time of the input's
+    job-log record (LogAppendTime), which no producer can skew. Without it (pure tests,
+    the simulation) the input's own `at_ms` stands in."""
+    now = inp.at_ms if now_ms is None else now_ms
     if isinstance(inp, JobUpserted):
-        return _upsert(job, inp)
+        return _upsert(job, inp, now, config)
     if job is None and isinstance(inp, DependencyLinked):
-        job = _stub(inp.job_id, inp.at_ms)  # the upstream is not registered (yet)
+        job = _stub(inp.job_id, now)  # the upstream is not registered (yet)
     if job is None:
         return Decision(rejected=f"unknown job {_job_id(inp)}")
-    builder = _Builder(job, runs, inp.at_ms, config)
+    builder = _Builder(job, runs, now, config)
     match inp:
         case JobPaused() | JobResumed() | JobDeleted():
             builder.job_flag(inp)
@@ -177,8 +185,8 @@ def _next_due(spec: JobSpec, after_ms: int) -> int | None:
     return next_fire(spec.schedule, after_ms, spec.dst)
 
 
-def _upsert(job: JobState | None, inp: JobUpserted) -> Decision:
-    spec, at = inp.spec, inp.at_ms
+def _upsert(job: JobState | None, inp: JobUpserted, now: int, config: LedgerConfig) -> Decision:
+    spec, at = inp.spec, now
     before = () if job is None or job.deleted else job.spec.depends_on
     notices = _links(spec.job_id, before, spec.depends_on, at)
     if job is None or job.deleted:
@@ -796,7 +804,7 @@ class _Builder:
         # Should the worker come back, it must not keep running the attempt.
         self._stop_order(run, "declared lost")
         start = self._not_before(run)
-        if run.state == "dispatched" and start is not None and start > inp.at_ms:
+        if run.state == "dispatched" and start is not None and start > self.at:
             # It cannot have started: a worker starts nothing before the attempt's start
             # time, and its lease (which fences its runs) ended before this verdict. So
             # the attempt is given back, as by the worker itself: no retry is consumed.

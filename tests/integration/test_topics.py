@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -79,3 +80,43 @@ def test_unreachable_broker_is_a_clear_error(settings: Settings) -> None:
     )
     assert result.returncode == 1
     assert "cannot reach Kafka at 127.0.0.1:1" in result.stderr
+
+
+def test_topics_made_with_create_time_are_moved_to_broker_time(settings: Settings) -> None:
+    """A job-log made by an older cronlog (CreateTime) gets LogAppendTime: afterwards a
+    producer that stamps a record a year back cannot put its clock into the ledger."""
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka})
+    name = settings.topic("job-log")
+    created = admin.create_topics(
+        [NewTopic(name, num_partitions=settings.partitions, replication_factor=-1)]
+    )
+    created[name].result(timeout=30)
+    ensure_topics(settings)
+
+    producer = Producer({"bootstrap.servers": settings.kafka})
+    a_year_ago = int(time.time() * 1000) - 365 * 24 * 3600 * 1000
+    producer.produce(name, key=b"k", value=b"v", partition=0, timestamp=a_year_ago)
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka,
+            "group.id": f"{name}-probe",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(name, 0, 0)])
+    try:
+        msg = None
+        deadline = time.monotonic() + 30
+        while msg is None and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+        assert msg is not None
+        assert msg.error() is None
+        kind, stamp = msg.timestamp()
+        assert kind == TIMESTAMP_LOG_APPEND_TIME
+        assert abs(stamp - time.time() * 1000) < 60_000, stamp
+    finally:
+        consumer.close()

@@ -3,6 +3,7 @@ idempotent; a partition-count mismatch refused with a clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from streams.settings import Settings
-from streams.topics import CATALOGUE, TopicError, ensure_topics
+from streams.topics import CATALOGUE, TopicError, delete_topics, ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +89,7 @@ def test_topics_made_with_create_time_are_moved_to_broker_time(settings: Setting
     from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
     from confluent_kafka.cimpl import NewTopic
 
+    settings = dataclasses.replace(settings, topic_prefix=f"{settings.topic_prefix}old.")
     admin = AdminClient({"bootstrap.servers": settings.kafka})
     name = settings.topic("job-log")
     created = admin.create_topics(
@@ -120,3 +122,4 @@ def test_topics_made_with_create_time_are_moved_to_broker_time(settings: Setting
         assert abs(stamp - time.time() * 1000) < 60_000, stamp
     finally:
         consumer.close()
+        delete_topics(settings)

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-import zoneinfo
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +24,7 @@ from connectors.stack.paths import REPO_ROOT
 from connectors.stack.postgres import PORT as POSTGRES_PORT
 from projections.migrate import MigrationError, migrate
 from streams.core.ledger import LedgerConfig
+from streams.core.zones import use_tzdata_only
 from streams.settings import Settings, SettingsError
 from streams.topics import TopicError, ensure_topics
 
@@ -493,7 +493,9 @@ def run_all(
 def main() -> None:
     # Every node computes fire times from the same time zone database: the tzdata
     # package pinned with cronlog, not whatever the host has in /usr/share/zoneinfo.
-    zoneinfo.reset_tzpath(to=[])
+    # Schedule maths load zones from the package themselves (streams.core.zones), in
+    # every process, spawned children included; this covers any other ZoneInfo use.
+    use_tzdata_only()
     app()
 
 

@@ -9,6 +9,12 @@ loses a whole batch (redone) or none of it, and nothing is applied twice. Rows a
 written idempotently (transitions keyed by the ledger's event ids), so even a replay of
 the topics into the same tables changes nothing.
 
+A run's row is the summary of its transition with the highest sequence number (event ids
+are ``{run_id}#{seq}``, seq one more per transition of the run): an event with a lower
+or equal sequence than the row's never changes it, whatever its time says. Event times
+are stamped by different machines (a worker's clock may run ahead of ingress's), so they
+cannot order a run's transitions.
+
 An undecodable record goes to `projector_dead_letters` with its topic, partition and
 offset instead of stopping the projector. While PostgreSQL is down the projector waits
 and retries, then catches up from its stored offsets.
@@ -40,6 +46,16 @@ TOPICS = ("run-events", "jobs", "heartbeats", "run-logs")
 
 def _ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def event_seq(event_id: str, run_id: str) -> int:
+    """The sequence number of a run's transition from its event id ``{run_id}#{seq}``:
+    0 for a run skipped at once, otherwise 1 for its first event and one more for each
+    transition after it. Raises ValueError for any other shape."""
+    head, sep, tail = event_id.rpartition("#")
+    if not sep or head != run_id or not (tail.isascii() and tail.isdigit()):
+        raise ValueError(f"malformed event id {event_id!r} (expected '{run_id}#<seq>')")
+    return int(tail)
 
 
 Row = tuple[Any, ...] | dict[str, Any]
@@ -86,7 +102,7 @@ def _fold(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """Two upserts of one run as one: what RUN leaves after applying old, then new."""
     if old is None:
         return new
-    if new["at"] < old["at"]:  # the upsert's WHERE would skip an older update
+    if new["seq"] <= old["seq"]:  # the upsert's WHERE would skip an earlier transition
         return old
     merged = dict(new)
     merged["created_at"] = old["created_at"]
@@ -109,12 +125,13 @@ ON CONFLICT (job_id) DO UPDATE SET owner = excluded.owner, spec = excluded.spec,
 JOB_FLAG = "UPDATE jobs SET {column} = %s, updated_at = %s WHERE job_id = %s"
 JOB_STATE_SQL = """
 UPDATE jobs SET next_due_at = %s, paused = %s, deleted = %s WHERE job_id = %s"""
-TRANSITION = """
-INSERT INTO run_transitions (event_id, run_id, attempt, state, at, worker_id, detail)
-VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING"""
+TRANSITION_COLUMNS = "event_id, run_id, attempt, state, at, worker_id, detail, seq"
+TRANSITION = f"""
+INSERT INTO run_transitions ({TRANSITION_COLUMNS})
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING"""
 RUN_COLUMNS = (
     "run_id, job_id, scheduled_at, trigger, state, attempt, worker_id, created_at,"
-    " started_at, finished_at, exit_code, error, updated_at"
+    " started_at, finished_at, exit_code, error, updated_at, seq"
 )
 RUN_MERGE = """
 ON CONFLICT (run_id) DO UPDATE SET
@@ -123,13 +140,13 @@ ON CONFLICT (run_id) DO UPDATE SET
     started_at = COALESCE(excluded.started_at, runs.started_at),
     finished_at = excluded.finished_at,
     exit_code = COALESCE(excluded.exit_code, runs.exit_code),
-    error = excluded.error, updated_at = excluded.updated_at
-WHERE runs.updated_at <= excluded.updated_at"""
+    error = excluded.error, updated_at = excluded.updated_at, seq = excluded.seq
+WHERE runs.seq < excluded.seq"""
 RUN = f"""
 INSERT INTO runs ({RUN_COLUMNS})
 VALUES (%(run_id)s, %(job_id)s, %(scheduled_at)s, %(trigger)s, %(state)s, %(attempt)s,
         %(worker_id)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(exit_code)s,
-        %(error)s, %(at)s)
+        %(error)s, %(at)s, %(seq)s)
 {RUN_MERGE}"""
 # The dict keys of a run row, in RUN_COLUMNS order (updated_at is the event time).
 RUN_KEYS = [c.strip() for c in RUN_COLUMNS.replace("updated_at", "at").split(",")]
@@ -158,11 +175,10 @@ CREATE TEMP TABLE IF NOT EXISTS stage_transitions
     (LIKE run_transitions INCLUDING DEFAULTS) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS stage_runs (LIKE runs) ON COMMIT DELETE ROWS;
 """
-TRANSITION_COPY = (
-    "COPY stage_transitions (event_id, run_id, attempt, state, at, worker_id, detail) FROM STDIN"
-)
+TRANSITION_COPY = f"COPY stage_transitions ({TRANSITION_COLUMNS}) FROM STDIN"
 TRANSITION_MERGE = (
-    "INSERT INTO run_transitions SELECT * FROM stage_transitions ON CONFLICT DO NOTHING"
+    f"INSERT INTO run_transitions ({TRANSITION_COLUMNS})"
+    f" SELECT {TRANSITION_COLUMNS} FROM stage_transitions ON CONFLICT DO NOTHING"
 )
 RUN_COPY = f"COPY stage_runs ({RUN_COLUMNS}) FROM STDIN"
 RUN_STAGED = f"INSERT INTO runs ({RUN_COLUMNS}) SELECT {RUN_COLUMNS} FROM stage_runs{RUN_MERGE}"
@@ -387,11 +403,13 @@ class Projector:
         self._transition(event, rows)
 
     def _transition(self, e: RunEvent, rows: Rows) -> None:
+        seq = event_seq(e.event_id, e.run_id)
         at = _ts(e.at_ms)
         reason = _text(e.reason)
         detail = Jsonb({"reason": reason, "exit_code": e.exit_code, "trigger": e.trigger})
         worker = e.worker_id or None
-        rows.append((TRANSITION, (e.event_id, e.run_id, e.attempt, e.state, at, worker, detail)))
+        transition = (e.event_id, e.run_id, e.attempt, e.state, at, worker, detail, seq)
+        rows.append((TRANSITION, transition))
         run = {
             "run_id": e.run_id,
             "job_id": e.job_id,
@@ -406,6 +424,7 @@ class Projector:
             "finished_at": at if e.state in FINAL_STATES else None,
             "exit_code": e.exit_code,
             "error": reason or None,
+            "seq": seq,
         }
         rows.append((RUN, run))
 

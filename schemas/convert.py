@@ -29,6 +29,7 @@ from streams.core.records import (
     JobState,
     JobUpserted,
     LedgerInput,
+    RecentRequest,
     RerunRequested,
     RunEvent,
     RunFinished,
@@ -36,6 +37,7 @@ from streams.core.records import (
     RunReleased,
     RunStarted,
     RunState,
+    Span,
     UpstreamFinished,
     UpstreamOutcome,
     WorkerAssignment,
@@ -58,6 +60,7 @@ Named: TypeAlias = tuple[str, AvroDict]  # fastavro's union tuple notation
 CRON = f"{NAMESPACE}.CronSchedule"
 EVERY = f"{NAMESPACE}.EverySchedule"
 AT = f"{NAMESPACE}.AtSchedule"
+RECENT_REQUEST = f"{NAMESPACE}.RecentRequest"
 
 
 def pairs(mapping: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -179,7 +182,12 @@ def job_state_to_avro(s: JobState) -> AvroDict:
         "next_due_ms": s.next_due_ms,
         "live_runs": s.live_runs,
         "final_runs": s.final_runs,
-        "recent_requests": s.recent_requests,
+        "recent_requests": [
+            (RECENT_REQUEST, {"request_id": r.request_id, "at_ms": r.at_ms})
+            for r in s.recent_requests
+        ],
+        "requests_floor_ms": s.requests_floor_ms,
+        "backfilled": [{"after_ms": b.after_ms, "until_ms": b.until_ms} for b in s.backfilled],
         "version": s.version,
         "dependents": s.dependents,
         "upstream_outcomes": [
@@ -205,14 +213,25 @@ def job_state_from_avro(d: AvroDict) -> JobState:
         next_due_ms=d["next_due_ms"],
         live_runs=tuple(d["live_runs"]),
         final_runs=tuple(d["final_runs"]),
-        recent_requests=tuple(d["recent_requests"]),
+        recent_requests=tuple(_request(r, d["updated_ms"]) for r in d["recent_requests"]),
         version=d["version"],
         dependents=tuple(d["dependents"]),
         upstream_outcomes=tuple(
             UpstreamOutcome(o["upstream"], o["scheduled_ms"], o["succeeded"], o["next_ms"])
             for o in d["upstream_outcomes"]
         ),
+        requests_floor_ms=d["requests_floor_ms"],
+        backfilled=tuple(Span(b["after_ms"], b["until_ms"]) for b in d["backfilled"]),
     )
+
+
+def _request(value: str | Named | list[Any] | AvroDict, updated_ms: int) -> RecentRequest:
+    """A remembered request; a bare id (kept before requests had times) counts as made
+    at the state's last update. (JSON turns the union's (name, record) into a list.)"""
+    if isinstance(value, str):
+        return RecentRequest(value, updated_ms)
+    record = value[1] if isinstance(value, tuple | list) else value
+    return RecentRequest(record["request_id"], record["at_ms"])
 
 
 def job_event_to_avro(e: JobEvent) -> AvroDict:

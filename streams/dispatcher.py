@@ -7,8 +7,8 @@ Reservations are in time (streams/core/timeline.py): a placement books the run's
 resources for the second of its start (`not_before`), not from the moment it is placed,
 so runs claimed ahead do not block runs due in other seconds; it is released when the
 worker's heartbeat lists the attempt (the worker then counts it, with its own estimate
-of the run's duration), when a heartbeat made a second after the placement does not
-list it (the worker handed it back), or after `reservation_ms`.
+of the run's duration), when a heartbeat fetched more than a second after the placement
+does not list it (the worker handed it back), or after `reservation_ms`.
 Runs that fit nowhere now wait in a fair queue (priority first, then round-robin across
 owners) and are placed when capacity frees; a run no known worker could ever fit fails
 with the reason. Placement is only a proposal: the worker checks its own room before it
@@ -16,12 +16,41 @@ claims (and hands a run it has no room for straight back to `dispatch`), and the
 ledger's claim deadline re-dispatches anything lost, so the dispatcher's state is soft
 and is rebuilt from recent heartbeats after a restart.
 
-Failure detection: a worker silent for `dead_after_missed` heartbeat intervals plus a
-grace is declared dead, and each attempt it held gets a WorkerLost on its job's log (the
-ledger ignores it if the attempt moved on). It is suspected (no new placements) after two
-missed intervals. The verdict is taken only after reading every heartbeat available, so a
-newer heartbeat already in the log cancels it. Workers fence themselves earlier (their
-lease is 7 s), so a run is dead before its worker is declared dead.
+Offsets. The dispatcher commits its `dispatch` offsets (group `dispatcher`), so a
+restart or a rebalance resumes where it left off instead of re-sending every assignment
+of the retained log (phantom reservations, stale claims). A record is handled once the
+assignment or the DispatchFailed it led to is delivered (or a newer record for the same
+attempt replaced it); the offset committed for a partition, every second and on
+revocation and shutdown, is its lowest record not handled yet. A record still waiting
+for room holds the point, but not for long: the ledger dispatches an unclaimed attempt
+again at its claim deadline, which replaces it. After a crash the records handled since
+the last commit are sent again (at least once): about a second's worth.
+
+Failure detection: one clock. Liveness is judged only on this dispatcher's
+`time.monotonic()`: each worker's last beat is remembered by the time it was *received*
+(read from `heartbeats`), never by the time the worker stamped on it, so no worker's
+clock, ahead or behind, moves a verdict. Which of two beats of one worker is newer is
+told by their order in the log (one partition per worker id), or else by the worker's
+own stamps (one clock). A worker is suspected (no new placements) when no beat was
+received for two intervals, and declared dead after `dead_after` = `dead_after_missed`
+intervals plus a grace (10 s): each attempt it held gets a WorkerLost on its job's log
+(the ledger ignores it if the attempt moved on). The verdict is taken only after reading
+every heartbeat available, so a newer beat already in the log cancels it, and never
+before `dead_after` has passed on this clock since the dispatcher started (or restarted,
+after a consumer error) reading heartbeats: a dispatcher that just started cannot tell
+a silent worker from one whose beats it has not read.
+Why it is safe: a worker's lease ends 7 s after it *made* its last acknowledged beat,
+on its own clock, and it kills its runs then; the verdict comes `dead_after` (10 s) of
+the dispatcher's clock after that beat's *receipt*, and a beat is received after it is
+made. Both are durations, each on one machine's clock, so the lease always ends (3 s
+earlier, at the least) before the verdict, whatever the offset between the two clocks
+(their rates agree to far better than the 3 s over 10 s). Before, the verdict compared
+the dispatcher's wall clock with the worker's stamp: a worker clock 2 s behind let the
+verdict come before the lease ended, 7 s behind made every dispatcher declare healthy
+workers dead. How much history to read at start (the last `history_s`, by
+`offsets_for_times` against the broker's append times) does compare this machine's
+clock with the broker's: a skew only reads a little more or less history, and no
+verdict depends on it.
 """
 
 from __future__ import annotations
@@ -29,9 +58,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from schemas.codec import DISPATCH, HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from streams.core.placement import (
@@ -49,8 +79,10 @@ from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")
-# A placement not listed by a heartbeat made this long after it was refused or lost.
-REFUSAL_MARGIN_MS = 1000
+# A placement not listed by a heartbeat fetched this long after it was refused or lost.
+REFUSAL_MARGIN_S = 1.0
+# How often the handled dispatch offsets are committed.
+COMMIT_EVERY_S = 1.0
 Key = tuple[str, int]
 
 
@@ -64,15 +96,92 @@ class DispatcherConfig:
     history_s: float = 30.0  # heartbeats read back at start-up
 
 
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """The failure detector's judgement, on one clock: this dispatcher's monotonic
+    seconds. A worker's beats count by when they were received, never by their stamps
+    (module docstring: why the verdict then always follows the worker's lease)."""
+
+    heartbeat_s: float = 3.0
+    dead_after_missed: int = 3
+    grace_s: float = 1.0
+
+    @property
+    def dead_after_s(self) -> float:
+        return self.heartbeat_s * self.dead_after_missed + self.grace_s
+
+    @property
+    def suspect_after_s(self) -> float:
+        return 2 * self.heartbeat_s
+
+    def suspected(self, received_s: float, now_s: float) -> bool:
+        """No beat received for two intervals: no new placements there."""
+        return now_s - received_s > self.suspect_after_s
+
+    def dead(self, received_s: float, reading_since_s: float, now_s: float) -> bool:
+        """No beat received for `dead_after_s`, and this dispatcher has been reading
+        heartbeats for at least that long (one that just started, or restarted reading,
+        has not seen the beats a live worker sent meanwhile)."""
+        return now_s - max(received_s, reading_since_s) > self.dead_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class BeatMark:
+    """Where a beat was in the log, and the worker's own stamp on it."""
+
+    partition: int
+    offset: int
+    stamp_ms: int
+
+
+def newer(last: BeatMark | None, beat: BeatMark) -> bool:
+    """Is `beat` newer than `last`, of the same worker? Their order in the log (a worker's
+    beats share its key, so a partition) where they share a partition; else the worker's
+    own stamps, one clock. The log order also survives a worker restarted with its clock
+    set back, whose beats would otherwise be ignored until its clock caught up."""
+    if last is None:
+        return True
+    if beat.partition == last.partition:
+        return beat.offset > last.offset
+    return beat.stamp_ms > last.stamp_ms
+
+
+class Progress:
+    """Which consumed `dispatch` records are handled, per partition: the offset to commit
+    is the lowest record not handled yet, or past the last one consumed (pure)."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, set[int]] = {}
+        self.next: dict[int, int] = {}
+
+    def consumed(self, partition: int, offset: int) -> None:
+        self.open.setdefault(partition, set()).add(offset)
+        self.next[partition] = max(self.next.get(partition, 0), offset + 1)
+
+    def handled(self, partition: int, offset: int) -> None:
+        found = self.open.get(partition)
+        if found is not None:
+            found.discard(offset)
+
+    def points(self) -> dict[int, int]:
+        return {p: min(self.open[p], default=n) for p, n in self.next.items()}
+
+    def forget(self, partition: int) -> None:
+        self.open.pop(partition, None)
+        self.next.pop(partition, None)
+
+
 @dataclass
 class WorkerInfo:
     worker_id: str
     capacity: Capacity
     free: Capacity
     labels: tuple[tuple[str, str], ...]
-    seen_ms: int
+    mark: BeatMark  # the newest beat read
+    received_s: float  # when it was read (this dispatcher's monotonic clock)
     running: set[Key] = field(default_factory=set)
-    reserved: dict[Key, tuple[Resources, int, int]] = field(default_factory=dict)
+    # Reserved: (need, until (ms of this dispatcher's clock), placed (monotonic s)).
+    reserved: dict[Key, tuple[Resources, int, float]] = field(default_factory=dict)
     dead: bool = False
     booked: Timeline = field(default_factory=lambda: Timeline(Capacity(0.0, 0, 0)))
     maybe: dict[Key, int] = field(default_factory=dict)  # released early, until (ms)
@@ -87,11 +196,13 @@ class WorkerInfo:
         )
         return WorkerView(self.worker_id, self.capacity, free, self.labels)
 
-    def reserve(self, key: Key, need: Resources, start_ms: int, until_ms: int, now: int) -> None:
+    def reserve(
+        self, key: Key, need: Resources, start_ms: int, until_ms: int, placed_s: float
+    ) -> None:
         """Book `need` on this worker for the second of its start: whole, because this
         dispatcher knows nothing of how long runs last (a run due now is about to hold
         its resources; the worker, which knows, judges finer once it lists the run)."""
-        self.reserved[key] = (need, until_ms, now)
+        self.reserved[key] = (need, until_ms, placed_s)
         self.booked.plan(key, need, start_ms, self.booked.slot_ms)
 
     def release(self, key: Key) -> None:
@@ -106,12 +217,22 @@ class Dispatcher:
         self.settings = settings
         self.node_id = node_id
         self.config = config
+        self.liveness = Liveness(config.heartbeat_s, config.dead_after_missed, config.grace_s)
         self.workers: dict[str, WorkerInfo] = {}
         self.queue = FairQueue()
         self.pending: dict[str, DispatchRequest] = {}
+        self.origin: dict[str, tuple[int, int]] = {}  # pending key -> (partition, offset)
+        self.progress = Progress()
+        self.committed: dict[int, int] = {}
         self.started = time.monotonic()
+        self.reading_since = self.started  # heartbeats read without interruption since
         self.declared_dead = 0
+        self._drained_s = self.started  # the end of the previous heartbeat read pass
+        self._fetched_after_s = self.started  # beats read in this pass arrived after it
+        self._committed_at = self.started
         self._stop = threading.Event()
+        self.dispatch_topic = settings.topic("dispatch")
+        self.heartbeats_topic = settings.topic("heartbeats")
         self.dispatch_consumer = Consumer(consumer_config(settings, settings.group("dispatcher")))
         self.heartbeat_consumer = Consumer(consumer_config(settings, None))
         self.producer = Producer(producer_config(settings))
@@ -120,50 +241,149 @@ class Dispatcher:
         self._stop.set()
 
     def run(self) -> None:
-        self.dispatch_consumer.subscribe([self.settings.topic("dispatch")])
+        self.dispatch_consumer.subscribe(
+            [self.dispatch_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
         self._follow_heartbeats()
         try:
             while not self._stop.is_set():
                 self._read_heartbeats()
                 for msg in self.dispatch_consumer.consume(500, timeout=0.05):
-                    if msg.error() is None and msg.value():
-                        self._queue(msg.value() or b"")
+                    self._consumed(msg)
                 now = int(time.time() * 1000)
                 self._expire(now)
                 self._detect(now)
                 self._place(now)
                 self.producer.poll(0)
+                if time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
+                    self._commit(asynchronous=True)
         finally:
             self.producer.flush(10)
+            self._commit(asynchronous=False)
             self.dispatch_consumer.close()
             self.heartbeat_consumer.close()
 
+    # -- dispatch offsets ----------------------------------------------------------------------
+    def _consumed(self, msg: Message) -> None:
+        if msg.error() is not None:
+            log.warning("dispatch consumer error: %s", msg.error())
+            return
+        where = (msg.partition() or 0, msg.offset() or 0)
+        self.progress.consumed(*where)
+        if not self._queue(msg.value() or b"", where):
+            self.progress.handled(*where)
+
+    def _handled_when_delivered(
+        self, where: tuple[int, int] | None, what: str
+    ) -> Callable[[KafkaError | None, Message], None]:
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                # The ledger's claim deadline dispatches the attempt again.
+                log.warning("%s not delivered: %s", what, err)
+            if where is not None:
+                self.progress.handled(*where)
+
+        return delivered
+
+    def _commit(self, asynchronous: bool, partitions: set[int] | None = None) -> None:
+        """Commit the handled offsets that moved (of `partitions`, else of all)."""
+        self._committed_at = time.monotonic()
+        points = {
+            p: o
+            for p, o in self.progress.points().items()
+            if (partitions is None or p in partitions) and o > self.committed.get(p, -1)
+        }
+        if not points:
+            return
+        offsets = [TopicPartition(self.dispatch_topic, p, o) for p, o in points.items()]
+        try:
+            if asynchronous:
+                self.dispatch_consumer.commit(offsets=offsets, asynchronous=True)
+            else:
+                self.dispatch_consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("could not commit dispatch offsets %s: %s", points, exc)
+            return
+        self.committed.update(points)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The group's committed offsets are looked up after this (a subscribed consumer
+        # joined the group, so its coordinator is known).
+        for tp in partitions:
+            self.committed.pop(tp.partition, None)
+            self.progress.forget(tp.partition)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Deliver what was placed, commit what is handled, and leave the rest of these
+        partitions (still queued here) to their next owner, which reads it again."""
+        self.producer.flush(5)
+        self._commit(asynchronous=False, partitions={tp.partition for tp in partitions})
+        self._drop(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._drop(partitions)  # no commit: the group has moved on without this member
+
+    def _drop(self, partitions: list[TopicPartition]) -> None:
+        gone = {tp.partition for tp in partitions}
+        for key, (partition, _) in list(self.origin.items()):
+            if partition in gone:
+                del self.origin[key]
+                self.pending.pop(key, None)
+                self.queue.remove(key)
+        for partition in gone:
+            self.progress.forget(partition)
+            self.committed.pop(partition, None)
+
     # -- heartbeats ---------------------------------------------------------------------------
     def _follow_heartbeats(self) -> None:
-        topic = self.settings.topic("heartbeats")
+        # The history to read is found by this machine's clock against the broker's
+        # append times: a skew reads a little more or less of it, and no verdict depends
+        # on how much was read (a worker is judged only on beats received from now on).
         since = int((time.time() - self.config.history_s) * 1000)
-        partitions = [TopicPartition(topic, p, since) for p in range(self.settings.partitions)]
+        partitions = [
+            TopicPartition(self.heartbeats_topic, p, since) for p in range(self.settings.partitions)
+        ]
         offsets = self.heartbeat_consumer.offsets_for_times(partitions, timeout=10)
+        self.reading_since = time.monotonic()
         self.heartbeat_consumer.assign(offsets)
 
     def _read_heartbeats(self) -> None:
+        started = time.monotonic()
+        # Every beat read in this pass reached the client after the previous pass ended.
+        self._fetched_after_s = self._drained_s
         while True:
             batch = self.heartbeat_consumer.consume(1000, timeout=0.01)
+            received_s = time.monotonic()
             for msg in batch:
-                if msg.error() is None and msg.value():
-                    self._beat(msg.value() or b"")
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        # Beats may have been missed: judge nobody until a full
+                        # dead_after of uninterrupted reading has passed again.
+                        log.warning("heartbeat consumer error: %s", error)
+                        self.reading_since = received_s
+                    continue
+                if msg.value():
+                    self._beat(
+                        msg.value() or b"", msg.partition() or 0, msg.offset() or 0, received_s
+                    )
             if len(batch) < 1000:
-                return
+                break
+        self._drained_s = started
 
-    def _beat(self, raw: bytes) -> None:
+    def _beat(self, raw: bytes, partition: int, offset: int, received_s: float) -> None:
         try:
             beat = HEARTBEAT.decode(raw)
         except CodecError as exc:
             log.error("undecodable heartbeat: %s", exc)
             return
         worker_id = beat["worker_id"]
+        mark = BeatMark(partition, offset, beat["at_ms"])
         info = self.workers.get(worker_id)
-        if info is not None and beat["at_ms"] <= info.seen_ms:
+        if info is not None and not newer(info.mark, mark):
             return  # an older beat (replay, reordering)
         capacity = _capacity(beat["capacity"])
         running = {(r["run_id"], int(r["attempt"])) for r in beat["running"]}
@@ -173,51 +393,66 @@ class Dispatcher:
                 capacity,
                 _capacity(beat["free"]),
                 tuple(sorted(beat["labels"].items())),
-                beat["at_ms"],
+                mark,
+                received_s,
             )
             self.workers[worker_id] = info
         if info.dead:
             log.warning("worker %s is back after being declared dead", worker_id)
-        info.capacity, info.free, info.seen_ms, info.dead = (
+        info.capacity, info.free, info.mark, info.received_s, info.dead = (
             capacity,
             _capacity(beat["free"]),
-            beat["at_ms"],
+            mark,
+            received_s,
             False,
         )
         info.labels = tuple(sorted(beat["labels"].items()))
         info.running = running
-        for key, (_, _, placed_ms) in list(info.reserved.items()):
+        for key, (_, _, placed_s) in list(info.reserved.items()):
             if key in running:
                 info.release(key)  # the worker's own free figure now includes it
-            elif placed_ms < beat["at_ms"] - REFUSAL_MARGIN_MS:
-                # Placed well before this beat and not held: the worker handed it back
-                # (no room) or lost it. Its free figure is the news now. The worker may
-                # still have claimed it unseen (a view a moment old): should it die, the
-                # verdict names this attempt too, until the reservation would have ended.
+            elif placed_s + REFUSAL_MARGIN_S < self._fetched_after_s:
+                # Placed well before this beat reached us and not held: the worker handed
+                # it back (no room) or lost it. Its free figure is the news now. The worker
+                # may still have claimed it unseen (a view a moment old): should it die,
+                # the verdict names this attempt too, until the reservation would have
+                # ended.
                 info.maybe[key] = info.reserved[key][1]
                 info.release(key)
 
     # -- queueing and placing ----------------------------------------------------------------
-    def _queue(self, raw: bytes) -> None:
+    def _queue(self, raw: bytes, where: tuple[int, int] | None = None) -> bool:
+        """Queue a dispatch record for placement; False if there is nothing to place."""
+        if not raw:
+            return False
         try:
             request = DISPATCH.decode(raw)
         except CodecError as exc:
             log.error("undecodable dispatch record: %s", exc)
-            return
+            return False
         key = f"{request.run_id}#{request.attempt}"
         if key in self.pending:
             self.queue.remove(key)
+            replaced = self.origin.pop(key, None)
+            if replaced is not None:
+                self.progress.handled(*replaced)  # this newer record stands for it
         self.pending[key] = request
+        if where is not None:
+            self.origin[key] = where
         self.queue.push(Item(key, request.resources, request.priority, request.owner))
+        return True
 
-    def _alive(self, now: int) -> list[WorkerInfo]:
-        suspect_after = 2 * self.config.heartbeat_s * 1000
-        return [w for w in self.workers.values() if not w.dead and now - w.seen_ms <= suspect_after]
+    def _alive(self, now_s: float) -> list[WorkerInfo]:
+        return [
+            w
+            for w in self.workers.values()
+            if not w.dead and not self.liveness.suspected(w.received_s, now_s)
+        ]
 
     def _place(self, now: int) -> None:
         if not len(self.queue):
             return
-        alive = self._alive(now)
+        alive = self._alive(time.monotonic())
 
         def fits(item: Item) -> bool:
             request = self.pending[item.key]
@@ -229,7 +464,9 @@ class Dispatcher:
             chosen = best_fit(item.need, candidates)
             if chosen is None:
                 return False
-            self._assign(self.pending.pop(item.key), chosen.worker_id, now)
+            self._assign(
+                self.pending.pop(item.key), chosen.worker_id, now, self.origin.pop(item.key, None)
+            )
             return True
 
         self.queue.drain(fits)
@@ -251,21 +488,25 @@ class Dispatcher:
                             f"labels={dict(request.resources.labels)}",
                             now,
                         ),
+                        self.origin.pop(key, None),
                     )
 
-    def _assign(self, request: DispatchRequest, worker_id: str, now: int) -> None:
+    def _assign(
+        self, request: DispatchRequest, worker_id: str, now: int, where: tuple[int, int] | None
+    ) -> None:
         info = self.workers[worker_id]
         info.reserve(
             (request.run_id, request.attempt),
             request.resources,
             request.not_before_ms,
             max(now, request.not_before_ms) + self.config.reservation_ms,
-            now,
+            time.monotonic(),
         )
         self.producer.produce(
             self.settings.topic("worker-inbox"),
             key=worker_id.encode(),
             value=WORKER_INBOX.encode(WorkerAssignment(worker_id, now, request)),
+            on_delivery=self._handled_when_delivered(where, f"assignment of {request.run_id}"),
         )
 
     def _expire(self, now: int) -> None:
@@ -279,19 +520,22 @@ class Dispatcher:
 
     # -- failure detection ---------------------------------------------------------------------
     def _detect(self, now: int) -> None:
-        dead_after = (
-            self.config.heartbeat_s * self.config.dead_after_missed + self.config.grace_s
-        ) * 1000
-        for info in self.workers.values():
-            if info.dead or now - info.seen_ms <= dead_after:
-                continue
+        now_s = time.monotonic()
+        silent = [
+            info
+            for info in self.workers.values()
+            if not info.dead and self.liveness.dead(info.received_s, self.reading_since, now_s)
+        ]
+        if not silent or not self._caught_up({info.mark.partition for info in silent}):
+            return
+        for info in silent:
             info.dead = True
             self.declared_dead += 1
             held = info.running | set(info.reserved) | set(info.maybe)
             log.warning(
-                "worker %s silent for %.1f s: declared dead, %d attempts lost",
+                "worker %s: no beat received for %.1f s: declared dead, %d attempts lost",
                 info.worker_id,
-                (now - info.seen_ms) / 1000,
+                now_s - info.received_s,
                 len(held),
             )
             for run_id, attempt in sorted(held):
@@ -301,9 +545,32 @@ class Dispatcher:
                 info.release(key)
             info.maybe.clear()
 
-    def _send(self, job_id: str, record: WorkerLost | DispatchFailed) -> None:
+    def _caught_up(self, partitions: set[int]) -> bool:
+        """Has every beat the broker had acknowledged on these heartbeat partitions, when
+        asked now, been read? Only then is silence the worker's and not this reader's."""
+        try:
+            for partition in partitions:
+                tp = TopicPartition(self.heartbeats_topic, partition)
+                _, high = self.heartbeat_consumer.get_watermark_offsets(tp, 2, cached=False)
+                position = self.heartbeat_consumer.position([tp])[0].offset
+                if position < high:
+                    return False  # read them first (the next pass)
+        except KafkaException as exc:
+            log.warning("cannot tell whether every heartbeat was read (%s): no verdict", exc)
+            return False
+        return True
+
+    def _send(
+        self,
+        job_id: str,
+        record: WorkerLost | DispatchFailed,
+        where: tuple[int, int] | None = None,
+    ) -> None:
         self.producer.produce(
-            self.settings.topic("job-log"), key=job_id.encode(), value=JOB_LOG.encode(record)
+            self.settings.topic("job-log"),
+            key=job_id.encode(),
+            value=JOB_LOG.encode(record),
+            on_delivery=self._handled_when_delivered(where, f"{type(record).__name__}"),
         )
 
 

@@ -1,8 +1,9 @@
 """Ingress: the Faust agent on `commands` (design.md section 3).
 
 Untrusted JSON in; validated commands out to `job-log` as Avro keyed by job_id, stamped
-with the time ingress saw them. A command that fails validation goes to `commands.dlq`
-with its original bytes and the reason. Nothing a user sends can stop the agent.
+with the broker's append time of the command (see `command_time`). A command that fails
+validation goes to `commands.dlq` with its original bytes and the reason. Nothing a user
+sends can stop the agent.
 
 At-least-once, on purpose: a command delivered twice is harmless, because every command
 is idempotent at the ledger (upserts and flags converge, run_now and rerun dedup on
@@ -66,8 +67,8 @@ def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
             return JobDeleted(job_id, at_ms)
         case RunNow(job_id=job_id, request_id=request_id):
             return RunNowRequested(job_id, request_id, at_ms)
-        case Backfill(job_id=job_id, from_ms=start, to_ms=end):
-            return BackfillRequested(job_id, start, end, at_ms)
+        case Backfill(job_id=job_id, from_ms=start, to_ms=end, request_id=request_id):
+            return BackfillRequested(job_id, start, end, at_ms, request_id)
         case CancelRun(run_id=run_id, job_id=job_id):
             return CancelRequested(job_id, run_id, at_ms)
         case RerunRun(run_id=run_id, job_id=job_id, request_id=request_id):
@@ -82,6 +83,16 @@ def route(raw: bytes | None, at_ms: int) -> tuple[str, bytes, bytes]:
         return "commands.dlq", b"", parsed.reason.encode()
     job_id = command_job_id(parsed)
     return "job-log", job_id.encode(), JOB_LOG.encode(to_ledger_input(parsed, at_ms))
+
+
+def command_time(message: Any, fallback_ms: int) -> int:
+    """A command's time: the broker's append time of its record on `commands`
+    (LogAppendTime), the one clock no producer and no ingress node can skew; the ledger
+    applies job changes from it. A topic still on CreateTime gives ingress's own clock."""
+    # aiokafka's record attribute: 0 CreateTime, 1 LogAppendTime; Faust gives seconds.
+    if getattr(message, "timestamp_type", None) == 1 and message.timestamp is not None:
+        return round(float(message.timestamp) * 1000)
+    return fallback_ms
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -120,7 +131,7 @@ def build_app(settings: Settings) -> faust.App:
             for event in events:
                 raw = event.value
                 try:
-                    where, key, value = route(raw, now)
+                    where, key, value = route(raw, command_time(event.message, now))
                 except Exception as exc:  # noqa: BLE001 - a bug must not drop the command
                     where, key, value = "commands.dlq", b"", f"internal error: {exc!r}".encode()
                 if where == "job-log":

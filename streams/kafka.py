@@ -27,6 +27,12 @@ PARTITIONER = "murmur2_random"
 # broker's group.min.session.timeout.ms (2 s in the local stack) allows it.
 SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_INTERVAL_MS = 1500
+# Short: a dead ledger's open transaction blocks every read_committed reader of the
+# partitions it wrote (the new owner's restore, dispatchers, workers' inboxes) until the
+# broker aborts it after this long. About the session timeout, so the abort overlaps the
+# rebalance. The ledger bounds the work of one transaction well below it (its budget,
+# streams/ledger.py); a transaction that still takes longer is aborted and redone.
+TRANSACTION_TIMEOUT_MS = 7000
 
 
 def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
@@ -45,12 +51,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str) -> 
         settings,
         **{
             "transactional.id": transactional_id,
-            # Short: a dead ledger's open transaction blocks every read_committed reader
-            # of the partitions it wrote (the new owner's restore, dispatchers, workers'
-            # inboxes) until the broker aborts it after this long. About the session
-            # timeout, so the abort overlaps the rebalance; a ledger batch takes well
-            # under a second, and one that takes longer is aborted and redone.
-            "transaction.timeout.ms": 7000,
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
         },
     )
 

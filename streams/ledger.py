@@ -4,22 +4,52 @@ It owns the job-log partitions the consumer group gives it and, for each, the sa
 partition of the compacted `jobs` and `runs` topics (its state). The pure state machine
 is streams/core/ledger.py; this module only moves bytes.
 
-Commit order of one batch (why a crash at any point is safe):
+Time. The ledger's "now" for an input is the broker's append time of its job-log record
+(job-log has message.timestamp.type=LogAppendTime), passed to `decide(now_ms=...)`: one
+clock that no producer can skew. A record stamped with CreateTime (a job-log made by an
+older cronlog and not migrated) falls back to that stamp, with a warning once.
+
+Commit cycle (why a crash at any point is safe):
  1. `consume` up to `batch_size` job-log records (read_committed).
  2. `begin_transaction`.
  3. For each record in log order: decode (an undecodable one goes to commands.dlq),
     `decide` against the in-memory state, apply the decision in memory, and produce its
     outputs: run-events, dispatch, and the new job and run states (tombstones for
     forgotten runs), all to the record's partition number.
- 4. `send_offsets_to_transaction(position, consumer_group_metadata())`: the consumed
-    offsets join the transaction (KIP-447). A zombie - a member that lost its partitions
-    without noticing - fails here or at commit, because its group generation is stale.
- 5. `commit_transaction`: outputs, state and offsets become visible together, or not at
-    all. A crash before this point aborts everything (the broker times the transaction
-    out); the next owner restores state from what was committed and resumes from the
-    committed offset, so it redoes exactly the uncommitted batch.
-On any error in 2-5 the batch's in-memory changes are thrown away with the whole state:
-abort if possible, recreate the producer, reload state, rewind to the committed offsets.
+ 4. The transaction's budget: when the records it produced reach `txn_max_records`
+    (20,000) or it has run `txn_max_s` (2.5 s, well under transaction.timeout.ms = 7 s,
+    leaving room for the last input and the commit's flush), the batch is cut after the
+    current input. A late proposal after a long outage emits ~3,000 records; a batch of
+    500 of them would otherwise run past the transaction timeout and be redone
+    identically for ever.
+ 5. `send_offsets_to_transaction(offsets, consumer_group_metadata())` with explicit
+    offsets: the last record processed in this transaction + 1, per partition (not the
+    consumer's position, which is past the whole batch). The consumed offsets join the
+    transaction (KIP-447).
+ 6. `commit_transaction`: outputs, state and offsets become visible together, or not at
+    all. If the batch was cut, the consumer is sought back to the first unprocessed
+    record of each partition and the loop consumes again: the rest of the batch is
+    decided in the next transactions, and rebalance callbacks are served in between.
+A crash before 6 aborts everything (the broker times the transaction out, or the node's
+successor under the same transactional.id aborts it at once); the next owner restores
+state from what was committed and resumes from the committed offsets, so it redoes
+exactly the uncommitted inputs. Cutting a batch changes nothing to this: each
+transaction carries exactly the offsets of the inputs whose outputs it carries.
+
+Fencing. A zombie - a member that lost its partitions without noticing - cannot commit:
+its TxnOffsetCommit carries its group generation (consumer_group_metadata()), which the
+rebalance made stale, so `send_offsets_to_transaction` fails and the transaction can only
+abort. The new owner fetches the committed offsets *before* it restores state (see
+`_take_over`): that fetch waits for pending transactional offsets (require_stable, the
+read_committed consumer's default), so after it no transaction can add offsets for the
+partition; the state then read to the log's real end contains every batch whose offsets
+are committed. On any error in 2-6 the in-memory changes are thrown away with the whole
+state: abort if possible, recreate the producer, and take the partitions over again.
+
+The producer's local queue. librdkafka holds every produced message until its delivery
+report is served by `poll`; a transaction of 20,000 records polls as it goes, and a full
+queue (`BufferError`, which is not a KafkaException) is drained by polling and the
+produce retried, so a catch-up can never crash the process.
 """
 
 from __future__ import annotations
@@ -29,11 +59,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
     KafkaException,
@@ -54,10 +86,25 @@ from schemas.codec import (
 from schemas.json import dlq_record
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
-from streams.kafka import consumer_config, transactional_producer_config
+from streams.kafka import (
+    TRANSACTION_TIMEOUT_MS,
+    committed_or,
+    consumer_config,
+    transactional_producer_config,
+)
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.ledger")
+
+# The work of one transaction (module docstring, step 4).
+TXN_MAX_RECORDS = 20_000
+TXN_MAX_S = 2.5
+# A restore fails only when it made no progress for this long. Longer than the
+# transaction timeout: a dead owner's open transaction holds the restore back that long.
+RESTORE_STALL_S = 30.0
+# The produced messages between two polls of the producer's delivery reports.
+POLL_EVERY = 1000
+UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
 
 
 @dataclass
@@ -68,10 +115,15 @@ class PartitionState:
 
 @dataclass(frozen=True, slots=True)
 class LedgerStats:
-    batches: int
-    records: int
+    batches: int  # consumed batches fully decided
+    records: int  # inputs decided and committed
     rejected: int
     recoveries: int
+    transactions: int = 0  # committed transactions
+    cut: int = 0  # transactions ended by the budget before the end of their batch
+    produced: int = 0  # records produced in committed transactions
+    queue_full: int = 0  # produce calls that met a full local queue (then retried)
+    longest_txn_s: float = 0.0
 
 
 class Ledger:
@@ -81,11 +133,24 @@ class Ledger:
         config: LedgerConfig = LedgerConfig(),
         node_id: str | None = None,
         batch_size: int = 500,
+        txn_max_records: int = TXN_MAX_RECORDS,
+        txn_max_s: float = TXN_MAX_S,
+        restore_stall_s: float = RESTORE_STALL_S,
+        producer_overrides: dict[str, Any] | None = None,
     ):
+        if txn_max_s >= TRANSACTION_TIMEOUT_MS / 1000 / 2:
+            raise ValueError(
+                f"txn_max_s ({txn_max_s}) must stay well under the transaction timeout "
+                f"({TRANSACTION_TIMEOUT_MS} ms)"
+            )
         self.settings = settings
         self.config = config
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.batch_size = batch_size
+        self.txn_max_records = txn_max_records
+        self.txn_max_s = txn_max_s
+        self.restore_stall_s = restore_stall_s
+        self.producer_overrides = producer_overrides or {}
         self.topics = {
             n: settings.topic(n)
             for n in (
@@ -101,6 +166,10 @@ class Ledger:
         self.state: dict[int, PartitionState] = {}
         self._stop = threading.Event()
         self._batches = self._records = self._rejected = self._recoveries = 0
+        self._transactions = self._cut = self._produced = self._queue_full = 0
+        self._longest_txn_s = 0.0
+        self._in_txn = 0  # records produced in the open transaction
+        self._warned_create_time = False
         self.consumer = Consumer(
             consumer_config(settings, settings.group("ledger"), **{"enable.partition.eof": False})
         )
@@ -114,7 +183,9 @@ class Ledger:
         # (init_transactions) instead of leaving readers blocked until it times out.
         # Node ids must therefore be unique: two live nodes with one id fence each other.
         txn_id = f"{self.settings.group('ledger')}-{self.node_id}"
-        producer = Producer(transactional_producer_config(self.settings, txn_id))
+        producer = Producer(
+            {**transactional_producer_config(self.settings, txn_id), **self.producer_overrides}
+        )
         producer.init_transactions(30)
         return producer
 
@@ -122,7 +193,17 @@ class Ledger:
         self._stop.set()
 
     def stats(self) -> LedgerStats:
-        return LedgerStats(self._batches, self._records, self._rejected, self._recoveries)
+        return LedgerStats(
+            self._batches,
+            self._records,
+            self._rejected,
+            self._recoveries,
+            self._transactions,
+            self._cut,
+            self._produced,
+            self._queue_full,
+            self._longest_txn_s,
+        )
 
     def run(self) -> None:
         self.consumer.subscribe(
@@ -152,14 +233,17 @@ class Ledger:
     # -- assignment ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         started = time.monotonic()
-        restored = self._restore_all([tp.partition for tp in partitions])
-        self.state.update(restored)
+        positions = self._take_over(partitions)
+        # Assigned here, with the offsets the state was restored for: librdkafka must
+        # not look the committed offsets up again after the restore (see _take_over).
+        consumer.assign(positions)
+        restored = [self.state[tp.partition] for tp in positions if tp.partition in self.state]
         log.info(
             "ledger %s owns job-log partitions %s: restored %d jobs and %d runs in %.2f s",
             self.node_id,
-            sorted(restored),
-            sum(len(s.jobs) for s in restored.values()),
-            sum(len(s.runs) for s in restored.values()),
+            sorted(tp.partition for tp in positions),
+            sum(len(s.jobs) for s in restored),
+            sum(len(s.runs) for s in restored),
             time.monotonic() - started,
         )
 
@@ -167,12 +251,35 @@ class Ledger:
         for tp in partitions:
             self.state.pop(tp.partition, None)
 
+    def _take_over(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Committed offsets first, then the state, then the positions to resume from
+        (returned; the caller assigns or seeks them). Used on assignment and recovery.
+
+        Why this order. The committed offsets say which inputs are decided; the state
+        must contain exactly those decisions. The offset fetch is made with
+        require_stable (librdkafka sets it for a read_committed consumer): the group
+        coordinator answers only once no transaction with offsets for these partitions
+        is pending, so a zombie's batch whose offsets were sent before the rebalance is
+        either committed (and its offsets are in the answer) or aborted. After the
+        fetch no transaction can add offsets any more (the generation moved on, so a
+        zombie's send_offsets is fenced). The state, read next to the log's real end,
+        then holds every batch whose offsets were fetched, and no batch whose offsets
+        were not: a committed batch wrote its state before its commit marker, which
+        came before the fetch. In the other order - state first, offsets afterwards (as
+        librdkafka does by itself after on_assign returns) - a zombie's batch whose
+        offsets committed late, after the state was read, is missing from the state
+        while its offsets say it is decided: its job's watermark stays behind, and a
+        repeated proposal for the same time is decided a second time.
+        """
+        wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+        committed = committed_or(self.consumer, wanted, OFFSET_BEGINNING, self._stop)
+        self.state.update(self._restore_all([tp.partition for tp in committed]))
+        return committed
+
     def _restore(self, partition: int) -> PartitionState:
         return self._restore_all([partition])[partition]
 
-    def _restore_all(
-        self, partitions: list[int], timeout_s: float = 60.0
-    ) -> dict[int, PartitionState]:
+    def _restore_all(self, partitions: list[int]) -> dict[int, PartitionState]:
         """Read these partitions of `jobs` and `runs` to their end (read_committed), all
         at once with one consumer: a failover restores every partition it takes over.
 
@@ -183,6 +290,10 @@ class Ledger:
         batch and resume after it: duplicate runs. So wait for every transaction below
         the real end to be resolved (a dead ledger's is aborted within
         transaction.timeout.ms).
+
+        No limit on the total time (a large partition takes as long as it takes, and a
+        fixed limit would make every rebalance start it over): it fails only when no
+        record arrived and no position moved for `restore_stall_s`.
         """
         states = {p: PartitionState() for p in partitions}
         jobs_topic, runs_topic = self.topics["jobs"], self.topics["runs"]
@@ -211,13 +322,23 @@ class Ledger:
         )
         try:
             reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
-            deadline = time.monotonic() + timeout_s
+            progress_at = time.monotonic()
+            positions: dict[tuple[str, int], int] = {}
             while pending:
-                if time.monotonic() > deadline:
+                if self._stop.is_set():
+                    break
+                if time.monotonic() - progress_at > self.restore_stall_s:
                     raise KafkaException(
-                        KafkaError(KafkaError._TIMED_OUT, f"could not restore {sorted(pending)}")
+                        KafkaError(
+                            KafkaError._TIMED_OUT,
+                            f"restore of {sorted(pending)} made no progress for "
+                            f"{self.restore_stall_s:.0f} s (at {positions})",
+                        )
                     )
-                for msg in reader.consume(10_000, timeout=0.1):
+                messages = reader.consume(10_000, timeout=0.1)
+                if messages:
+                    progress_at = time.monotonic()
+                for msg in messages:
                     error = msg.error()
                     if error is not None:
                         if error.code() != KafkaError._PARTITION_EOF:
@@ -235,10 +356,13 @@ class Ledger:
                         state.runs.pop(key, None)
                     else:
                         state.runs[key] = RUN_STATE.decode(value)
-                positions = reader.position([TopicPartition(t, p) for t, p in pending])
-                for tp in positions:
-                    if tp.offset >= pending[(tp.topic, tp.partition)]:
-                        del pending[(tp.topic, tp.partition)]
+                for tp in reader.position([TopicPartition(t, p) for t, p in pending]):
+                    where = (tp.topic, tp.partition)
+                    if tp.offset > positions.get(where, -1):
+                        positions[where] = tp.offset
+                        progress_at = time.monotonic()
+                    if tp.offset >= pending[where]:
+                        del pending[where]
         finally:
             reader.close()
         return states
@@ -246,20 +370,55 @@ class Ledger:
     # -- processing ---------------------------------------------------------------------
     def _process_batch(self, records: list[Message]) -> None:
         try:
-            self.producer.begin_transaction()
-            for msg in records:
-                self._process(msg)
-            self.producer.send_offsets_to_transaction(
-                self.consumer.position(self.consumer.assignment()),
-                self.consumer.consumer_group_metadata(),
-                30,
-            )
-            self.producer.commit_transaction(30)
-            self._batches += 1
-            self._records += len(records)
+            self._transact(records)
         except KafkaException as exc:
             log.error("transaction failed (%s): aborting and recovering", exc)
             self._recover()
+
+    def _transact(self, records: list[Message]) -> None:
+        """One transaction over a prefix of `records` (all of them unless the budget cuts
+        it); the consumer is sought back to the first record left out."""
+        self.producer.begin_transaction()
+        self._in_txn = 0
+        started = time.monotonic()
+        offsets: dict[tuple[str, int], int] = {}
+        done = 0
+        for msg in records:
+            self._process(msg)
+            offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
+            done += 1
+            if self._in_txn >= self.txn_max_records or (
+                time.monotonic() - started >= self.txn_max_s
+            ):
+                break
+        self.producer.send_offsets_to_transaction(
+            [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+            self.consumer.consumer_group_metadata(),
+            30,
+        )
+        self.producer.commit_transaction(30)
+        took = time.monotonic() - started
+        self._transactions += 1
+        self._produced += self._in_txn
+        self._records += done
+        self._longest_txn_s = max(self._longest_txn_s, took)
+        if done == len(records):
+            self._batches += 1
+            return
+        self._cut += 1
+        rest: dict[tuple[str, int], int] = {}
+        for msg in records[done:]:
+            rest.setdefault((msg.topic() or "", msg.partition() or 0), msg.offset() or 0)
+        log.info(
+            "transaction cut by its budget after %d of %d inputs (%d records, %.2f s); "
+            "the rest follows in the next one",
+            done,
+            len(records),
+            self._in_txn,
+            took,
+        )
+        for (topic, partition), offset in rest.items():
+            self.consumer.seek(TopicPartition(topic, partition, offset))
 
     def _process(self, msg: Message) -> None:
         partition = msg.partition() or 0  # never None for a consumed record
@@ -269,10 +428,10 @@ class Ledger:
         try:
             inp = JOB_LOG.decode(msg.value() or b"")
         except CodecError as exc:
-            self.producer.produce(
+            self._produce(
                 self.topics["commands.dlq"],
-                key=msg.key(),
-                value=dlq_record(
+                msg.key(),
+                dlq_record(
                     msg.value() or b"",
                     f"undecodable job-log record: {exc}",
                     msg.topic() or "",
@@ -287,67 +446,93 @@ class Ledger:
             state.runs.get,
             inp,
             self.config,
+            now_ms=self._now_ms(msg),
         )
         if decision.rejected:
             self._rejected += 1
         self._apply(partition, state, decision)
 
+    def _now_ms(self, msg: Message) -> int | None:
+        """The broker's append time of the record: the ledger's one clock."""
+        kind, stamp = msg.timestamp()
+        if kind == TIMESTAMP_LOG_APPEND_TIME:
+            return stamp
+        if kind == TIMESTAMP_CREATE_TIME:
+            if not self._warned_create_time:
+                self._warned_create_time = True
+                log.warning(
+                    "%s carries CreateTime stamps (%s[%s]@%s): the producers' clocks decide "
+                    "time; run `cronlog topics create` to set LogAppendTime",
+                    self.topics["job-log"],
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                )
+            return stamp
+        return None  # no timestamp at all: decide() takes the input's own at_ms
+
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int = UNASSIGNED
+    ) -> None:
+        """produce(), never failing on a full local queue: poll the delivery reports
+        (which frees the delivered messages) and retry. If nothing drains within the
+        transaction timeout the broker is gone: fail like any transaction error."""
+        waited_until = 0.0
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, partition=partition)
+                break
+            except BufferError:
+                self._queue_full += 1
+                now = time.monotonic()
+                if not waited_until:
+                    waited_until = now + TRANSACTION_TIMEOUT_MS / 1000
+                elif now > waited_until:
+                    raise KafkaException(
+                        KafkaError(KafkaError._QUEUE_FULL, "local producer queue stays full")
+                    ) from None
+                self.producer.poll(0.05)
+        self._in_txn += 1
+        if self._in_txn % POLL_EVERY == 0:
+            self.producer.poll(0)
+
     def _apply(self, partition: int, state: PartitionState, decision: Decision) -> None:
-        produce: Callable[..., None] = self.producer.produce
+        produce = self._produce
         if decision.job is not None:
             job = decision.job
             state.jobs[job.spec.job_id] = job
-            produce(
-                self.topics["jobs"],
-                key=job.spec.job_id.encode(),
-                value=JOB_STATE.encode(job),
-                partition=partition,
-            )
+            produce(self.topics["jobs"], job.spec.job_id.encode(), JOB_STATE.encode(job), partition)
         for run in decision.runs:
             state.runs[run.run_id] = run
-            produce(
-                self.topics["runs"],
-                key=run.run_id.encode(),
-                value=RUN_STATE.encode(run),
-                partition=partition,
-            )
+            produce(self.topics["runs"], run.run_id.encode(), RUN_STATE.encode(run), partition)
         for run_id in decision.forget:
             state.runs.pop(run_id, None)
-            produce(self.topics["runs"], key=run_id.encode(), value=None, partition=partition)
+            produce(self.topics["runs"], run_id.encode(), None, partition)
         for event in decision.events:
             produce(
                 self.topics["run-events"],
-                key=event.job_id.encode(),
-                value=RUN_EVENTS.encode(event),
-                partition=partition,
+                event.job_id.encode(),
+                RUN_EVENTS.encode(event),
+                partition,
             )
         for reply in decision.replies:
             produce(
-                self.topics["worker-inbox"],
-                key=reply.worker_id.encode(),
-                value=WORKER_INBOX.encode(reply),
+                self.topics["worker-inbox"], reply.worker_id.encode(), WORKER_INBOX.encode(reply)
             )
         for notice in decision.notices:
             # Another job's log: keyed by its job_id, the partitioner picks the partition.
-            produce(
-                self.topics["job-log"], key=notice.job_id.encode(), value=JOB_LOG.encode(notice)
-            )
+            produce(self.topics["job-log"], notice.job_id.encode(), JOB_LOG.encode(notice))
         for request in decision.dispatch:
-            produce(
-                self.topics["dispatch"], key=request.run_id.encode(), value=DISPATCH.encode(request)
-            )
+            produce(self.topics["dispatch"], request.run_id.encode(), DISPATCH.encode(request))
 
     def _recover(self) -> None:
-        """Abort, recreate the producer, reload state, rewind to the committed offsets."""
+        """Abort, recreate the producer, and take the assigned partitions over again:
+        committed offsets, then state, then seek (`_take_over` says why that order)."""
         self._recoveries += 1
         try:
             self.producer.abort_transaction(10)
         except KafkaException as exc:
             log.warning("abort failed (%s); the producer is replaced anyway", exc)
         self.producer = self._new_producer()
-        assignment = self.consumer.assignment()
-        committed = self.consumer.committed(assignment, timeout=30)
-        self.state.update(self._restore_all([tp.partition for tp in committed]))
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        for tp in self._take_over(self.consumer.assignment()):
+            self.consumer.seek(tp)

@@ -223,9 +223,65 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
     if gateway is None:
         return app
     Caller = Annotated[Principal, Depends(caller)]
+    capacity = {
+        "type": "object",
+        "properties": {
+            "cpu": {"type": "number", "minimum": 0},
+            "memory_mb": {"type": "integer", "minimum": 0},
+            "gpu": {"type": "integer", "minimum": 0},
+        },
+    }
+    string = {"type": "string"}
+    heartbeat_body = {
+        "requestBody": {
+            "required": False,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "capacity": capacity,
+                            "free": capacity,
+                            "labels": {"type": "object", "additionalProperties": string},
+                            "running": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "run_id": {"type": "string"},
+                                        "attempt": {"type": "integer", "minimum": 1},
+                                    },
+                                },
+                            },
+                            "ack": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "description": "The `seq` of the last answer handled (0 at "
+                                "first): its messages are removed, later ones are sent again "
+                                "until acknowledged. Without it, an answer's messages are "
+                                "removed as soon as they are sent (older protocol).",
+                            },
+                        },
+                    }
+                }
+            },
+        }
+    }
 
-    @app.post("/workers/{worker_id}/heartbeat", tags=["workers"], openapi_extra=OBJECT_BODY)
+    @app.post("/workers/{worker_id}/heartbeat", tags=["workers"], openapi_extra=heartbeat_body)
     async def heartbeat(worker_id: str, request: Request, who: Caller) -> dict[str, Any]:
+        """Say the worker is alive (at least every 3 s) and collect its messages.
+
+        The answer has `assignments` (claim them with `/runs/{id}/ack`), `grants` (start
+        only after a granted reply) and `kills` (stop that attempt now), each item with its
+        `seq`, and a top-level `seq`. Handle the items in `seq` order across the three
+        lists, then send `ack: <seq>` with the next heartbeat: only then are they removed,
+        so an answer lost on the way comes again, the same messages in the same order.
+        Handle a repeated message harmlessly. A seq is the message's position in
+        worker-inbox: it stays valid across API restarts and instances (a heartbeat with an
+        ack to an API that holds no mailbox for the worker rebuilds it from there, up to
+        5 minutes back). At most 1,000 messages per answer; at most 10,000 wait unacked
+        (the oldest are dropped)."""
         gateway.check(who, worker_id)
         body = await _body(request)
         return await run_in_threadpool(gateway.heartbeat, worker_id, body)

@@ -25,16 +25,18 @@ from confluent_kafka import KafkaException, Producer
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from schemas.json import to_plain
+from schemas.json import from_plain, to_plain
 from streams.core.commands import (
     MAX_COMMAND_BYTES,
     Command,
     Rejection,
     UpsertJob,
     command_job_id,
+    upsert_document,
     validate_command,
 )
 from streams.core.ids import manual_run_id
+from streams.core.spec import JobSpec
 from streams.kafka import producer_config
 from streams.settings import Settings
 
@@ -104,6 +106,25 @@ def _upsert_command(doc: dict[str, Any]) -> UpsertJob:
     command = _validated(doc)
     assert isinstance(command, UpsertJob)  # the caller set type job.upsert
     return command
+
+
+def patched_document(stored: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """The job.upsert command of a PATCH: the job's stored spec (the projection's JSON
+    view, ``{"every_ms": ...}`` schedules and all) turned back into the command that makes
+    it, with the patch's top-level fields over it; null removes a field (its default
+    applies). Not validated yet."""
+    try:
+        merged = upsert_document(from_plain(stored, JobSpec))
+    except (ValueError, TypeError) as exc:
+        raise ServiceError(
+            409, f"the job's stored spec cannot be read back ({exc}); replace the job instead"
+        ) from exc
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -276,13 +297,7 @@ class Service:
         current = self.job(who, job_id)
         if "job_id" in patch and patch["job_id"] != job_id:
             raise ServiceError(422, "job_id cannot be changed", "job_id")
-        merged = {k: v for k, v in current["spec"].items() if k != "type"}
-        for key, value in patch.items():
-            if value is None:
-                merged.pop(key, None)  # null removes a field: its default applies
-            else:
-                merged[key] = value
-        doc = self._owned_upsert(who, merged)
+        doc = self._owned_upsert(who, patched_document(current["spec"], patch))
         command = _upsert_command(doc)
         return self._upsert(doc, command)
 
@@ -388,7 +403,7 @@ class Service:
             _jsonable(r)
             for r in self._query(
                 "SELECT attempt, state, at, worker_id, detail FROM run_transitions"
-                " WHERE run_id = %s ORDER BY at, attempt",
+                " WHERE run_id = %s ORDER BY seq, at",
                 (run_id,),
             )
         ]

@@ -2,59 +2,139 @@
 reports started and finished through the API, which turns each call into exactly the
 record a Kafka-native worker (connectors/worker) would produce.
 
-The gateway follows `worker-inbox` from its end and keeps, per worker that has
-heartbeated over HTTP recently, the assignments, claim replies and stop orders addressed
-to it; a heartbeat's answer hands them over. What the gateway holds lives in memory: if
-the API restarts, messages in flight are lost — the ledger copes as with a worker that
-never answered (an unclaimed dispatch is re-placed after its claim deadline; an
-unanswered claim is retried by the worker's next ack).
+The gateway follows `worker-inbox` from where it ended when the API started and keeps,
+per worker that has heartbeated over HTTP recently, the assignments, claim replies and
+stop orders addressed to it; a heartbeat's answer hands them over. Delivery is at least
+once, in order:
+
+- Each message's `seq` is its position in `worker-inbox` (offset + 1). A worker's messages
+  all live in one partition (keyed by worker id, murmur2 like every producer), so seqs
+  grow with the order the ledger and dispatchers wrote them in, are the same in every API
+  process and survive a restart of the API: no epoch is needed.
+- An answer carries the messages after the worker's `ack` (at most `MAX_ANSWER`, oldest
+  first) and a top-level `seq`: the position the answer brings the worker to. The worker
+  sends it back as `ack` in its next heartbeat, once it has handled the answer; only
+  then are those messages removed. An answer that never arrives is simply given again,
+  the same messages in the same order: a replay of a suffix, as a native worker sees
+  after a restart from its committed offset.
+- When a worker's mailbox is not here (the API restarted, the worker was silent for
+  `FORGET_AFTER_S`, or it used another API instance until now), a heartbeat with
+  `ack > 0` rebuilds it by reading the worker's partition from `ack` (at most
+  `REPLAY_S` back): nothing sent while no API held its mailbox is lost. An ack beyond
+  the partition's end (the topic was recreated) is ignored.
+- A heartbeat without `ack` is the older protocol: what the answer carries is removed at
+  once (at most once: a lost answer loses its messages), and the answer has no `seq`.
+  A worker speaking this protocol sends `ack: 0` on its first heartbeat.
+- A mailbox holds at most `MAX_PENDING` messages; a worker that never acks loses the
+  oldest, with a log line. A mailbox silent for `FORGET_AFTER_S` is forgotten.
 
 The HTTP worker is responsible for what the native worker does itself: not starting
-before its claim is granted, killing its process on a stop order, and heartbeating at
-least every 3 s (otherwise the dispatcher suspects it, then declares it dead).
+before its claim is granted, killing its process on a stop order, handling every message
+in seq order and a repeated one harmlessly, and heartbeating at least every 3 s
+(otherwise the dispatcher suspects it, then declares it dead).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.api.service import Principal, Service, ServiceError
+from connectors.worker.worker import inbox_partition
 from schemas.codec import HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import to_plain
 from streams.core.records import (
-    CancelOrder,
     ClaimReply,
     ClaimRequested,
     RunFinished,
     RunReleased,
     RunStarted,
     WorkerAssignment,
+    WorkerMessage,
 )
 from streams.kafka import consumer_config
 
 log = logging.getLogger("cronlog.api.workers")
 FORGET_AFTER_S = 60.0  # a worker silent this long gets no more buffering
-MAX_PENDING = 1000  # per worker: a stuck worker must not grow the API without bound
+MAX_PENDING = 10_000  # per worker: a worker that never acks must not grow the API for ever
+MAX_ANSWER = 1_000  # messages per heartbeat answer; the rest come with the next one
+REPLAY_S = 300.0  # a rebuilt mailbox reads worker-inbox at most this far back
+REPLAY_TIMEOUT_S = 10.0
+MAX_SEQ = 2**63 - 1
+KINDS = ("assignments", "grants", "kills")
+
+
+class _BeyondEnd(Exception):
+    """An ack past the end of the worker's worker-inbox partition."""
 
 
 @dataclass
 class _Mailbox:
+    partition: int
     seen: float = field(default_factory=time.monotonic)
-    assignments: list[dict[str, Any]] = field(default_factory=list)
-    grants: list[dict[str, Any]] = field(default_factory=list)
-    kills: list[dict[str, Any]] = field(default_factory=list)
+    acked: int = 0  # the worker has handled every message up to this seq
+    seqs: list[int] = field(default_factory=list)  # ascending
+    items: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    dropped: int = 0
+    # Set once the mailbox may be answered from (a rebuild from worker-inbox is done).
+    ready: threading.Event = field(default_factory=threading.Event)
+    failed: bool = False
 
-    def add(self, kind: str, item: dict[str, Any]) -> None:
-        box: list[dict[str, Any]] = getattr(self, kind)
-        if len(box) < MAX_PENDING:
-            box.append(item)
+    def add(self, worker_id: str, seq: int, kind: str, item: dict[str, Any], limit: int) -> None:
+        if seq <= self.acked or seq in self.items:
+            return  # handled already, or both replayed and followed
+        bisect.insort(self.seqs, seq)
+        self.items[seq] = (kind, item)
+        while len(self.seqs) > limit:
+            oldest = self.seqs.pop(0)
+            lost, _ = self.items.pop(oldest)
+            self.dropped += 1
+            if self.dropped % 1000 == 1:
+                log.warning(
+                    "worker %s has %d unacknowledged messages: dropped the oldest "
+                    "(seq %d, %s); %d dropped so far",
+                    worker_id,
+                    limit,
+                    oldest,
+                    lost,
+                    self.dropped,
+                )
+
+    def ack(self, upto: int) -> None:
+        self.acked = max(self.acked, upto)
+        cut = bisect.bisect_right(self.seqs, upto)
+        for seq in self.seqs[:cut]:
+            del self.items[seq]
+        del self.seqs[:cut]
+
+
+def _item(message: WorkerMessage) -> tuple[str, dict[str, Any]]:
+    """What an HTTP worker receives for an inbox message: its list and its JSON form."""
+    if isinstance(message, WorkerAssignment):
+        return "assignments", to_plain(message.dispatch)
+    if isinstance(message, ClaimReply):
+        return "grants", {
+            "run_id": message.run_id,
+            "attempt": message.attempt,
+            "granted": message.granted,
+            "reason": message.reason,
+        }
+    # a CancelOrder: a stop order
+    return "kills", {"run_id": message.run_id, "attempt": message.attempt, "reason": message.reason}
 
 
 def _number(doc: dict[str, Any], key: str, kind: type, minimum: float = 0) -> Any:
@@ -83,17 +163,52 @@ def _attempt(body: dict[str, Any]) -> int:
     return value
 
 
+def _ack(body: dict[str, Any]) -> int | None:
+    value = body.get("ack")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise ServiceError(422, "ack must be the integer seq of the last answer handled", "ack")
+    return value
+
+
 class WorkerGateway:
     def __init__(self, service: Service):
         self.service = service
         self.settings = service.settings
-        self.boxes: dict[str, _Mailbox] = defaultdict(_Mailbox)
+        self.boxes: dict[str, _Mailbox] = {}
+        # Per worker-inbox partition: the follower has read everything before this seq.
+        self.positions: dict[int, int] = {}
+        self.max_pending = MAX_PENDING
+        self.max_answer = MAX_ANSWER
+        self.starts: dict[int, int] = {}  # where the follower starts, per partition
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._follow, name="worker-inbox", daemon=True)
 
     def start(self) -> None:
+        """Fix where worker-inbox ends now (read_committed) before any heartbeat is
+        served: the follower starts there, so that a message written once this returns
+        reaches the mailboxes however late the follower's first fetch is."""
+        self.starts = self._ends()
+        with self.lock:
+            self.positions.update(self.starts)
         self.thread.start()
+
+    def _ends(self) -> dict[int, int]:
+        topic = self.settings.topic("worker-inbox")
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka})
+        try:
+            latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+            futures = admin.list_offsets(
+                {TopicPartition(topic, p): latest for p in range(self.settings.partitions)},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=10,
+            )
+            return {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException as exc:
+            log.warning("could not find where worker-inbox ends (%s): following its end", exc)
+            return {}
 
     def stop(self) -> None:
         self._stop.set()
@@ -104,47 +219,179 @@ class WorkerGateway:
         consumer = Consumer(consumer_config(self.settings, None))
         topic = self.settings.topic("worker-inbox")
         consumer.assign(
-            [TopicPartition(topic, p, OFFSET_END) for p in range(self.settings.partitions)]
+            [
+                TopicPartition(topic, p, self.starts.get(p, OFFSET_END))
+                for p in range(self.settings.partitions)
+            ]
         )
+        swept = time.monotonic()
         try:
             while not self._stop.is_set():
                 for msg in consumer.consume(500, timeout=0.5):
-                    if msg.error() is None and msg.value():
-                        self._deliver(msg.value() or b"")
+                    error = msg.error()
+                    if error is None:
+                        self._deliver(msg.partition() or 0, msg.offset() or 0, msg.value())
+                    else:
+                        log.warning("following worker-inbox: %s", error)
+                if time.monotonic() - swept > 5:
+                    swept = time.monotonic()
+                    self._sweep()
         finally:
             consumer.close()
 
-    def _deliver(self, raw: bytes) -> None:
-        try:
-            message = WORKER_INBOX.decode(raw)
-        except CodecError as exc:
-            log.error("undecodable worker-inbox record: %s", exc)
-            return
+    def _sweep(self) -> None:
+        """Forget the mailboxes of workers silent for FORGET_AFTER_S (what they held is
+        still in worker-inbox, for a rebuild should they come back with an ack)."""
+        now = time.monotonic()
         with self.lock:
+            for worker_id, box in list(self.boxes.items()):
+                if box.ready.is_set() and now - box.seen > FORGET_AFTER_S:
+                    del self.boxes[worker_id]
+
+    def _deliver(self, partition: int, offset: int, raw: bytes | None) -> None:
+        message: WorkerMessage | None = None
+        if raw:
+            try:
+                message = WORKER_INBOX.decode(raw)
+            except CodecError as exc:
+                log.error("undecodable worker-inbox record: %s", exc)
+        with self.lock:
+            self.positions[partition] = max(offset + 1, self.positions.get(partition, 0))
+            if message is None:
+                return
             box = self.boxes.get(message.worker_id)
             if box is None or time.monotonic() - box.seen > FORGET_AFTER_S:
                 return  # not an HTTP worker (or one long gone)
-            if isinstance(message, WorkerAssignment):
-                box.add("assignments", to_plain(message.dispatch))
-            elif isinstance(message, ClaimReply):
-                box.add(
-                    "grants",
-                    {
-                        "run_id": message.run_id,
-                        "attempt": message.attempt,
-                        "granted": message.granted,
-                        "reason": message.reason,
-                    },
+            kind, item = _item(message)
+            box.add(message.worker_id, offset + 1, kind, item, self.max_pending)
+
+    def _replay(self, worker_id: str, partition: int, ack: int) -> list[tuple[int, WorkerMessage]]:
+        """The worker's messages in its worker-inbox partition from seq `ack` on (at most
+        REPLAY_S old), up to the partition's end; an empty list for an ack beyond it."""
+        topic = self.settings.topic("worker-inbox")
+        key = worker_id.encode()
+        reader = Consumer(
+            consumer_config(
+                self.settings, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 20}
+            )
+        )
+        found: list[tuple[int, WorkerMessage]] = []
+        try:
+            low, high = reader.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+            if ack > high:
+                log.warning(
+                    "worker %s acked seq %d, beyond the end of worker-inbox partition %d "
+                    "(%d): ignored",
+                    worker_id,
+                    ack,
+                    partition,
+                    high,
                 )
-            elif isinstance(message, CancelOrder):
-                box.add(
-                    "kills",
-                    {
-                        "run_id": message.run_id,
-                        "attempt": message.attempt,
-                        "reason": message.reason,
-                    },
+                raise _BeyondEnd
+            since_ms = int((time.time() - REPLAY_S) * 1000)
+            (first,) = reader.offsets_for_times(
+                [TopicPartition(topic, partition, since_ms)], timeout=5
+            )
+            start = max(ack, low, first.offset if first.offset >= 0 else high)
+            if start > ack:
+                log.warning(
+                    "worker %s acked seq %d; its messages before seq %d (older than %.0f s) "
+                    "are not replayed",
+                    worker_id,
+                    ack,
+                    start,
+                    REPLAY_S,
                 )
+            if start >= high:
+                return found
+            reader.assign([TopicPartition(topic, partition, start)])
+            deadline = time.monotonic() + REPLAY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                for msg in reader.consume(1000, timeout=0.2):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return found
+                        raise KafkaException(error)
+                    if msg.key() != key or not msg.value():
+                        continue
+                    try:
+                        message = WORKER_INBOX.decode(msg.value() or b"")
+                    except CodecError:
+                        continue  # the follower logs it
+                    if message.worker_id == worker_id:
+                        found.append(((msg.offset() or 0) + 1, message))
+                (position,) = reader.position([TopicPartition(topic, partition)])
+                if position.offset >= high:
+                    return found
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "worker-inbox replay"))
+        finally:
+            reader.close()
+
+    def _mailbox(self, worker_id: str, ack: int | None) -> tuple[_Mailbox, int | None]:
+        """The worker's mailbox, made (and rebuilt from worker-inbox after `ack`) if this
+        API holds none for it; the ack applied. Returns the ack to answer with (0 if it
+        was ignored as beyond the partition's end)."""
+        with self.lock:
+            box = self.boxes.get(worker_id)
+            if box is not None and box.ready.is_set() and box.failed:
+                box = None
+            if box is not None and time.monotonic() - box.seen > FORGET_AFTER_S:
+                box = None  # it stopped buffering: make it again
+            made = box is None
+            if box is None:
+                box = _Mailbox(inbox_partition(worker_id, self.settings.partitions))
+                self.boxes[worker_id] = box
+                if not ack:
+                    box.ready.set()  # from now on: nothing before was this worker's
+            box.seen = time.monotonic()
+        if made and ack:
+            try:
+                replayed = self._replay(worker_id, box.partition, ack)
+            except _BeyondEnd:
+                ack, replayed = 0, []  # as if it had handled nothing
+            except KafkaException as exc:
+                with self.lock:
+                    box.failed = True
+                    if self.boxes.get(worker_id) is box:
+                        del self.boxes[worker_id]
+                box.ready.set()
+                raise ServiceError(503, f"could not read worker-inbox: {exc}") from exc
+            with self.lock:
+                for seq, message in replayed:
+                    kind, item = _item(message)
+                    box.add(worker_id, seq, kind, item, self.max_pending)
+            box.ready.set()
+        elif not box.ready.wait(3 * REPLAY_TIMEOUT_S) or box.failed:
+            raise ServiceError(503, "this worker's mailbox is being rebuilt; try again")
+        if ack is not None:
+            with self.lock:
+                box.ack(ack)
+        return box, ack
+
+    def _answer(self, box: _Mailbox, ack: int | None) -> dict[str, Any]:
+        answer: dict[str, Any] = {kind: [] for kind in KINDS}
+        with self.lock:
+            given = box.seqs[: self.max_answer]
+            for seq in given:
+                kind, item = box.items[seq]
+                answer[kind].append({**item, "seq": seq})
+            if ack is None:
+                # The older protocol: handed over means gone, and the answer keeps its
+                # three keys only (clients iterate over them).
+                box.ack(given[-1] if given else 0)
+            elif len(given) < len(box.seqs):
+                answer["seq"] = given[-1]  # more to come: ack up to what was given
+            else:
+                # Every message of this worker before the follower's position is in the
+                # box, was acked, or (before the box existed) was never this box's.
+                answer["seq"] = max(
+                    given[-1] if given else 0,
+                    self.positions.get(box.partition, 0),
+                    box.acked,
+                    ack,
+                )
+        return answer
 
     # -- the endpoints' work ----------------------------------------------------------------
     @staticmethod
@@ -166,6 +413,7 @@ class WorkerGateway:
             isinstance(r, dict) and isinstance(r.get("run_id"), str) for r in running
         ):
             raise ServiceError(422, "running must be a list of {run_id, attempt}", "running")
+        ack = _ack(body)
         beat = {
             "worker_id": worker_id,
             "at_ms": int(time.time() * 1000),
@@ -174,15 +422,9 @@ class WorkerGateway:
             "labels": labels,
             "running": [{"run_id": r["run_id"], "attempt": _attempt(r)} for r in running],
         }
-        with self.lock:
-            box = self.boxes[worker_id]
-            box.seen = time.monotonic()
+        box, ack = self._mailbox(worker_id, ack)
         self.service.produce("heartbeats", worker_id, HEARTBEAT.encode(beat))
-        with self.lock:
-            box = self.boxes[worker_id]
-            answer = {"assignments": box.assignments, "grants": box.grants, "kills": box.kills}
-            self.boxes[worker_id] = _Mailbox()
-        return answer
+        return self._answer(box, ack)
 
     def report(self, worker_id: str, run_id: str, kind: str, body: dict[str, Any]) -> None:
         job_id, at, _ = run_id.partition("@")

@@ -24,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import orjson
 
@@ -33,6 +33,9 @@ from streams.core.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,
+    AtSchedule,
+    CronSchedule,
+    EverySchedule,
     JobSpec,
     Resources,
     RetryPolicy,
@@ -135,6 +138,7 @@ class Backfill:
     job_id: str
     from_ms: int  # inclusive lower bound, UTC epoch milliseconds
     to_ms: int  # upper bound, UTC epoch milliseconds; from_ms < to_ms
+    request_id: str = ""  # optional: a repeated request is refused, not applied twice
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,78 @@ def command_job_id(cmd: Command) -> str:
     return cmd.job_id
 
 
+# --- the inverse: a spec as the command that makes it -------------------------------------
+
+_EVERY_UNITS: Final = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000))
+
+
+def upsert_document(spec: JobSpec) -> dict[str, Any]:
+    """The job.upsert command, as JSON values, that this module parses back into exactly
+    `spec`: ``parse_command(orjson.dumps(upsert_document(spec))) == UpsertJob(spec)`` for
+    every spec the parser can produce. The one way a stored spec (a JobSpec, or its JSON
+    view in the projection, via `schemas.json.from_plain`) becomes a command again.
+
+    Every field is written out, none left to a default, so the command means the same
+    job whatever the defaults become; `dst` is passed through as it is. Raises ValueError
+    for a schedule no command can express (see `schedule_document`)."""
+    doc: dict[str, Any] = {"type": "job.upsert", "job_id": spec.job_id, "owner": spec.owner}
+    schedule = schedule_document(spec.schedule)
+    if schedule is not None:  # absent: a DAG step, run when its upstreams succeeded
+        doc["schedule"] = schedule
+    resources, retry = spec.resources, spec.retry
+    doc |= {
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "resources": {
+            "cpu": resources.cpu,
+            "memory_mb": resources.memory_mb,
+            "gpu": resources.gpu,
+            "labels": dict(resources.labels),
+        },
+        "timeout_s": spec.timeout_s,
+        "retry": {
+            "max_attempts": retry.max_attempts,
+            "backoff_s": retry.backoff_s,
+            "backoff_multiplier": retry.backoff_multiplier,
+            "max_backoff_s": retry.max_backoff_s,
+        },
+        "idempotent": spec.idempotent,
+        "depends_on": list(spec.depends_on),
+        "misfire": spec.misfire,
+        "concurrency": spec.concurrency,
+        "dst": spec.dst,
+        "jitter_s": spec.jitter_s,
+        "priority": spec.priority,
+    }
+    return doc
+
+
+def schedule_document(schedule: Schedule) -> dict[str, str] | None:
+    """The `schedule` value of a command that `parse_schedule` turns into `schedule`
+    (None: no schedule). An interval is written in its largest whole unit ("90s",
+    "2h"), a one-off as ISO-8601 UTC with a Z (milliseconds when not zero). Raises
+    ValueError for an interval that is not a positive whole number of seconds or a
+    one-off outside the years 1 to 9999."""
+    if schedule is None:
+        return None
+    if isinstance(schedule, CronSchedule):
+        return {"cron": schedule.expr, "timezone": schedule.timezone}
+    if isinstance(schedule, EverySchedule):
+        every_ms = schedule.every_ms
+        for unit, unit_ms in _EVERY_UNITS:
+            if every_ms > 0 and every_ms % unit_ms == 0:
+                return {"every": f"{every_ms // unit_ms}{unit}"}
+        raise ValueError(f"every_ms {every_ms} is not a positive whole number of seconds")
+    if isinstance(schedule, AtSchedule):
+        try:
+            moment = _EPOCH + timedelta(milliseconds=schedule.at_ms)
+        except OverflowError:
+            raise ValueError(f"at_ms {schedule.at_ms} is outside the years 1 to 9999") from None
+        spec = "milliseconds" if schedule.at_ms % 1000 else "seconds"
+        return {"at": moment.replace(tzinfo=None).isoformat(timespec=spec) + "Z"}
+    raise TypeError(f"not a schedule: {type(schedule).__name__}")
+
+
 class _Invalid(Exception):
     def __init__(self, reason: str, field: str | None) -> None:
         super().__init__(reason)
@@ -227,7 +303,7 @@ def _job_command(doc: _Doc, kind: str) -> Command:
         _only(doc, ("type", "job_id", "request_id"), "")
         return RunNow(_job_id(_required(doc, "job_id"), "job_id"), _request_id(doc))
     if kind == "job.backfill":
-        _only(doc, ("type", "job_id", "from", "to"), "")
+        _only(doc, ("type", "job_id", "from", "to", "request_id"), "")
         job_id = _job_id(_required(doc, "job_id"), "job_id")
         from_ms, to_ms = _instant(doc, "from"), _instant(doc, "to")
         if from_ms >= to_ms:
@@ -235,7 +311,8 @@ def _job_command(doc: _Doc, kind: str) -> Command:
         if to_ms - from_ms > MAX_BACKFILL_SPAN_MS:
             days = MAX_BACKFILL_SPAN_MS // 86_400_000
             raise _Invalid(f"backfill span from 'from' to 'to' must be at most {days} days", "to")
-        return Backfill(job_id, from_ms, to_ms)
+        request_id = _request_id(doc) if "request_id" in doc else ""
+        return Backfill(job_id, from_ms, to_ms, request_id)
     _only(doc, ("type", "job_id"), "")
     job_id = _job_id(_required(doc, "job_id"), "job_id")
     if kind == "job.pause":
@@ -323,7 +400,7 @@ def _job_spec(doc: _Doc) -> JobSpec:
         depends_on=depends_on,
         misfire=_choice(doc, "misfire", MISFIRE_POLICIES, "run_once"),
         concurrency=_choice(doc, "concurrency", CONCURRENCY_POLICIES, "allow"),
-        dst=_choice(doc, "dst", DST_POLICIES, "run_once"),
+        dst=_choice(doc, "dst", DST_POLICIES, "auto"),
         jitter_s=_number(doc, "jitter_s", 0.0, 0, MAX_JITTER_S),
         priority=_int(doc, "priority", 0, MIN_PRIORITY, MAX_PRIORITY),
     )

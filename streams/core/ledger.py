@@ -44,6 +44,7 @@ from streams.core.records import (
     JobState,
     JobUpserted,
     LedgerInput,
+    RecentRequest,
     RerunRequested,
     RunEvent,
     RunFinished,
@@ -52,13 +53,14 @@ from streams.core.records import (
     RunStarted,
     RunState,
     RunStateName,
+    Span,
     Trigger,
     UpstreamFinished,
     UpstreamOutcome,
     WorkerLost,
 )
 from streams.core.schedule import fires_between, jitter_ms, next_fire
-from streams.core.spec import JobSpec
+from streams.core.spec import AtSchedule, JobSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,10 @@ class LedgerConfig:
     max_lead_ms: int = 60_000
     # Finished runs kept per job (for rerun and duplicate reports) before being forgotten.
     keep_final_runs: int = 20
-    keep_request_ids: int = 1000
+    keep_request_ids: int = 256
+    # Backfilled spans kept per job; beyond it the two closest merge (the gap between
+    # them can then no longer be backfilled: refused with a reason, never run twice).
+    keep_spans: int = 32
     # A run waiting on its upstreams is skipped if they have not all finished by then.
     dependency_wait_ms: int = 24 * 3600 * 1000
     keep_upstream_outcomes: int = 256
@@ -106,6 +111,17 @@ class Decision:
 
 RunLookup = Callable[[str], RunState | None]
 
+# Why a scheduled run created ahead of its time was cancelled before it could start: such
+# a firing is revived, not re-created, if the job fires it after all.
+WITHDRAWN_BY_PAUSE = "job paused before the run was due"
+WITHDRAWN_BY_DELETE = "job deleted before the run was due"
+WITHDRAWN_BY_CHANGE = "schedule changed before the run was due"
+WITHDRAWN = frozenset({WITHDRAWN_BY_PAUSE, WITHDRAWN_BY_DELETE, WITHDRAWN_BY_CHANGE})
+
+
+def _withdrawn(run: RunState) -> bool:
+    return run.state == "cancelled" and run.reason in WITHDRAWN
+
 
 def decide(
     job: JobState | None,
@@ -118,16 +134,18 @@ def decide(
     job-log record (LogAppendTime), which no producer can skew. Without it (pure tests,
     the simulation) the input's own `at_ms` stands in."""
     now = inp.at_ms if now_ms is None else now_ms
-    if isinstance(inp, JobUpserted):
-        return _upsert(job, inp, now, config)
+    if isinstance(inp, JobUpserted) and (job is None or job.deleted):
+        return _register(job, inp, now, _effective(inp.at_ms, now, config))
     if job is None and isinstance(inp, DependencyLinked):
         job = _stub(inp.job_id, now)  # the upstream is not registered (yet)
     if job is None:
         return Decision(rejected=f"unknown job {_job_id(inp)}")
     builder = _Builder(job, runs, now, config)
     match inp:
+        case JobUpserted():
+            builder.respec(inp, _effective(inp.at_ms, now, config))
         case JobPaused() | JobResumed() | JobDeleted():
-            builder.job_flag(inp)
+            builder.job_flag(inp, _effective(inp.at_ms, now, config))
         case FireProposed():
             builder.fire(inp)
         case RunNowRequested():
@@ -185,48 +203,68 @@ def _next_due(spec: JobSpec, after_ms: int) -> int | None:
     return next_fire(spec.schedule, after_ms, spec.dst)
 
 
-def _upsert(job: JobState | None, inp: JobUpserted, now: int, config: LedgerConfig) -> Decision:
-    spec, at = inp.spec, now
-    before = () if job is None or job.deleted else job.spec.depends_on
-    notices = _links(spec.job_id, before, spec.depends_on, at)
-    if job is None or job.deleted:
-        # Only times after registration are due (a re-created job starts afresh, but
-        # never below the old watermark: those times were decided once already).
-        fired = at if job is None else max(job.fired_ms, at)
-        # A re-created job keeps its first registration time: backfill creates runs only
-        # before it, where the ledger never decided anything (a placeholder, version 0,
-        # never decided anything at all).
-        first = at if job is None or job.version == 0 else job.created_ms
-        new = JobState(
-            spec=spec,
-            paused=False,
-            deleted=False,
-            created_ms=first,
-            updated_ms=at,
-            fired_ms=fired,
-            next_due_ms=_next_due(spec, fired),
-            live_runs=(),
-            final_runs=() if job is None else job.final_runs,
-            recent_requests=() if job is None else job.recent_requests,
-            version=1 if job is None else job.version + 1,
-            dependents=() if job is None else job.dependents,
-            upstream_outcomes=() if job is None else job.upstream_outcomes,
-        )
-    else:
-        fired = job.fired_ms
-        if spec.schedule != job.spec.schedule or spec.dst != job.spec.dst:
-            # A new schedule applies from now on, never retroactively.
-            fired = max(fired, at)
-        new = replace(
-            job,
-            spec=spec,
-            updated_ms=at,
-            fired_ms=fired,
-            next_due_ms=None if job.paused else _next_due(spec, fired),
-            version=job.version + 1,
-        )
+def _effective(stamp: int, now: int, config: LedgerConfig) -> int:
+    """When a job change takes effect: its command's time (the broker's append time on
+    `commands`, carried by ingress), so a change applies from its own time exactly even
+    when ingress or the ledger lagged; never after the ledger's now, never older than
+    the catch-up window."""
+    return min(now, max(stamp, now - config.catchup_window_ms))
+
+
+def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Decision:
+    """A new job, or one re-created after its deletion, registered at `at`."""
+    spec = inp.spec
+    notices = _links(spec.job_id, (), spec.depends_on, at)
+    # Only times after registration are due (a re-created job starts afresh, but never
+    # below the old watermark: those times were decided once already)...
+    old_fired = None if job is None else job.fired_ms
+    fired = at if old_fired is None else max(old_fired, at)
+    if isinstance(spec.schedule, AtSchedule) and spec.schedule.at_ms <= at:
+        # ...except a one-off whose time passed before it was registered (a command sent
+        # just before its time, ingress lagging): it is proposed at once and follows the
+        # misfire policy, so it runs or is recorded as skipped, never silently dropped.
+        once = spec.schedule.at_ms - 1
+        fired = once if old_fired is None else max(old_fired, once)
+    # A re-created job keeps its first registration time: backfill creates runs only
+    # before it, where the ledger never decided anything (a placeholder, version 0, never
+    # decided anything at all). It keeps the old life's runs still live too: they count
+    # for the concurrency policy and a later delete.
+    first = at if job is None or job.version == 0 else job.created_ms
+    new = JobState(
+        spec=spec,
+        paused=False,
+        deleted=False,
+        created_ms=first,
+        updated_ms=now,
+        fired_ms=fired,
+        next_due_ms=_next_due(spec, fired),
+        live_runs=() if job is None else job.live_runs,
+        final_runs=() if job is None else job.final_runs,
+        recent_requests=() if job is None else job.recent_requests,
+        version=1 if job is None else job.version + 1,
+        dependents=() if job is None else job.dependents,
+        upstream_outcomes=() if job is None else job.upstream_outcomes,
+        requests_floor_ms=0 if job is None else job.requests_floor_ms,
+        backfilled=() if job is None else job.backfilled,
+    )
     event = JobEvent(f"{spec.job_id}#job#{new.version}", spec.job_id, "upserted", at, spec)
     return Decision(job=new, events=(event,), notices=notices)
+
+
+def _merge(spans: tuple[Span, ...], new: Span, keep: int) -> tuple[Span, ...]:
+    """Add a span, merging overlapping or touching ones; at most `keep` spans."""
+    merged: list[Span] = []
+    for span in sorted((*spans, new), key=lambda s: s.after_ms):
+        if merged and span.after_ms <= merged[-1].until_ms:
+            last = merged[-1]
+            merged[-1] = Span(last.after_ms, max(last.until_ms, span.until_ms))
+        else:
+            merged.append(span)
+    while len(merged) > keep:
+        gaps = [merged[i + 1].after_ms - merged[i].until_ms for i in range(len(merged) - 1)]
+        i = gaps.index(min(gaps))
+        merged[i : i + 2] = [Span(merged[i].after_ms, merged[i + 1].until_ms)]
+    return tuple(merged)
 
 
 def _links(
@@ -491,58 +529,125 @@ class _Builder:
         self.set_job(live_runs=(*self.job.live_runs, run_id))
         self._move(run, "skipped", reason)
 
-    # -- job flags --------------------------------------------------------------------
-    def job_flag(self, inp: JobPaused | JobResumed | JobDeleted) -> None:
+    # -- job changes ------------------------------------------------------------------
+    def respec(self, inp: JobUpserted, at: int) -> None:
+        """A registered job's spec changes at `at`: the old schedule's firings up to `at`
+        are decided first, then the new schedule applies from `at` exactly, and runs
+        created ahead for times after `at` that the new schedule does not have are
+        withdrawn."""
+        spec, old = inp.spec, self.job.spec
+        retimed = spec.schedule != old.schedule or spec.dst != old.dst
+        if retimed:
+            self._decide_until(at)
+            kept = spec  # the new schedule's own times stay: the change keeps those firings
+            self._withdraw(
+                at,
+                WITHDRAWN_BY_CHANGE,
+                keep=lambda t: next_fire(kept.schedule, t - 1, kept.dst) == t,
+            )
+        job = self.job
+        fired = at if retimed else job.fired_ms
+        self.notices.extend(_links(spec.job_id, old.depends_on, spec.depends_on, at))
+        self.set_job(
+            spec=spec,
+            fired_ms=fired,
+            next_due_ms=None if job.paused else _next_due(spec, fired),
+            version=job.version + 1,
+        )
+        self._job_event("upserted", at, spec)
+
+    def _job_event(self, kind: str, at: int, spec: JobSpec | None = None) -> None:
+        job_id = self.job.spec.job_id
+        self.events.append(
+            JobEvent(f"{job_id}#job#{self.job.version}", job_id, kind, at, spec)  # type: ignore[arg-type]
+        )
+
+    def _decide_until(self, at: int) -> None:
+        """Decide the schedule's firings up to `at` that no proposal has decided yet: a
+        change at `at` must not swallow a firing that was due before it."""
+        job = self.job
+        if job.paused or job.deleted:
+            return
+        upcoming = _next_due(job.spec, job.fired_ms)
+        if upcoming is not None and upcoming <= at:
+            self._decide_up_to(self._last_fire_at_or_before(at))
+
+    def _withdraw(
+        self, after: int, reason: str, keep: Callable[[int], bool] = lambda _: False
+    ) -> None:
+        """Cancel the scheduled runs for times after `after` that were created ahead and
+        cannot have started (waiting, due, or claimed with a start time still to come).
+        A firing withdrawn so may be revived (see `_fire_one`) if the job fires it
+        after all: a resume, a re-creation or another change before its time."""
+        for run_id in self.job.live_runs:
+            run = self.run(run_id)
+            if (
+                run is None
+                or run.trigger != "schedule"
+                or run.scheduled_ms <= after
+                or keep(run.scheduled_ms)
+            ):
+                continue
+            start = self._not_before(run)
+            if run.state in ("waiting", "due") or (
+                run.state == "dispatched" and start is not None and start > self.at
+            ):
+                self._stop_order(run, reason)
+                self._move(run, "cancelled", reason)
+
+    def job_flag(self, inp: JobPaused | JobResumed | JobDeleted, at: int) -> None:
         job = self.job
         if job.deleted:
             return self.reject(f"job {job.spec.job_id} is deleted")
         if isinstance(inp, JobPaused):
             if job.paused:
                 return self.reject("already paused")
-            # Runs created ahead of their time (pre-dispatch) for after the pause have
-            # not started: they go with the pause.
-            for run_id in job.live_runs:
-                run = self.run(run_id)
-                if (
-                    run is not None
-                    and run.scheduled_ms > self.at
-                    and run.trigger == "schedule"
-                    and run.state in ("waiting", "due", "dispatched")
-                ):
-                    self._stop_order(run, "job paused")
-                    self._move(run, "cancelled", "job paused before the run was due")
-            self.set_job(paused=True, next_due_ms=None)
+            # Firings due before the pause run; those created ahead for after it go.
+            self._decide_until(at)
+            self._withdraw(at, WITHDRAWN_BY_PAUSE)
+            self.set_job(paused=True, next_due_ms=None, fired_ms=min(self.job.fired_ms, at))
             kind = "paused"
         elif isinstance(inp, JobResumed):
             if not job.paused:
                 return self.reject("not paused")
-            # Firings during the pause are not due: the watermark moves to now.
-            fired = max(job.fired_ms, self.at)
+            # Firings during the pause are not due: the watermark moves to the resume.
+            fired = max(job.fired_ms, at)
             self.set_job(paused=False, fired_ms=fired, next_due_ms=_next_due(job.spec, fired))
             kind = "resumed"
         else:
-            for run_id in job.live_runs:
+            self._decide_until(at)
+            self._withdraw(at, WITHDRAWN_BY_DELETE)
+            for run_id in self.job.live_runs:
                 run = self.run(run_id)
-                if run is None:
-                    continue
-                if run.state in ("waiting", "due", "retrying"):
-                    self._move(run, "cancelled", "job deleted")
-                elif run.state == "dispatched" and run.scheduled_ms > self.at:
-                    # Claimed ahead of its time (pre-dispatch, look-ahead): not started.
+                if run is not None and run.state in ("waiting", "due", "retrying"):
                     self._stop_order(run, "job deleted")
-                    self._move(run, "cancelled", "job deleted before the run was due")
-            self.set_job(deleted=True, next_due_ms=None)
-            self.notices.extend(_links(job.spec.job_id, job.spec.depends_on, (), self.at))
+                    self._move(run, "cancelled", "job deleted")
+            self.notices.extend(_links(job.spec.job_id, job.spec.depends_on, (), at))
+            self._compact_deleted(at)
             kind = "deleted"
         self.set_job(version=self.job.version + 1)
-        self.events.append(
-            JobEvent(
-                f"{job.spec.job_id}#job#{self.job.version}",
-                job.spec.job_id,
-                kind,  # type: ignore[arg-type]
-                self.at,
-                None,
-            )
+        self._job_event(kind, at)
+        return None
+
+    def _compact_deleted(self, at: int) -> None:
+        """A deleted job keeps a small stub, not a tombstone: its version (event ids stay
+        unique if it is re-created), watermark, first registration time, backfilled
+        spans, request memory and dependents. Its final runs are forgotten, except the
+        firings withdrawn ahead of their time, which a re-creation may revive."""
+        keep: list[str] = []
+        for run_id in self.job.final_runs:
+            run = self.run(run_id)
+            if run is not None and run.reason == WITHDRAWN_BY_DELETE and run.scheduled_ms > at:
+                keep.append(run_id)
+            else:
+                self.forget.append(run_id)
+                self.runs.pop(run_id, None)
+        self.set_job(
+            deleted=True,
+            next_due_ms=None,
+            fired_ms=min(self.job.fired_ms, at),
+            final_runs=tuple(keep),
+            upstream_outcomes=(),
         )
 
     # -- firings ----------------------------------------------------------------------
@@ -554,9 +659,14 @@ class _Builder:
             return self.reject("already decided")  # the common duplicate: no change
         if inp.scheduled_ms - self.at > cfg.max_lead_ms:
             return self.reject("proposed too early")
+        if spec.concurrency != "allow" and inp.scheduled_ms > self.at:
+            # forbid/replace look at the previous run at the firing's time, not before:
+            # decided early, replace would cancel a run about to finish and forbid would
+            # skip for a run that would have ended in time.
+            return self.reject("proposed before its time (concurrency is decided at it)")
         if next_fire(spec.schedule, inp.scheduled_ms - 1, spec.dst) != inp.scheduled_ms:
             return self.reject("not a fire time of the schedule")
-        floor = max(job.fired_ms, self.at - cfg.catchup_window_ms)
+        floor = self._floor(inp.scheduled_ms)
         following = next_fire(spec.schedule, inp.scheduled_ms, spec.dst)
         if (
             floor < inp.scheduled_ms
@@ -566,14 +676,29 @@ class _Builder:
             # The common case, in three (cached) schedule computations instead of six:
             # nothing lies between the floor and the proposal and the next time is not due
             # yet, so the proposal is the only time to decide.
-            latest_due, times, next_due = inp.scheduled_ms, [inp.scheduled_ms], following
+            self._decide_times([inp.scheduled_ms], inp.scheduled_ms, following)
         else:
             # Everything undecided up to the proposal, or up to now when it comes late.
-            latest_due = max(inp.scheduled_ms, self._last_fire_at_or_before(self.at))
-            # All of the window, then the newest `max_catchup_runs` of them: the newest are
-            # the ones that matter (the on-time firing is among them); older ones are dropped.
-            times = fires_between(spec.schedule, floor, latest_due, spec.dst, limit=10_000_000)
-            next_due = _next_due(spec, latest_due)
+            self._decide_up_to(max(inp.scheduled_ms, self._last_fire_at_or_before(self.at)))
+        return None
+
+    def _floor(self, latest: int) -> int:
+        """Times above this and up to `latest` are undecided and within the catch-up
+        window; `latest` itself always is, however late it comes."""
+        window = min(self.at - self.config.catchup_window_ms, latest - 1)
+        return max(self.job.fired_ms, window)
+
+    def _decide_up_to(self, latest_due: int) -> None:
+        spec = self.job.spec
+        # All of the window, then the newest `max_catchup_runs` of them: the newest are
+        # the ones that matter (the on-time firing is among them); older ones are dropped.
+        times = fires_between(
+            spec.schedule, self._floor(latest_due), latest_due, spec.dst, limit=10_000_000
+        )
+        self._decide_times(times, latest_due, _next_due(spec, latest_due))
+
+    def _decide_times(self, times: list[int], latest_due: int, next_due: int | None) -> None:
+        job, spec, cfg = self.job, self.job.spec, self.config
         if len(times) > cfg.max_catchup_runs:
             times = times[-cfg.max_catchup_runs :]
         late = [t for t in times if self.at - t > cfg.misfire_grace_ms]
@@ -590,7 +715,7 @@ class _Builder:
             else:
                 self._skip(t, "schedule", f"misfire ({spec.misfire})")
             previous = t
-        self.set_job(fired_ms=latest_due, next_due_ms=next_due)
+        self.set_job(fired_ms=max(self.job.fired_ms, latest_due), next_due_ms=next_due)
 
     def _last_fire_at_or_before(self, t: int) -> int:
         """The newest fire time <= t, or the watermark when there is none after it."""
@@ -602,57 +727,122 @@ class _Builder:
     def _fire_one(self, scheduled: int, period_start: int) -> None:
         spec = self.job.spec
         run_id = scheduled_run_id(spec.job_id, scheduled)
-        if self.run(run_id) is not None:
-            return
+        existing = self.run(run_id)
+        if existing is not None and not _withdrawn(existing):
+            return None  # decided once already: one run per (job, scheduled time)
         live = [r for r in (self.run(x) for x in self.job.live_runs) if r and not r.final]
         if live and spec.concurrency == "forbid":
+            if existing is not None:
+                return None  # stays withdrawn: its record says it did not run
             return self._skip(scheduled, "schedule", f"concurrency forbid: {live[0].run_id} live")
         if live and spec.concurrency == "replace":
             for old in live:
                 self._stop_order(old, f"replaced by {run_id}")
                 self._move(old, "cancelled", f"replaced by {run_id}")
+        if existing is not None:
+            return self._revive(existing, period_start)
         self._create(scheduled, "schedule", run_id, period_start=period_start)
+        return None
+
+    def _revive(self, run: RunState, period_start: int) -> None:
+        """A firing withdrawn ahead of its time is due again after all (the job resumed,
+        was re-created or changed back before it): the same run, a new attempt, so any
+        worker still holding the withdrawn attempt can neither start nor report it."""
+        self.set_job(
+            live_runs=(*self.job.live_runs, run.run_id),
+            final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
+        )
+        revived = replace(run, attempt=run.attempt + 1, period_start_ms=period_start)
+        if self.job.spec.depends_on:
+            wait = run.scheduled_ms + self.config.dependency_wait_ms
+            moved = self._move(
+                revived,
+                "waiting",
+                "revived",
+                attempt=revived.attempt,
+                deadline=(wait, "dependency"),
+            )
+            self._evaluate(moved)
+        else:
+            self._release(revived, "revived: due again")
+
+    def _duplicate(self, request_id: str, at: int) -> str:
+        """Why a request was applied already (or may have been), or "" if it is new."""
+        if not request_id:
+            return ""
+        if any(r.request_id == request_id for r in self.job.recent_requests):
+            return "duplicate request"
+        if at <= self.job.requests_floor_ms:
+            return "request older than the ledger's memory of requests (may be a duplicate)"
+        return ""
+
+    def _remember(self, request_id: str, at: int) -> None:
+        if not request_id:
+            return
+        keep = self.config.keep_request_ids
+        kept = (*self.job.recent_requests, RecentRequest(request_id, at))
+        floor = max([self.job.requests_floor_ms, *(r.at_ms for r in kept[:-keep])])
+        self.set_job(recent_requests=kept[-keep:], requests_floor_ms=floor)
 
     def run_now(self, inp: RunNowRequested) -> None:
         if self.job.deleted:
             return self.reject("job is deleted")
         run_id = manual_run_id(self.job.spec.job_id, inp.request_id)
-        if inp.request_id in self.job.recent_requests or self.run(run_id) is not None:
-            return self.reject("duplicate request")
-        self._remember(inp.request_id)
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate or self.run(run_id) is not None:
+            return self.reject(duplicate or "duplicate request")
+        self._remember(inp.request_id, inp.at_ms)
         self._create(self.at, "manual", run_id, inp.request_id)
+        return None
 
     def backfill(self, inp: BackfillRequested) -> None:
-        # Backfill runs only times the ledger never decided: before the job existed.
+        """Runs for times the schedule never decided: before the job's registration, and
+        not decided by an earlier backfill (the spans say so even once its runs are
+        forgotten)."""
         spec, cfg = self.job.spec, self.config
         if self.job.deleted:
             return self.reject("job is deleted")
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate:
+            return self.reject(duplicate)
         upper = min(inp.to_ms, self.job.created_ms)
         times = fires_between(
             spec.schedule, inp.from_ms - 1, upper, spec.dst, limit=cfg.max_catchup_runs
         )
-        fresh = [t for t in times if self.run(scheduled_run_id(spec.job_id, t)) is None]
+        spans = self.job.backfilled
+        fresh = [
+            t
+            for t in times
+            if not any(s.after_ms < t <= s.until_ms for s in spans)
+            and self.run(scheduled_run_id(spec.job_id, t)) is None
+        ]
+        self._remember(inp.request_id, inp.at_ms)
         if not fresh:
-            return self.reject("nothing to backfill before the job's registration")
+            return self.reject("nothing to backfill: before registration, not backfilled yet")
         previous = inp.from_ms - 1
         for t in fresh:
             self._create(t, "backfill", scheduled_run_id(spec.job_id, t), period_start=previous)
             previous = t
+        # Decided: (from - 1, the last time created]; limited runs may end before `upper`.
+        self.set_job(backfilled=_merge(spans, Span(inp.from_ms - 1, fresh[-1]), cfg.keep_spans))
+        return None
 
     def rerun(self, inp: RerunRequested) -> None:
         run = self.run(inp.run_id)
-        if inp.request_id in self.job.recent_requests:
-            return self.reject("duplicate request")
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate:
+            return self.reject(duplicate)
         if run is None:
             return self.reject(f"unknown or forgotten run {inp.run_id}")
         if not run.final:
             return self.reject(f"run {inp.run_id} is still {run.state}")
-        self._remember(inp.request_id)
+        self._remember(inp.request_id, inp.at_ms)
         self.set_job(
             live_runs=(*self.job.live_runs, run.run_id),
             final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
         )
         self._due(run, run.attempt + 1, self.at, f"rerun {inp.request_id}")
+        return None
 
     # -- dependencies -----------------------------------------------------------------
     def link(self, inp: DependencyLinked) -> None:
@@ -679,33 +869,55 @@ class _Builder:
         kept.sort(key=lambda o: o.scheduled_ms)
         self.set_job(upstream_outcomes=tuple(kept[-self.config.keep_upstream_outcomes :]))
         if job.spec.schedule is None:
-            return self._dag_step(inp)
+            return self._dag_steps()
         for run_id in job.live_runs:
             run = self.run(run_id)
             if run is not None and run.state == "waiting":
                 self._evaluate(run)
 
-    def _dag_step(self, inp: UpstreamFinished) -> None:
-        """A job without a schedule runs once per period in which all upstreams succeeded."""
-        t = inp.scheduled_ms
-        if t <= self.job.fired_ms or self.job.paused:
-            return None
-        run_id = scheduled_run_id(self.job.spec.job_id, t)
-        if not inp.succeeded:
+    def _dag_steps(self) -> None:
+        """A job without a schedule runs once per period in which all its upstreams
+        succeeded. Periods are decided in order, each by its own upstreams' outcomes
+        whatever order their notices arrive in (they come from other partitions): the
+        period ending at t is (fired, t], decided once every upstream has an outcome in
+        it, run if all succeeded, recorded as skipped if one did not, or if some upstream
+        has not finished within `dependency_wait_ms`. A time an upstream reports but
+        another does not (an upstream on a slower schedule) joins the next period."""
+        job = self.job
+        if job.paused:
+            return
+        upstreams = job.spec.depends_on
+        blocked = False  # an earlier period is still open: no failure may skip past it
+        for t in sorted({o.scheduled_ms for o in job.upstream_outcomes}):
+            after = self.job.fired_ms
+            if t <= after:
+                continue
+            outcomes = {u: self._outcome(u, after, t) for u in upstreams}
+            missing = [u for u, o in outcomes.items() if o is None]
+            failed = [u for u, o in outcomes.items() if o is not None and not o.succeeded]
+            failed_at_t = any(
+                o is not None and not o.succeeded and o.scheduled_ms == t for o in outcomes.values()
+            )
+            if (
+                missing
+                and not (failed_at_t and not blocked)
+                and self.at - t <= self.config.dependency_wait_ms
+            ):
+                blocked = True
+                continue
             self.set_job(fired_ms=t)
-            return self._skip(t, "dependency", f"upstream {inp.upstream} did not succeed")
-        after = self.job.fired_ms
-        if all(
-            (o := self._outcome(u, after, t)) is not None and o.succeeded
-            for u in self.job.spec.depends_on
-        ):
-            self.set_job(fired_ms=t)
-            self._create(t, "dependency", run_id)
-        return None
-
-    def _remember(self, request_id: str) -> None:
-        keep = self.config.keep_request_ids
-        self.set_job(recent_requests=(*self.job.recent_requests, request_id)[-keep:])
+            if missing and not failed:
+                why = f"upstream {missing[0]} did not finish in time"
+                self._skip(t, "dependency", why)
+            elif failed:
+                self._skip(t, "dependency", f"upstream {failed[0]} did not succeed")
+            else:
+                self._create(t, "dependency", scheduled_run_id(job.spec.job_id, t))
+        # Outcomes of decided periods are never read again.
+        fired = self.job.fired_ms
+        kept = tuple(o for o in self.job.upstream_outcomes if o.scheduled_ms > fired)
+        if kept != self.job.upstream_outcomes:
+            self.set_job(upstream_outcomes=kept)
 
     def cancel(self, inp: CancelRequested) -> None:
         run = self.run(inp.run_id)

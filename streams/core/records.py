@@ -39,7 +39,8 @@ TRANSITIONS: dict[str | None, frozenset[str]] = {
     "retrying": frozenset({"due", "cancelled"}),
     "succeeded": frozenset({"due"}),
     "failed": frozenset({"due"}),
-    "cancelled": frozenset({"due"}),
+    # -> waiting: a withdrawn firing of a job with upstreams, revived (a new attempt).
+    "cancelled": frozenset({"due", "waiting"}),
     "skipped": frozenset({"due"}),
 }
 Trigger: TypeAlias = Literal["schedule", "backfill", "manual", "dependency"]
@@ -94,6 +95,7 @@ class BackfillRequested:
     from_ms: int
     to_ms: int
     at_ms: int
+    request_id: str = ""  # "" for requests written before backfills had one
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +248,22 @@ class UpstreamOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class RecentRequest:
+    """A run_now, rerun or backfill request the ledger applied, with its command's time."""
+
+    request_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Scheduled times in (after_ms, until_ms]."""
+
+    after_ms: int
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobState:
     spec: JobSpec
     paused: bool
@@ -258,12 +276,20 @@ class JobState:
     next_due_ms: int | None  # the next scheduled time to propose, for the scheduler heap
     live_runs: tuple[str, ...]  # runs not yet final, oldest first (concurrency policy)
     final_runs: tuple[str, ...]  # the newest final runs still kept (rerun, late reports)
-    recent_requests: tuple[str, ...]  # run_now/rerun request ids already applied
+    # The newest requests applied (run_now, rerun, backfill), oldest first. A request is a
+    # duplicate if it is here, or if its command is not newer than `requests_floor_ms`
+    # (the newest command time among requests no longer remembered): the memory is
+    # bounded, and a forgotten request can never be applied a second time.
+    recent_requests: tuple[RecentRequest, ...]
     version: int  # transitions of this job (event ids)
     dependents: tuple[str, ...] = ()  # jobs that depend on this one (notified when runs end)
     # Recent final outcomes of this job's upstreams: an upstream may finish before the
     # downstream run of its period exists.
     upstream_outcomes: tuple[UpstreamOutcome, ...] = ()
+    requests_floor_ms: int = 0
+    # Scheduled times before the job's registration that backfills decided: a backfill
+    # never decides a time twice, whether its runs are still kept or long forgotten.
+    backfilled: tuple[Span, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

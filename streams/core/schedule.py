@@ -11,7 +11,19 @@ the job's `DstPolicy`:
   denotes with the offset in force before the gap (``fold=0``: 02:30 in Europe/Berlin on
   the spring-forward day is 03:30 CEST = 01:30 UTC); ``skip`` does not fire;
 - a wall time that occurs twice: ``run_once`` fires at the first occurrence (``fold=0``),
-  ``both`` at both, ``skip`` at neither.
+  ``both`` at both, ``skip`` at neither;
+- ``auto`` (the default) is cron's rule (Vixie cron, cronie: wildcard jobs versus
+  fixed-time jobs). A cron expression is *elapsed-time* when its minute or its hour field
+  begins with ``*`` or contains a step ``/`` (``*``, ``*/15``, ``0-59/5``, ``8-18/2``; the
+  leading seconds field of a 6-field expression does not count); such a job fires at
+  exactly the instants whose local wall time matches: at both occurrences of a repeated
+  wall time, and not for a gap's wall times, which no instant has. Every other
+  expression is *fixed-time* (``30 2 * * *``, ``0,30 9-17 * * *``, ``0 0-23 * * *``) and
+  behaves as ``run_once``. cronie classifies by the leading ``*`` alone and runs a
+  fixed-time job skipped by a gap at the moment of the jump (it catches up the skipped
+  minutes), rather than at the shifted instant, and treats changes of 3 hours or more as
+  clock resets; ``auto`` counts steps as elapsed-time too, keeps ``run_once``'s shifted
+  instant, and treats every offset change alike.
 
 The fire times of a schedule form one fixed set of instants; `next_fire` returns the
 smallest one after a given instant and `fires_between` lists them, so chaining
@@ -50,6 +62,7 @@ from streams.core.spec import (
     EverySchedule,
     Schedule,
 )
+from streams.core.zones import load_zone
 
 __all__ = [
     "ScheduleError",
@@ -187,7 +200,7 @@ class _Cron:
     croniter objects are stateful, so each call passes its start and holds a lock.
     """
 
-    __slots__ = ("_iter", "_lock")
+    __slots__ = ("_iter", "_lock", "elapsed")
 
     def __init__(self, expr: str) -> None:
         fields = expr.split()
@@ -209,6 +222,8 @@ class _Cron:
         except (ValueError, KeyError, TypeError, IndexError) as error:
             raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         self._lock = threading.Lock()
+        # Elapsed-time (True) or fixed-time (False) under the `auto` DST policy.
+        self.elapsed: bool = any(field.startswith("*") or "/" in field for field in fields[-5:-3])
 
     def next_wall(self, wall_s: int) -> int | None:
         """The first matching wall-clock second strictly after `wall_s` (naive seconds
@@ -234,7 +249,7 @@ def _zone(name: str) -> ZoneInfo:
             f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
         )
     try:
-        return ZoneInfo(name)
+        return load_zone(name)  # from the pinned tzdata package, in every process
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ScheduleError(
             f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
@@ -300,7 +315,7 @@ def _transitions(zone_name: str, low: int, high: int) -> Iterator[_Transition]:
 # --- fire times ------------------------------------------------------------------------------
 
 
-def next_fire(schedule: Schedule, after_ms: int, dst: DstPolicy = "run_once") -> int | None:
+def next_fire(schedule: Schedule, after_ms: int, dst: DstPolicy = "auto") -> int | None:
     """The first fire time strictly greater than after_ms, or None (a one-off already
     past, no schedule, or a cron expression that never fires again).
 
@@ -321,7 +336,7 @@ def fires_between(
     schedule: Schedule,
     after_ms: int,
     until_ms: int,
-    dst: DstPolicy = "run_once",
+    dst: DstPolicy = "auto",
     limit: int = 100_000,
 ) -> list[int]:
     """All fire times t with after_ms < t <= until_ms, ascending, at most `limit`."""
@@ -369,6 +384,12 @@ def _cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | 
     if name in _UTC_ZONES:
         fire = cron.next_wall(current)
         return None if fire is None or fire > _MAX_S else fire
+    # The policy as three answers: do a gap's wall times fire at their shifted instant;
+    # does the first / the second occurrence of a repeated wall time fire.
+    elapsed = dst == "auto" and cron.elapsed
+    shift_gap = dst in ("run_once", "both") or (dst == "auto" and not elapsed)
+    keep_first = dst != "skip"
+    keep_second = dst == "both" or elapsed
     while current < _MAX_S:
         start = current + 1  # the earliest instant that may fire
         offset = _offset(zone, start)
@@ -379,10 +400,10 @@ def _cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | 
             previous = transition
         if previous is not None:
             begin, before, _ = previous
-            if before > offset and dst != "both":
+            if before > offset and not keep_second:
                 # After a fall back: drop the second occurrence of the repeated wall times.
                 first_wall = max(first_wall, begin + before)
-            elif before < offset and dst != "skip":
+            elif before < offset and shift_gap:
                 # After a spring forward: the wall times of the gap fire at the instant
                 # they denote with the old offset, which lies at or after `begin`.
                 wall = cron.next_wall(start + before - 1)
@@ -400,7 +421,7 @@ def _cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | 
         end, _, after = upcoming
         in_segment = fire < end and not (
             # Before a fall back, `skip` drops the first occurrence of repeated wall times.
-            dst == "skip" and after < offset and wall >= end + after
+            not keep_first and after < offset and wall >= end + after
         )
         if in_segment:
             return fire if shifted is None else min(fire, shifted)

@@ -13,12 +13,16 @@ MisfirePolicy: TypeAlias = Literal["run_all", "run_once", "skip"]
 ConcurrencyPolicy: TypeAlias = Literal["allow", "forbid", "replace"]
 # What a wall-clock time that does not exist (spring forward) or exists twice (fall back)
 # does: run_once = at the shifted time / the first occurrence; skip = not at all;
-# both = like run_once for a gap, at both occurrences for a repeat.
-DstPolicy: TypeAlias = Literal["run_once", "skip", "both"]
+# both = like run_once for a gap, at both occurrences for a repeat; auto (the default) =
+# cron's rule: a job whose minute or hour field is a wildcard or a step follows elapsed
+# time (it fires at every instant whose wall time matches: twice in a repeat, not for a
+# gap's wall times), any other job is fixed-time and behaves as run_once. Details in
+# streams/core/schedule.py.
+DstPolicy: TypeAlias = Literal["run_once", "skip", "both", "auto"]
 
 MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("run_all", "run_once", "skip")
 CONCURRENCY_POLICIES: tuple[ConcurrencyPolicy, ...] = ("allow", "forbid", "replace")
-DST_POLICIES: tuple[DstPolicy, ...] = ("run_once", "skip", "both")
+DST_POLICIES: tuple[DstPolicy, ...] = ("run_once", "skip", "both", "auto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,6 @@ class JobSpec:
     depends_on: tuple[str, ...] = ()
     misfire: MisfirePolicy = "run_once"
     concurrency: ConcurrencyPolicy = "allow"
-    dst: DstPolicy = "run_once"
+    dst: DstPolicy = "auto"
     jitter_s: float = 0.0
     priority: int = 0

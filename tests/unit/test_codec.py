@@ -37,10 +37,12 @@ from streams.core.records import (
     FireProposed,
     JobEvent,
     JobState,
+    RecentRequest,
     RunEvent,
     RunReleased,
     RunState,
     RunStateName,
+    Span,
     Trigger,
     UpstreamOutcome,
     WorkerAssignment,
@@ -128,7 +130,12 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "deleted": st.booleans(),
     "live_runs": id_tuples,
     "final_runs": id_tuples,
-    "recent_requests": id_tuples,
+    "recent_requests": st.lists(
+        st.builds(RecentRequest, ids, st.integers(0, 2**45)), max_size=3
+    ).map(tuple),
+    "backfilled": st.lists(
+        st.builds(Span, st.integers(0, 2**45), st.integers(0, 2**45)), max_size=3
+    ).map(tuple),
     "version": st.integers(0, 10**9),
     "seq": st.integers(0, 10**6),
     "next_due_ms": maybe_ms,
@@ -204,7 +211,7 @@ def job_state(spec: JobSpec, **changes: Any) -> JobState:
         "next_due_ms": None,
         "live_runs": (),
         "final_runs": (),
-        "recent_requests": ("q",),
+        "recent_requests": (RecentRequest("q", 2),),
         "version": 5,
     }
     return JobState(**{**values, **changes})

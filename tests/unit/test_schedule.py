@@ -359,8 +359,16 @@ def test_every_is_exactly_periodic(every: int, after: int, count: int) -> None:
 
 def oracle(expr: str, zone_name: str, dst: DstPolicy, after: int, until: int) -> list[int]:
     """The fire times by the definition: every matching wall-clock time, mapped to UTC
-    with fold=0 and fold=1 as the policy says."""
+    with fold=0 and fold=1 as the policy says. `auto` is `run_once` for a fixed-time
+    expression, and for an elapsed-time one (minute or hour field begins with * or has a
+    step) every instant whose wall time matches: both folds of a repeated wall time,
+    nothing for a wall time in a gap."""
     zone = ZoneInfo(zone_name)
+    policy: str = dst
+    if dst == "auto":
+        minute, hour = expr.split()[-5:-3]
+        wild = any(field.startswith("*") or "/" in field for field in (minute, hour))
+        policy = "wall" if wild else "run_once"
     wall = datetime.fromtimestamp(after // 1000, UTC).replace(tzinfo=None) - timedelta(days=1)
     last = datetime.fromtimestamp(until // 1000, UTC).replace(tzinfo=None) + timedelta(days=1)
     walls = croniter(expr, wall, second_at_beginning=True)
@@ -372,9 +380,14 @@ def oracle(expr: str, zone_name: str, dst: DstPolicy, after: int, until: int) ->
         if first == second:
             candidates = [first]
         elif not exists:  # in a gap
-            candidates = [] if dst == "skip" else [first]
+            candidates = [] if policy in ("skip", "wall") else [first]
         else:  # repeated
-            candidates = {"run_once": [first], "both": [first, second], "skip": []}[dst]
+            candidates = {
+                "run_once": [first],
+                "both": [first, second],
+                "wall": [first, second],
+                "skip": [],
+            }[policy]
         found.update(int(moment.timestamp()) * 1000 for moment in candidates)
     return sorted(fire for fire in found if after < fire <= until)
 

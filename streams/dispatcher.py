@@ -227,7 +227,7 @@ class Dispatcher:
         self.started = time.monotonic()
         self.reading_since = self.started  # heartbeats read without interruption since
         self.declared_dead = 0
-        self._drained_s = self.started  # the end of the previous heartbeat read pass
+        self._drained_s = self.started  # the start of the last heartbeat read pass
         self._fetched_after_s = self.started  # beats read in this pass arrived after it
         self._committed_at = self.started
         self._stop = threading.Event()
@@ -352,7 +352,8 @@ class Dispatcher:
 
     def _read_heartbeats(self) -> None:
         started = time.monotonic()
-        # Every beat read in this pass reached the client after the previous pass ended.
+        # Every beat read in this pass reached the client after the previous pass began
+        # (that pass read the client's queue empty).
         self._fetched_after_s = self._drained_s
         while True:
             batch = self.heartbeat_consumer.consume(1000, timeout=0.01)

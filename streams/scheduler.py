@@ -32,7 +32,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, Topic
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
 from streams.core.duequeue import DueQueue
-from streams.core.proposals import Allowance, FireTimers, ProposalPolicy, may_look_ahead
+from streams.core.proposals import (
+    Allowance,
+    FireTimers,
+    ProposalPolicy,
+    may_lead,
+    may_look_ahead,
+)
 from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, JobState, RunState
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
@@ -132,7 +138,9 @@ class Scheduler:
                     timers.fires.learn(key, None)
                 else:
                     early = may_look_ahead(job.spec)
-                    timers.fires.learn(key, job.next_due_ms, job.fired_ms, early)
+                    timers.fires.learn(
+                        key, job.next_due_ms, job.fired_ms, early, lead=may_lead(job.spec)
+                    )
             else:
                 run: RunState | None = RUN_STATE.decode(value) if value else None
                 if run is None or run.final or run.deadline_ms is None or not run.deadline_kind:

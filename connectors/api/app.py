@@ -274,14 +274,16 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
 
         The answer has `assignments` (claim them with `/runs/{id}/ack`), `grants` (start
         only after a granted reply) and `kills` (stop that attempt now), each item with its
-        `seq`, and a top-level `seq`. Handle the items in `seq` order across the three
-        lists, then send `ack: <seq>` with the next heartbeat: only then are they removed,
-        so an answer lost on the way comes again, the same messages in the same order.
-        Handle a repeated message harmlessly. A seq is the message's position in
-        worker-inbox: it stays valid across API restarts and instances (a heartbeat with an
-        ack to an API that holds no mailbox for the worker rebuilds it from there, up to
-        5 minutes back). At most 1,000 messages per answer; at most 10,000 wait unacked
-        (the oldest are dropped)."""
+        `seq`, and, when the heartbeat carried an `ack` (send `ack: 0` first), a top-level
+        `seq`. Handle the items in `seq` order across the three lists, then send
+        `ack: <seq>` with the next heartbeat: only then are they removed, so an answer lost
+        on the way comes again, the same messages in the same order. Handle a repeated
+        message harmlessly. A seq is the message's position in worker-inbox: it stays
+        valid across API restarts and instances (a heartbeat with an ack to an API that
+        holds no mailbox for the worker rebuilds it from there, up to 5 minutes back). At
+        most 1,000 messages per answer; at most 10,000 wait unacked (the oldest are
+        dropped). Without `ack` (the older protocol) an answer's messages are removed as
+        soon as they are sent, and a lost answer loses them."""
         gateway.check(who, worker_id)
         body = await _body(request)
         return await run_in_threadpool(gateway.heartbeat, worker_id, body)

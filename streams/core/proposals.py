@@ -11,9 +11,10 @@ inputs per second per core. So, besides what is due within `lead_ms`, fires due 
 partitions (`Allowance`): a burst is spread over the minute before it instead of being
 squeezed into the lead. Only once the job's previous firing time has passed, so a job
 every few seconds never has more runs decided ahead than the lead gives it; and only
-jobs whose runs may overlap (concurrency `allow`) without upstreams: for `forbid` and
-`replace` the previous run's state at the time of the decision matters, and deciding
-45 s early would skip or cancel on a run that was about to finish. An early
+jobs whose runs may overlap (concurrency `allow`) without upstreams. `forbid` and
+`replace` jobs are not proposed before their time at all (no lead either): the previous
+run's state at the firing time decides, and deciding even the lead early would skip or
+cancel on a run that was about to finish. An early
 proposal is not repeated before its normal time (due minus lead), so a slow ledger is
 never flooded with repeats of it; should the ledger reject it, the normal proposal
 follows. `horizon_ms` must stay below the ledger's `max_lead_ms`, which rejects
@@ -38,6 +39,13 @@ class ProposalPolicy:
     def __post_init__(self) -> None:
         if min(self.lead_ms, self.repeat_ms, self.horizon_ms, self.early_per_s) < 0:
             raise ValueError(f"negative proposal timing: {self}")
+
+
+def may_lead(spec: JobSpec) -> bool:
+    """Whether the job's firings may be proposed before their time at all: not for
+    `forbid`/`replace`, whose overlap is decided at the firing time (the ledger refuses
+    their proposals before it)."""
+    return spec.concurrency == "allow"
 
 
 def may_look_ahead(spec: JobSpec) -> bool:
@@ -77,10 +85,16 @@ class FireTimers:
         return len(self.due)
 
     def learn(
-        self, job_id: str, next_due: int | None, fired_ms: int = 0, early: bool = True
+        self,
+        job_id: str,
+        next_due: int | None,
+        fired_ms: int = 0,
+        early: bool = True,
+        lead: bool = True,
     ) -> None:
         """The job's committed next due time (None: nothing to propose), the newest
-        time the ledger decided for it, and whether it may be proposed early at all."""
+        time the ledger decided for it, whether it may be proposed before the lead
+        (look-ahead) and whether before its time at all (the lead)."""
         policy = self.policy
         if next_due is None:
             self.due.pop(job_id, None)
@@ -88,9 +102,10 @@ class FireTimers:
             self._early.set(job_id, None)
             return
         self.due[job_id] = next_due
-        self._normal.set(job_id, next_due - policy.lead_ms)
+        self._normal.set(job_id, next_due - (policy.lead_ms if lead else 0))
         at = max(next_due - policy.horizon_ms, fired_ms)
-        self._early.set(job_id, at if early and policy.horizon_ms and at < next_due else None)
+        ahead = early and lead and policy.horizon_ms and at < next_due
+        self._early.set(job_id, at if ahead else None)
 
     def take(self, now: int, early_limit: int = 0) -> tuple[list[tuple[str, int]], int]:
         """The (job_id, scheduled_ms) to propose now, and how many of them are early."""

@@ -29,15 +29,16 @@ class World:
     outbox: list[LedgerInput] = field(default_factory=list)
     deliver_notices: bool = True
 
-    def apply(self, inp: LedgerInput) -> Decision:
-        decision = self._apply_one(inp)
+    def apply(self, inp: LedgerInput, now: int | None = None) -> Decision:
+        """Apply one input; `now` is the broker's append time (default: its at_ms)."""
+        decision = self._apply_one(inp, now)
         while self.deliver_notices and self.outbox:
-            self._apply_one(self.outbox.pop(0))
+            self._apply_one(self.outbox.pop(0), now)
         return decision
 
-    def _apply_one(self, inp: LedgerInput) -> Decision:
+    def _apply_one(self, inp: LedgerInput, now: int | None = None) -> Decision:
         job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
-        decision = decide(self.jobs.get(job_id), self.runs.get, inp, self.config)
+        decision = decide(self.jobs.get(job_id), self.runs.get, inp, self.config, now)
         if decision.job is not None:
             self.jobs[job_id] = decision.job
         for run in decision.runs:

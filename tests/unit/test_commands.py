@@ -152,7 +152,7 @@ def test_defaults_of_a_minimal_upsert() -> None:
         depends_on=(),
         misfire="run_once",
         concurrency="allow",
-        dst="run_once",
+        dst="auto",
         jitter_s=0.0,
         priority=0,
     )

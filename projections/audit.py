@@ -1,20 +1,23 @@
-"""The audit of `run-events`: a pure checker of the exactly-once promises (design.md §4).
+"""The audit of `run-events` and of the worker reports on `job-log`: a pure checker of
+the exactly-once promises (design.md §4).
 
 Feed it the events of the audit log in log order (`Auditor.record`, with the partition
-and offset each came from; undecodable records through `Auditor.undecodable`), then call
-`Auditor.finish`. No Kafka here: `projections/audit_replay.py` reads the topic.
+and offset each came from; undecodable records through `Auditor.undecodable`), then the
+worker reports of `job-log` (`Auditor.report`, after every run-events record: they are
+judged against the ledger's whole record), then call `Auditor.finish`. No Kafka here:
+`projections/audit_replay.py` reads the topics.
 
 What is checked, and the kind of violation reported (each names the run or job and the
-partition/offset of the offending event):
+topic, partition and offset of the offending record):
 
 - ``duplicate_run``: a run created twice. Run ids are deterministic, so a duplicate shows
   as a second creation event (seq 1, or seq 0 for a skip) for a run id already seen, as a
   repeated seq number of a run, or as a second run id for the same (job, scheduled time)
   (manual runs excepted: their scheduled time is the request time).
 - ``illegal_transition``: a transition not in `TRANSITIONS`, a wrong attempt number (a
-  retry or a rerun starts attempt + 1, every other transition keeps the attempt), a seq
-  gap or an out-of-order seq, a malformed event id, or a run whose first event is not a
-  creation.
+  retry, a rerun or a revival starts attempt + 1, every other transition keeps the
+  attempt), a seq gap or an out-of-order seq, a malformed event id, or a run whose first
+  event is not a creation.
 - ``double_claim`` / ``double_start``: more than one ``dispatched`` / ``running`` event
   for one (run, attempt). These take precedence over ``illegal_transition`` for the
   same event (a second start is also an illegal transition, but it is reported once, by
@@ -24,6 +27,12 @@ partition/offset of the offending event):
 - ``missing_firing``: a fire time of a job's schedule with no run record (see below).
 - ``not_final``: a run that is not final at the end of the replay although older than
   its job could legitimately take (see `AuditConfig` and `allowance_ms`).
+- ``unsanctioned_execution``: a worker executed an attempt the ledger never let it run
+  (see "Worker reports" below).
+- ``overlapping_attempts``: two executions of one run, or of one job whose concurrency
+  policy forbids it, at the same time (see "Overlaps" below).
+- ``missing_period``: a period of a DAG step (a job without a schedule that runs once
+  per period of its upstreams) dropped without any record (see "DAG steps" below).
 - ``undecodable``: a record that is not a run-events record (counted, never fatal).
 
 Missing firings. A job is *active* over intervals derived from its job events: from an
@@ -63,8 +72,88 @@ the ledger's rerun accepts every final state, a skipped firing included; and
 ``dispatched -> due`` with the same attempt: a claimed attempt that never started is
 dispatched again.
 
+Worker reports. A worker reports on `job-log` (its claims, ``RunStarted``,
+``RunFinished``, ``RunReleased``); the ledger accepts a start only from the worker
+holding the current attempt of a live, claimed run, and records it as ``running``. A
+report the ledger rejected leaves no trace on run-events, so the audit reads the reports
+too. What run-events sanctions, per (run, attempt, worker): that worker ran the attempt
+if there is a ``running`` event of the attempt by it, or if the ledger accepted its
+outcome while the attempt was claimed by it (a transition out of ``dispatched`` with an
+exit code: its start report was lost or came late). Evidence of an execution is a
+``RunStarted``, or a ``RunFinished`` with an exit code (a process ran and exited). An
+execution without a sanction is an ``unsanctioned_execution``, reported once per (run,
+attempt, worker) at the first such report, saying whether the worker ever held the
+attempt: a worker that held it but started it after the ledger had moved on (cancelled,
+declared lost, timed out, given back) runs beside whatever the ledger did next, the
+dangerous case; one that never held it started something nobody granted it. Not
+findings, by construction:
+
+- a duplicate or late report of a sanctioned execution (same worker, same attempt, the
+  ``running`` already recorded), whatever the run's state when it came;
+- claims (a claim refused is not an execution), releases, and a ``RunFinished``
+  without an exit code from a worker that never ran the attempt (killed before its
+  start, or never started);
+- reports the ledger has not decided yet: the reader passes only reports below the
+  ledger group's committed offset of their partition (everything below it was decided
+  and its outputs committed with it), or, when that offset is unknown, older than the
+  newest run-event of the partition minus `safety_margin_ms`; a report from the holder
+  of an attempt still ``dispatched`` at the end is in flight too;
+- reports on runs the replay cannot judge: a run whose events begin before a ``--from``
+  window (for its attempts up to the first seen), a run of a job whose registration is
+  not in the replay. A run the ledger forgot is still on run-events, so its late reports
+  are judged like any other. A run id that run-events never had, for a registered job,
+  is a finding (a worker executed a run that does not exist).
+
+The check is per (run, attempt, worker), not per moment: a start rejected as premature
+by a worker that was granted the attempt later is not told apart from its granted start.
+
+Overlaps. On the ledger's own view two attempts of one run never overlap: a run's
+events are one sequence and a new attempt begins only from ``retrying`` or a final
+state, so anything else is an ``illegal_transition`` already. What is checkable:
+
+- run-events alone: a run of a job with concurrency ``forbid`` or ``replace`` created by
+  its schedule while another run of the job is live (not final) on the ledger's view
+  (the ledger skips such a firing, or cancels the live runs first). Counted from the
+  runs seen, so a ``--from`` window misses runs live before it but flags nothing
+  wrongly. Revivals and reruns are not checked (the ledger does not apply the policy
+  to reruns, and run-events does not tell the two apart);
+- with the reports: an execution whose worker's own ``RunFinished`` says it ended (its
+  ``at_ms``, the end on the worker's clock) more than `clock_tolerance_ms` after the
+  ledger recorded the start of a later attempt of the same run, or (concurrency
+  ``forbid``) of a run of the job scheduled later. Only sanctioned executions (an
+  unsanctioned one is already reported), and not reports of ``lost`` outcomes (their
+  time is the report's, the end being unknown). ``replace`` is not checked here: the
+  ledger starts the new run while the old one is being stopped.
+
+DAG steps. A job without a schedule and with upstreams runs once per period: when an
+upstream's (non-manual) run ends, the step records a run for that scheduled time
+(trigger ``dependency``) if every upstream's latest outcome since the step's last
+record succeeded, records it as skipped if the finished run did not succeed, and
+otherwise waits; a record at t stands for every upstream outcome up to t. So every
+upstream outcome must eventually be covered by a record at or after its time, except
+the tail still waiting. ``missing_period`` is reported, per life of the step (from its
+registration or resume to its pause, deletion, a change of its upstreams, or ``now -
+safety_margin``), for an upstream outcome after the step's last record (its watermark)
+when the notice of it was surely decided while the step was active (its upstream's
+final event more than `notice_lag_ms` inside the life):
+
+- an outcome that did not succeed: a skip record was due at its time; or
+- a succeeded one, when every other upstream had a succeeded outcome since the
+  watermark, not after it, whose final event was at least `notice_lag_ms` earlier
+  (decided before it): the step should have run for that period. With more than one
+  upstream this is checked only while the tail holds fewer than `keep_upstream_outcomes`
+  outcomes (the ledger keeps no more).
+
+Jobs with a schedule and upstreams have one run per fire time (``missing_firing``),
+``waiting`` until its upstreams are done (``not_final`` past the dependency wait).
+
 Start lateness is ``running.at_ms - scheduled_ms`` of first attempts (retries and reruns
 start late on purpose), backfill runs excluded (created long after their time).
+
+Memory: per run, one small object with bit sets (seq numbers, attempts claimed and
+started, who held and who ran each attempt: one shared worker id string and a bit set in
+the common case), per job its timeline, its firings and an array of 16 bytes per final
+non-manual run (the upstream outcomes); reports are judged as they come and not kept.
 """
 
 from __future__ import annotations
@@ -77,8 +166,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, Literal, TextIO, TypeAlias
 
-from streams.core.ids import iso_utc
-from streams.core.records import FINAL_STATES, TRANSITIONS, JobEvent, RunEvent
+from streams.core.ids import iso_utc, scheduled_run_id
+from streams.core.records import (
+    FINAL_STATES,
+    TRANSITIONS,
+    JobEvent,
+    LedgerInput,
+    RunEvent,
+    RunFinished,
+    RunStarted,
+)
 from streams.core.schedule import fires_between
 from streams.core.spec import DstPolicy, JobSpec, Schedule
 
@@ -103,6 +200,9 @@ ViolationKind: TypeAlias = Literal[
     "double_claim",
     "double_start",
     "not_final",
+    "unsanctioned_execution",
+    "overlapping_attempts",
+    "missing_period",
     "undecodable",
 ]
 KINDS: Final[tuple[ViolationKind, ...]] = (
@@ -112,11 +212,20 @@ KINDS: Final[tuple[ViolationKind, ...]] = (
     "double_claim",
     "double_start",
     "not_final",
+    "unsanctioned_execution",
+    "overlapping_attempts",
+    "missing_period",
     "undecodable",
 )
+Source: TypeAlias = Literal["run-events", "job-log"]
 
-# Transitions into `due` that begin a new attempt (a retry, a rerun).
+# Transitions into `due` or `waiting` from these begin a new attempt (a retry, a rerun,
+# a revival of a firing withdrawn ahead of its time).
 _NEW_ATTEMPT_FROM: Final = frozenset({"retrying", *FINAL_STATES})
+_NEW_ATTEMPT_INTO: Final = frozenset({"due", "waiting"})
+_LIVE_AT_CREATION: Final = frozenset({"due", "waiting"})
+# Concurrency policies under which a firing is not created beside a live run.
+_EXCLUSIVE: Final = frozenset({"forbid", "replace"})
 
 MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 60 * MINUTE_MS
@@ -138,6 +247,14 @@ class AuditConfig:
     unknown_spec_allowance_ms: int = 24 * HOUR_MS + 10 * MINUTE_MS
     # The replay starts inside the log (--from): a run first seen mid-life is accepted.
     partial: bool = False
+    # overlapping_attempts: how far a worker's clock (a RunFinished's at_ms) may be ahead
+    # of the time the ledger recorded another attempt's start.
+    clock_tolerance_ms: int = 1_000
+    # missing_period: the most an upstream's final event may precede the step's ledger
+    # deciding its notice (the upstream's ledger lag, the link of a new step).
+    notice_lag_ms: int = 2 * MINUTE_MS
+    # The ledger keeps this many upstream outcomes per job.
+    keep_upstream_outcomes: int = 256
     # Violations kept with their details (all are counted).
     keep_violations: int = 10_000
 
@@ -150,6 +267,7 @@ class Violation:
     partition: int
     offset: int
     detail: str
+    source: Source = "run-events"  # the topic of partition/offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +298,11 @@ class AuditReport:
     violations: tuple[Violation, ...]  # the first `keep_violations`, in the order found
     lateness: Lateness
     now_ms: int | None  # the newest event time
+    reports: int = 0  # worker reports (starts, finishes) judged against run-events
+    unjudged_reports: int = 0  # undecided yet, or about runs the replay cannot judge
+    reports_note: str = ""  # why no worker reports were read, if none were
+    dag_steps: int = 0  # DAG steps whose periods were checked
+    dag_periods: int = 0  # their records (runs and skips) in the replay
 
     @property
     def total_violations(self) -> int:
@@ -222,10 +345,26 @@ def _bit(n: int) -> int:
     return 1 << n if 0 <= n < _MAX_TRACKED else 0
 
 
+# Per (attempt, worker): the worker held the attempt (a `dispatched` event by it) / ran it
+# (a `running` event by it, or its outcome accepted while it held the claim).
+_HELD: Final = 1
+_RAN: Final = 2
+# A run's grants: None (no claim yet); one worker id (every claim of the run went to
+# it), its flags per attempt in `gbits` (2 bits per attempt); or, once a second worker
+# appears, a tuple of (attempt, worker, flags), the latest holder of an attempt last.
+_Grants: TypeAlias = str | tuple[tuple[int, str, int], ...] | None
+# Worker reports whose at_ms is the report's time, not the execution's end.
+_END_UNKNOWN: Final = ("lost",)
+# Findings of unsanctioned executions remembered to report each execution once.
+_MAX_FLAGGED: Final = 100_000
+
+
 class _Run:
     __slots__ = (
         "attempt",
         "claimed",
+        "gbits",
+        "grants",
         "job_id",
         "offset",
         "partition",
@@ -235,12 +374,15 @@ class _Run:
         "seqs",
         "since_ms",
         "started",
+        "starts",
         "state",
+        "trigger",
     )
 
     def __init__(self, event: RunEvent, seq: int, partition: int, offset: int) -> None:
         self.job_id = event.job_id
         self.scheduled_ms = event.scheduled_ms
+        self.trigger = event.trigger
         self.state = event.state
         self.attempt = event.attempt
         self.seq = seq
@@ -249,6 +391,11 @@ class _Run:
         self.started = 0  # bit set of attempts with a `running` event
         self.since_ms = event.at_ms  # creation, or the latest rerun
         self.released = 0  # claims given back before their start (dispatched -> due)
+        self.grants: _Grants = None
+        self.gbits = 0
+        # (attempt, at_ms, ...) of the `running` events after the run's first one: the
+        # starts of later attempts, for overlapping_attempts.
+        self.starts: tuple[int, ...] | None = None
         self.partition = partition
         self.offset = offset
 
@@ -263,6 +410,14 @@ class _Job:
     spec: JobSpec | None = None  # the newest upserted spec
     # scheduled_ms -> (run_id, created at_ms, partition, offset) of non-manual runs
     fires: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)
+    live: int = 0  # runs seen that are not final
+    # (scheduled_ms, at_ms) of every final transition of a non-manual run, at_ms negated
+    # minus one when not succeeded: the outcomes it notifies to its dependents.
+    finals: array[int] = field(default_factory=lambda: array("q"))
+    # (scheduled_ms, at_ms) of every `running` event while the job forbids concurrency;
+    # once sealed, the scheduled times sorted and the earliest start from each on.
+    starts: array[int] | None = None
+    start_min: array[int] | None = None
 
 
 _BUCKETS: Final[tuple[tuple[str, int], ...]] = (
@@ -295,14 +450,28 @@ class Auditor:
         self._job_events = 0
         self._undecodable = 0
         self._last_ms: int | None = None
+        self._newest: dict[int, int] = {}  # partition -> its newest event time
+        self._workers: dict[str, str] = {}  # one string object per worker id
+        # Runs first seen mid-life -> their first attempt seen (reports up to it unjudged).
+        self._midlife: dict[str, int] = {}
+        self._flagged: set[tuple[str, int, str]] = set()
+        self._reports = 0
+        self._unjudged = 0
+        self._reports_note = ""
+        self._sealed = False  # reports began: run-events are complete
         self._finished = False
 
     # -- input ------------------------------------------------------------------------------
     def record(self, event: RunEvent | JobEvent, partition: int, offset: int) -> None:
         """One decoded event, in log order, with where it came from."""
+        if self._sealed:
+            raise RuntimeError("Auditor.record after Auditor.report: run-events come first")
         self._events += 1
-        if self._last_ms is None or event.at_ms > self._last_ms:
-            self._last_ms = event.at_ms
+        at = event.at_ms
+        if self._last_ms is None or at > self._last_ms:
+            self._last_ms = at
+        if at > self._newest.get(partition, at - 1):
+            self._newest[partition] = at
         job = self._jobs.get(event.job_id)
         if job is None:
             job = self._jobs[event.job_id] = _Job(event.job_id, partition, offset)
@@ -322,6 +491,75 @@ class Auditor:
         job_id = key.decode("utf-8", "replace") if key else ""
         self._violate("undecodable", job_id, "", partition, offset, error)
 
+    def newest_ms(self, partition: int) -> int | None:
+        """The newest event time read from this partition of run-events."""
+        return self._newest.get(partition)
+
+    def report(
+        self, inp: LedgerInput, partition: int, offset: int, *, decided: bool = True
+    ) -> None:
+        """One job-log record, in log order, after every run-events record. Only worker
+        reports of executions (`RunStarted`, `RunFinished`) are judged; `decided=False`:
+        the ledger may not have decided it yet (counted, not judged)."""
+        if not isinstance(inp, RunStarted | RunFinished):
+            return
+        if not self._sealed:
+            self._seal()
+        if not decided:
+            self._unjudged += 1
+            return
+        job = self._jobs.get(inp.job_id)
+        run = self._runs.get(inp.run_id)
+        first_seen = self._midlife.get(inp.run_id)
+        if (
+            job is None
+            or (run is None and (job.spec is None or self.config.partial))
+            or (first_seen is not None and inp.attempt <= first_seen)
+        ):
+            self._unjudged += 1  # the replay does not know this run's life
+            return
+        worker = inp.worker_id
+        flags = 0 if run is None else _flags(run.grants, run.gbits, inp.attempt, worker)
+        if run is not None and not flags & _RAN and _holds(run, inp.attempt, worker):
+            self._unjudged += 1  # the holder of a claim still open: its start in flight
+            return
+        self._reports += 1
+        if flags & _RAN:
+            if isinstance(inp, RunFinished) and run is not None:
+                self._overlap(job, run, inp, partition, offset)
+            return
+        if isinstance(inp, RunFinished) and inp.exit_code is None:
+            return  # killed before it ran, or never started: not an execution
+        key = (inp.run_id, inp.attempt, worker)
+        if key in self._flagged:
+            return
+        if len(self._flagged) < _MAX_FLAGGED:
+            self._flagged.add(key)
+        what = "started" if isinstance(inp, RunStarted) else f"exited {inp.exit_code}"
+        if run is None:
+            why = f"run-events has no run {inp.run_id}"
+        elif flags & _HELD:
+            why = (
+                f"it held the attempt, but the ledger never recorded its start: the run is "
+                f"{run.state} (attempt {run.attempt}), the ledger had moved on"
+            )
+        else:
+            holders = _holders(run.grants, run.gbits, inp.attempt)
+            why = f"it never held the attempt (held by {', '.join(holders) or 'nobody'})"
+        self._violate(
+            "unsanctioned_execution",
+            inp.job_id,
+            inp.run_id,
+            partition,
+            offset,
+            f"worker {worker} {what} attempt {inp.attempt}: {why}",
+            "job-log",
+        )
+
+    def no_reports(self, why: str) -> None:
+        """The worker reports could not be read (said in the report)."""
+        self._reports_note = why
+
     def _violate(
         self,
         kind: ViolationKind,
@@ -330,10 +568,13 @@ class Auditor:
         partition: int,
         offset: int,
         detail: str,
+        source: Source = "run-events",
     ) -> None:
         self._counts[kind] += 1
         if len(self._violations) < self.config.keep_violations:
-            self._violations.append(Violation(kind, job_id, run_id, partition, offset, detail))
+            self._violations.append(
+                Violation(kind, job_id, run_id, partition, offset, detail, source)
+            )
 
     # -- runs ---------------------------------------------------------------------------------
     def _run_event(self, job: _Job, e: RunEvent, partition: int, offset: int) -> None:
@@ -377,21 +618,41 @@ class Auditor:
             kind = "illegal_transition" if detail else None
         if kind is not None:
             self._violate(kind, e.job_id, e.run_id, partition, offset, detail)
-        if e.state == "dispatched":
+        state = e.state
+        if state == "dispatched":
             run.claimed |= attempt_bit
-        elif e.state == "running":
+            self._grant(run, e.attempt, e.worker_id, _HELD)
+        elif state == "running":
+            if run.started and not run.started & attempt_bit:  # a later attempt's start
+                run.starts = (*(run.starts or ()), e.attempt, e.at_ms)
             run.started |= attempt_bit
+            self._grant(run, e.attempt, e.worker_id, _RAN)
+            self._job_start(job, e)
             if kind is None:
                 self._start_lateness(e)
-        elif e.state == "due" and kind is None and run.state == "dispatched":
+        elif state == "due" and kind is None and run.state == "dispatched":
             # The claim was given back before the start: the attempt may be claimed again.
             run.claimed &= ~attempt_bit
             run.released += 1
+        elif (
+            e.exit_code is not None
+            and kind is None
+            and run.state == "dispatched"
+            and e.attempt == run.attempt
+        ):
+            # The holder's outcome, accepted while it held the claim: it ran the attempt
+            # (its start report was lost or came late).
+            self._grant(run, e.attempt, e.worker_id, _RAN)
+        if state in FINAL_STATES and e.trigger != "manual":
+            job.finals.extend((e.scheduled_ms, e.at_ms if state == "succeeded" else -e.at_ms - 1))
         run.seqs |= _bit(seq)
         if seq > run.seq:
-            if e.state == "due" and run.state in FINAL_STATES:
-                run.since_ms = e.at_ms  # a rerun: a new life
-            run.seq, run.state, run.attempt = seq, e.state, e.attempt
+            was_final = run.state in FINAL_STATES
+            if was_final != (state in FINAL_STATES):
+                job.live += 1 if was_final else -1
+            if state in _NEW_ATTEMPT_INTO and was_final:
+                run.since_ms = e.at_ms  # a rerun, a revival: a new life
+            run.seq, run.state, run.attempt = seq, state, e.attempt
             run.partition, run.offset = partition, offset
 
     def _create(
@@ -411,12 +672,39 @@ class Auditor:
                     offset,
                     f"a second run for {iso_utc(e.scheduled_ms)}: {other[0]!r} exists",
                 )
+        if e.state in FINAL_STATES:
+            if e.trigger != "manual":
+                ok = e.state == "succeeded"
+                job.finals.extend((e.scheduled_ms, e.at_ms if ok else -e.at_ms - 1))
+        else:
+            if (
+                creation
+                and job.live
+                and e.trigger == "schedule"
+                and e.state in _LIVE_AT_CREATION
+                and job.spec is not None
+                and job.spec.concurrency in _EXCLUSIVE
+            ):
+                self._violate(
+                    "overlapping_attempts",
+                    e.job_id,
+                    e.run_id,
+                    partition,
+                    offset,
+                    f"created while {job.live} other run(s) of the job were live "
+                    f"(concurrency {job.spec.concurrency})",
+                )
+            job.live += 1
         if e.state == "dispatched":
             run.claimed = _bit(e.attempt)
+            self._grant(run, e.attempt, e.worker_id, _HELD)
         elif e.state == "running":
             run.started = _bit(e.attempt)
+            self._grant(run, e.attempt, e.worker_id, _RAN)
+            self._job_start(job, e)
         if creation and (seq == 0) == (e.state == "skipped") and e.attempt == 1:
             return
+        self._midlife[e.run_id] = e.attempt  # its earlier attempts are not in the replay
         if self.config.partial and seq > 1:
             if e.state == "running":  # the run began before the replayed range
                 self._start_lateness(e)
@@ -436,7 +724,7 @@ class Auditor:
         """Why run.state -> e.state is illegal, or "" if it is legal."""
         if e.state not in TRANSITIONS.get(run.state, frozenset()):
             return f"{run.state} -> {e.state} is not a legal transition"
-        if e.state == "due" and run.state in _NEW_ATTEMPT_FROM:
+        if e.state in _NEW_ATTEMPT_INTO and run.state in _NEW_ATTEMPT_FROM:
             expected = run.attempt + 1
         else:
             expected = run.attempt
@@ -451,6 +739,87 @@ class Auditor:
         if e.attempt == 1 and e.trigger != "backfill":
             self._lateness.append(e.at_ms - e.scheduled_ms)
 
+    # -- who held and ran each attempt ----------------------------------------------------------
+    def _grant(self, run: _Run, attempt: int, worker: str, flag: int) -> None:
+        if not worker or not 0 < attempt < _MAX_TRACKED:
+            return
+        worker = self._workers.setdefault(worker, worker)
+        grants = run.grants
+        if grants is None:
+            run.grants, run.gbits = worker, flag << (2 * attempt)
+        elif grants is worker:
+            run.gbits |= flag << (2 * attempt)
+        else:
+            if isinstance(grants, str):  # a second worker: spell the grants out
+                bits = run.gbits
+                entries = [
+                    (a, grants, (bits >> (2 * a)) & 3)
+                    for a in range(1, bits.bit_length() // 2 + 1)
+                    if (bits >> (2 * a)) & 3
+                ]
+            else:
+                entries = list(grants)
+            found = [x for x in entries if x[0] == attempt and x[1] == worker]
+            merged = (attempt, worker, flag | (found[0][2] if found else 0))
+            if found and not flag & _HELD:
+                entries[entries.index(found[0])] = merged
+            else:  # the latest holder of the attempt goes last
+                entries = [x for x in entries if x not in found] + [merged]
+            run.grants, run.gbits = tuple(entries), 0
+
+    def _job_start(self, job: _Job, e: RunEvent) -> None:
+        if job.spec is not None and job.spec.concurrency == "forbid":
+            if job.starts is None:
+                job.starts = array("q")
+            job.starts.extend((e.scheduled_ms, e.at_ms))
+
+    def _seal(self) -> None:
+        """Run-events are complete: index what the reports are judged against."""
+        self._sealed = True
+        for job in self._jobs.values():
+            if job.starts is None:
+                continue
+            pairs = sorted(zip(job.starts[::2], job.starts[1::2], strict=True))
+            earliest = array("q", (at for _, at in pairs))
+            for i in range(len(earliest) - 2, -1, -1):
+                earliest[i] = min(earliest[i], earliest[i + 1])
+            job.starts = array("q", (scheduled for scheduled, _ in pairs))
+            job.start_min = earliest
+
+    def _overlap(self, job: _Job, run: _Run, inp: RunFinished, partition: int, offset: int) -> None:
+        """A sanctioned execution still going, by its worker's word, after the ledger
+        started a later attempt of the run or a later run of a `forbid` job."""
+        if inp.error.startswith(_END_UNKNOWN):
+            return
+        end = inp.at_ms - self.config.clock_tolerance_ms
+        later: tuple[int, int] | None = None  # (start, attempt)
+        starts = run.starts or ()
+        for i in range(0, len(starts), 2):
+            attempt, start = starts[i], starts[i + 1]
+            if attempt > inp.attempt and start < end and (later is None or start < later[0]):
+                later = (start, attempt)
+        if later is not None:
+            what = f"attempt {later[1]} started at {iso_utc(later[0])}"
+        elif job.starts is not None and job.start_min is not None:
+            i = bisect.bisect_right(job.starts, run.scheduled_ms)
+            if i == len(job.starts) or job.start_min[i] >= end:
+                return
+            what = (
+                f"later run of the job (concurrency forbid) started at {iso_utc(job.start_min[i])}"
+            )
+        else:
+            return
+        self._violate(
+            "overlapping_attempts",
+            inp.job_id,
+            inp.run_id,
+            partition,
+            offset,
+            f"attempt {inp.attempt} on {inp.worker_id} ended at {iso_utc(inp.at_ms)} by its "
+            f"report, but the ledger's {what}",
+            "job-log",
+        )
+
     # -- the end --------------------------------------------------------------------------
     def finish(self, now_ms: int | None = None) -> AuditReport:
         """The checks that need the whole replay, and the report.
@@ -463,14 +832,20 @@ class Auditor:
         now = self._last_ms
         if now_ms is not None and (now is None or now_ms > now):
             now = now_ms
-        expected = excused = unchecked = 0
+        expected = excused = unchecked = steps = periods = 0
         if now is not None:
+            until = now - self.config.safety_margin_ms
             for job in self._jobs.values():
                 if job.spec is None:
                     unchecked += 1 if job.fires else 0
                     continue
+                if any(s is not None and s.depends_on for _, _, s in job.timeline):
+                    found = self._missing_periods(job, until)
+                    if found is not None:
+                        steps += 1
+                        periods += found
                 try:
-                    e, x = self._missing_firings(job, now - self.config.safety_margin_ms)
+                    e, x = self._missing_firings(job, until)
                 except ValueError:  # a schedule this code cannot evaluate (ScheduleError)
                     unchecked += 1
                     continue
@@ -491,6 +866,11 @@ class Auditor:
             violations=tuple(self._violations),
             lateness=_lateness(self._lateness),
             now_ms=now,
+            reports=self._reports,
+            unjudged_reports=self._unjudged,
+            reports_note=self._reports_note,
+            dag_steps=steps,
+            dag_periods=periods,
         )
 
     def _missing_firings(self, job: _Job, until: int) -> tuple[int, int]:
@@ -532,6 +912,66 @@ class Auditor:
                 )
         return checked, excused
 
+    def _missing_periods(self, job: _Job, until: int) -> int | None:
+        """Check the lives of a DAG step (see the module docstring); returns the number
+        of its records, or None if it never was a step in the replay."""
+        cfg = self.config
+        lag = cfg.notice_lag_ms
+        lives = _step_lives(job.timeline, job.fires, until)
+        if not lives:
+            return None
+        for start, end, fired, upstreams in lives:
+            # The outcomes since the watermark: (scheduled, final at, succeeded, upstream).
+            tail: list[tuple[int, int, bool, str]] = []
+            for upstream in upstreams:
+                other = self._jobs.get(upstream)
+                finals = other.finals if other is not None else ()
+                for i in range(0, len(finals), 2):
+                    if finals[i] > fired:
+                        at = finals[i + 1]
+                        ok = at >= 0
+                        tail.append((finals[i], at if ok else -at - 1, ok, upstream))
+            inside = [o for o in tail if start + lag < o[1] < end - lag]
+            failed = [o for o in inside if not o[2]]
+            for scheduled, at, _, upstream in failed:
+                self._missing_period(
+                    job,
+                    upstream,
+                    scheduled,
+                    f"upstream {upstream}'s run for {iso_utc(scheduled)} did not succeed "
+                    f"(final at {iso_utc(at)}), but {job.job_id} has no record at or after "
+                    f"it (its watermark: {iso_utc(fired)})",
+                )
+            if failed or not all(o[2] for o in tail):
+                continue
+            if len(upstreams) > 1 and len(tail) >= cfg.keep_upstream_outcomes:
+                continue
+            for scheduled, at, _, upstream in sorted(inside, reverse=True):
+                if all(
+                    other == upstream
+                    or any(
+                        o[3] == other and o[0] <= scheduled and start + lag < o[1] <= at - lag
+                        for o in tail
+                    )
+                    for other in upstreams
+                ):
+                    self._missing_period(
+                        job,
+                        upstream,
+                        scheduled,
+                        f"every upstream of {job.job_id} succeeded in ({iso_utc(fired)}, "
+                        f"{iso_utc(scheduled)}], the last being {upstream} (final at "
+                        f"{iso_utc(at)}), but the step has no record at or after it",
+                    )
+                    break
+        return len(job.fires)
+
+    def _missing_period(self, job: _Job, upstream: str, scheduled: int, detail: str) -> None:
+        run_id = scheduled_run_id(upstream, scheduled)
+        run = self._runs.get(run_id)
+        partition, offset = (run.partition, run.offset) if run else (job.partition, job.offset)
+        self._violate("missing_period", job.job_id, run_id, partition, offset, detail)
+
     def _not_final(self, now: int | None) -> int:
         live = 0
         for run_id, run in self._runs.items():
@@ -560,6 +1000,95 @@ class Auditor:
                     f"allowed {limit / 1000:.0f} s",
                 )
         return live
+
+
+def _flags(grants: _Grants, gbits: int, attempt: int, worker: str) -> int:
+    """What run-events says of (attempt, worker): _HELD and/or _RAN bits."""
+    if grants is None:
+        return 0
+    if isinstance(grants, str):
+        return (gbits >> (2 * attempt)) & 3 if grants == worker and attempt > 0 else 0
+    return next((f for a, w, f in grants if a == attempt and w == worker), 0)
+
+
+def _holders(grants: _Grants, gbits: int, attempt: int) -> list[str]:
+    if grants is None:
+        return []
+    if isinstance(grants, str):
+        return [grants] if attempt > 0 and (gbits >> (2 * attempt)) & _HELD else []
+    return [w for a, w, f in grants if a == attempt and f & _HELD]
+
+
+def _holds(run: _Run, attempt: int, worker: str) -> bool:
+    """Whether `worker` holds the claim of the run's current attempt, not yet started."""
+    if run.state != "dispatched" or run.attempt != attempt:
+        return False
+    holders = _holders(run.grants, run.gbits, attempt)
+    return bool(holders) and holders[-1] == worker
+
+
+def _step_lives(
+    timeline: list[tuple[str, int, JobSpec | None]],
+    fires: dict[int, tuple[str, int, int, int]],
+    until: int,
+) -> list[tuple[int, int, int, tuple[str, ...]]]:
+    """The lives of a DAG step: (start, end, its watermark at the end, its upstreams),
+    following the ledger's watermark: registration sets it (never lower than a former
+    life's), a pause or deletion lowers it to its time, a resume raises it to its time,
+    each record (run or skip) at t raises it to t."""
+    records = sorted((at, t) for t, (_, at, _, _) in fires.items())
+    out: list[tuple[int, int, int, tuple[str, ...]]] = []
+    spec: JobSpec | None = None
+    start: int | None = None
+    fired: int | None = None
+    registered = paused = deleted = False
+    i = 0
+
+    def step(s: JobSpec | None) -> tuple[str, ...]:
+        return s.depends_on if s is not None and s.schedule is None else ()
+
+    def advance(to: int) -> None:  # records made before `to`
+        nonlocal i, fired
+        while i < len(records) and records[i][0] < to:
+            fired = records[i][1] if fired is None else max(fired, records[i][1])
+            i += 1
+
+    def close(at: int) -> None:
+        advance(at if at < until else records[-1][0] + 1 if records else at)
+        if start is not None and fired is not None and step(spec) and start < min(at, until):
+            out.append((start, min(at, until), fired, step(spec)))
+
+    for kind, at, new in timeline:
+        advance(at)
+        if kind == "upserted" and new is not None:
+            if not registered or deleted:
+                registered, paused, deleted = True, False, False
+                spec, start = new, at
+                fired = at if fired is None else max(fired, at)
+            else:
+                assert spec is not None
+                if step(new) != step(spec) and not paused:
+                    close(at)
+                    start = at
+                if (new.schedule, new.dst) != (spec.schedule, spec.dst):
+                    fired = at  # the ledger's watermark moves to a schedule change
+                spec = new
+        elif not registered or deleted:
+            continue
+        elif kind == "paused" and not paused:
+            close(at)
+            paused, start = True, None
+            fired = at if fired is None else min(fired, at)
+        elif kind == "resumed" and paused:
+            paused, start = False, at
+            fired = at if fired is None else max(fired, at)
+        elif kind == "deleted":
+            if not paused:
+                close(at)
+            deleted, start = True, None
+            fired = at if fired is None else min(fired, at)
+    close(until)
+    return out
 
 
 def _active_intervals(
@@ -638,11 +1167,15 @@ def audit(
     records: Iterable[tuple[RunEvent | JobEvent, int, int]],
     config: AuditConfig = AuditConfig(),
     now_ms: int | None = None,
+    reports: Iterable[tuple[LedgerInput, int, int]] = (),
 ) -> AuditReport:
-    """Audit (event, partition, offset) triples in log order."""
+    """Audit (event, partition, offset) triples in log order, then (job-log record,
+    partition, offset) triples of worker reports, all taken as decided by the ledger."""
     auditor = Auditor(config)
     for event, partition, offset in records:
         auditor.record(event, partition, offset)
+    for inp, partition, offset in reports:
+        auditor.report(inp, partition, offset)
     return auditor.finish(now_ms)
 
 
@@ -652,7 +1185,12 @@ def _seconds(ms: int | None) -> str:
 
 
 def format_report(
-    report: AuditReport, out: TextIO, *, topic: str = "run-events", limit: int = 20
+    report: AuditReport,
+    out: TextIO,
+    *,
+    topic: str = "run-events",
+    limit: int = 20,
+    job_log_topic: str = "job-log",
 ) -> None:
     """The human summary: counts, lateness with a histogram, the first violations."""
     w = out.write
@@ -669,6 +1207,19 @@ def format_report(
     if report.unchecked_jobs:
         w(f", {report.unchecked_jobs:,} jobs unchecked (no registration in the replay)")
     w("\n")
+    if report.dag_steps:
+        w(
+            f"periods  {report.dag_periods:,} records of {report.dag_steps:,} DAG steps, "
+            "their upstreams' outcomes checked\n"
+        )
+    if report.reports_note:
+        w(f"reports  worker reports not checked: {report.reports_note}\n")
+    else:
+        w(
+            f"reports  {report.reports:,} worker reports checked against the ledger's "
+            f"record, {report.unjudged_reports:,} not judged (undecided, or runs the "
+            "replay does not know)\n"
+        )
     if report.now_ms is not None:
         w(f"newest   {iso_utc(report.now_ms)}\n")
     lat = report.lateness
@@ -693,4 +1244,5 @@ def format_report(
         w(f"first {len(shown)} violations:\n")
         for v in shown:
             subject = v.run_id or v.job_id or "?"
-            w(f"  {v.kind:<18} {topic}[{v.partition}]@{v.offset}  {subject}: {v.detail}\n")
+            where = f"{job_log_topic if v.source == 'job-log' else topic}[{v.partition}]@{v.offset}"
+            w(f"  {v.kind:<18} {where}  {subject}: {v.detail}\n")

@@ -107,6 +107,18 @@ POLL_EVERY = 1000
 UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
 
 
+def record_time(msg: Message) -> tuple[int | None, bool]:
+    """(the record's timestamp, whether the broker stamped it): LogAppendTime on a
+    migrated job-log; a CreateTime stamp (a topic not migrated) stands in for it; with
+    none at all, decide() takes the input's own at_ms."""
+    kind, stamp = msg.timestamp()
+    if kind == TIMESTAMP_LOG_APPEND_TIME:
+        return stamp, True
+    if kind == TIMESTAMP_CREATE_TIME:
+        return stamp, False
+    return None, False
+
+
 @dataclass
 class PartitionState:
     jobs: dict[str, JobState] = field(default_factory=dict)
@@ -454,22 +466,17 @@ class Ledger:
 
     def _now_ms(self, msg: Message) -> int | None:
         """The broker's append time of the record: the ledger's one clock."""
-        kind, stamp = msg.timestamp()
-        if kind == TIMESTAMP_LOG_APPEND_TIME:
-            return stamp
-        if kind == TIMESTAMP_CREATE_TIME:
-            if not self._warned_create_time:
-                self._warned_create_time = True
-                log.warning(
-                    "%s carries CreateTime stamps (%s[%s]@%s): the producers' clocks decide "
-                    "time; run `cronlog topics create` to set LogAppendTime",
-                    self.topics["job-log"],
-                    msg.topic(),
-                    msg.partition(),
-                    msg.offset(),
-                )
-            return stamp
-        return None  # no timestamp at all: decide() takes the input's own at_ms
+        stamp, broker_time = record_time(msg)
+        if stamp is not None and not broker_time and not self._warned_create_time:
+            self._warned_create_time = True
+            log.warning(
+                "%s carries CreateTime stamps (partition %s, offset %s): the producers' "
+                "clocks decide time; `cronlog topics create` sets LogAppendTime",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+            )
+        return stamp
 
     def _produce(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int = UNASSIGNED

@@ -494,8 +494,8 @@ def test_every_transition_of_the_table_is_legal(source: str | None, target: str)
     attempt = 1
     auditor = Auditor()
     for offset, state in enumerate(path):
-        if offset and state == "due" and path[offset - 1] not in ("waiting", "dispatched"):
-            attempt += 1  # a retry or a rerun (a claim given back keeps its attempt)
+        if offset and state in ("due", "waiting") and path[offset - 1] not in ("waiting", "dispatched"):
+            attempt += 1  # a retry, a rerun, a revival (a claim given back keeps its attempt)
         auditor.record(run_event(t, seq, state, t, attempt=attempt), 0, offset)
         seq += 1
     report = auditor.finish(now_ms=t)

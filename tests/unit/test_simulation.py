@@ -6,12 +6,17 @@ zombie node replaying stale proposals; a timer proposing deadlines; workers that
 fail, die silently after the start or vanish before it (a failure detector then proposes
 WorkerLost), or give a claim back before the start (RunReleased); a network that delays,
 reorders and duplicates every input (but keeps a worker's records about an attempt in
-order around a release, as Kafka does). The ledger consumes the resulting log; now and
-then it "crashes" and replays the log from its last checkpoint, which must reproduce the
-same outputs.
+order around a release, as Kafka does). Every clock but the broker's is off: workers,
+the failure detector and the zombie stamp their records up to 8 s ahead or behind, and
+the ledger's now is the delivery (broker append) time. An operator pauses and resumes
+jobs (often around firings decided ahead), sends run_now and backfill requests, each
+sometimes twice; a schedule-less step job may depend on two jobs, its upstream notices
+reordered between upstreams. The ledger consumes the resulting log; now and then it
+"crashes" and replays the log from its last checkpoint, which must reproduce the same
+outputs.
 
-Checked: never two runs for one (job, T); every scheduled time decided (run or skipped
-by policy); one accepted claim per (run, attempt) until it is given back, one start per
+Checked: never two runs for one (job, T), nor for one request; every scheduled time
+outside pauses decided (run or skipped by policy); one accepted claim per (run, attempt) until it is given back, one start per
 (run, attempt), and no attempt executed by two workers; every transition legal and in
 order; every run final once the world calms down.
 """
@@ -28,15 +33,20 @@ import pytest
 from streams.core.ledger import LedgerConfig
 from streams.core.records import (
     TRANSITIONS,
+    BackfillRequested,
     ClaimRequested,
     DeadlineReached,
     FireProposed,
+    JobPaused,
+    JobResumed,
     JobUpserted,
     LedgerInput,
     RunEvent,
     RunFinished,
+    RunNowRequested,
     RunReleased,
     RunStarted,
+    UpstreamFinished,
     WorkerLost,
 )
 from streams.core.schedule import fires_between
@@ -81,10 +91,10 @@ class Sim:
         self.rng = random.Random(seed)
         self.world = World(config=CONFIG, deliver_notices=False)
         self.now = T0
-        self.log: list[LedgerInput] = []
+        self.log: list[tuple[LedgerInput, int]] = []
         self.inflight: list[LedgerInput] = []
         # A worker's records for one attempt, delivered in order (see `send`).
-        self.ordered: dict[tuple[str, str, int] | None, list[LedgerInput]] = {}
+        self.ordered: dict[tuple[str, str, int | str] | None, list[LedgerInput]] = {}
         self.stale: World | None = None  # the zombie's frozen view
         self.node_down_until = 0
         # (run, attempt, claim number) -> what its holder does with it
@@ -94,6 +104,11 @@ class Sim:
         self.executed: Counter[tuple[str, int]] = Counter()  # real starts, by any worker
         self.dispatch_seen = 0
         self.checkpoint: tuple[World, int] = (self.world.snapshot(), 0)
+        skews = (-8000, -2000, 0, 2000, 8000)
+        self.skew = {who: self.rng.choice(skews) for who in ("w1", "w2", "zombie", "detector")}
+        # (job, from, until): firings in (from, until] are not due (paused, deleted).
+        self.off: list[tuple[str, int, int]] = []
+        self.paused_at: dict[str, int] = {}
 
     def send(self, inp: LedgerInput) -> None:
         copies = [inp, inp] if self.rng.random() < 0.1 else [inp]  # duplicate delivery
@@ -130,25 +145,78 @@ class Sim:
                 depends_on=(f"job{i - 1}",) if i and self.rng.random() < 0.4 else (),
             )
             self.deliver_now(JobUpserted(spec, self.now))
+        if self.rng.random() < 0.5:  # a step that runs once both upstreams succeeded
+            step = JobSpec(
+                job_id="step",
+                owner="o",
+                schedule=None,
+                command=("true",),
+                depends_on=("job0", "job1"),
+            )
+            self.deliver_now(JobUpserted(step, self.now))
+        self.requests = 0
+
+    def operate(self) -> None:
+        """An operator: pauses and resumes (often just around a firing decided ahead),
+        run_now and backfill requests, each sometimes sent twice, in order per job (one
+        commands partition per job)."""
+        jobs = [j for j in self.world.jobs.values() if j.spec.schedule is not None]
+        if not jobs or self.rng.random() > 0.03:
+            return
+        job_id = self.rng.choice(jobs).spec.job_id
+        roll = self.rng.random()
+        if roll < 0.4:
+            if job_id in self.paused_at:
+                paused = self.paused_at.pop(job_id)
+                self.off.append((job_id, paused, self.now))
+                self.command(JobResumed(job_id, self.now))
+            else:
+                self.paused_at[job_id] = self.now
+                self.command(JobPaused(job_id, self.now))
+        elif roll < 0.8:
+            self.requests += 1
+            request = f"r{self.rng.randint(max(1, self.requests - 3), self.requests)}"
+            self.command(RunNowRequested(job_id, request, self.now))
+        else:
+            start = T0 - self.rng.randint(1, 20) * 1000
+            request = f"b{self.rng.randint(1, 3)}"
+            self.command(BackfillRequested(job_id, start, start + 15_000, self.now, request))
+
+    def command(self, inp: LedgerInput) -> None:
+        copies = [inp, inp] if self.rng.random() < 0.2 else [inp]
+        assert not isinstance(inp, JobUpserted)
+        self.ordered.setdefault(("op", inp.job_id, 0), []).extend(copies)
 
     def deliver_now(self, inp: LedgerInput) -> None:
-        self.log.append(inp)
-        self.world.apply(inp)
-        # Notices for other jobs travel through the log like everything else.
-        self.inflight.extend(self.world.outbox)
+        # The broker's append time is the ledger's now; the input's stamp is its
+        # producer's clock, skewed (see `stamp`), and must decide nothing.
+        self.log.append((inp, self.now))
+        self.world.apply(inp, self.now)
+        # Notices for other jobs travel through the log like everything else, in order
+        # per (upstream, dependent): one ledger writes them to one partition.
+        for notice in self.world.outbox:
+            if isinstance(notice, UpstreamFinished):
+                key = ("notice", notice.upstream, notice.job_id)
+                self.ordered.setdefault(key, []).append(notice)
+            else:
+                self.inflight.append(notice)
         self.world.outbox.clear()
+
+    def stamp(self, who: str) -> int:
+        """The time on `who`'s clock: workers and the zombie run seconds off."""
+        return self.now + self.skew.get(who, 0)
 
     # -- actors -----------------------------------------------------------------------
     def scheduler(self, view: World, proposer: str) -> None:
+        at = self.stamp(proposer)
         for job in view.jobs.values():
-            if job.next_due_ms is not None and job.next_due_ms <= self.now + 1000:
-                self.send(FireProposed(job.spec.job_id, job.next_due_ms, self.now, proposer))
+            lead = 1000 if job.spec.concurrency == "allow" else 0
+            if job.next_due_ms is not None and job.next_due_ms <= self.now + lead:
+                self.send(FireProposed(job.spec.job_id, job.next_due_ms, at, proposer))
         for run in view.runs.values():
             if run.deadline_ms is not None and run.deadline_kind and run.deadline_ms <= self.now:
                 self.send(
-                    DeadlineReached(
-                        run.job_id, run.run_id, run.attempt, run.deadline_kind, self.now
-                    )
+                    DeadlineReached(run.job_id, run.run_id, run.attempt, run.deadline_kind, at)
                 )
 
     def workers_act(self) -> None:
@@ -158,7 +226,7 @@ class Sim:
             for worker in claimers:
                 self.send(
                     ClaimRequested(
-                        request.job_id, request.run_id, request.attempt, worker, self.now
+                        request.job_id, request.run_id, request.attempt, worker, self.stamp(worker)
                     )
                 )
         self.dispatch_seen = len(w.dispatch)
@@ -187,30 +255,43 @@ class Sim:
                     h.started = True
                     self.send(
                         RunReleased(
-                            run.job_id, run.run_id, run.attempt, h.worker, "no room", self.now
+                            run.job_id,
+                            run.run_id,
+                            run.attempt,
+                            h.worker,
+                            "no room",
+                            self.stamp(h.worker),
                         )
                     )
                 continue
             if h.fate == "vanish":  # gone before the start: only the detector speaks
                 if self.now >= h.done_at and self.rng.random() < 0.5:
-                    self.send(WorkerLost(run.job_id, run.run_id, run.attempt, h.worker, self.now))
+                    lost = WorkerLost(
+                        run.job_id, run.run_id, run.attempt, h.worker, self.stamp("detector")
+                    )
+                    self.send(lost)
                 continue
             if not h.started:
                 if self.now < h.start_at:
                     continue
                 h.started = True
                 self.executed[(run.run_id, run.attempt)] += 1
-                self.send(RunStarted(run.job_id, run.run_id, run.attempt, h.worker, self.now))
+                started = RunStarted(
+                    run.job_id, run.run_id, run.attempt, h.worker, self.stamp(h.worker)
+                )
+                self.send(started)
             if self.now < h.done_at:
                 continue
             if h.fate == "die":
                 if self.rng.random() < 0.5:  # the failure detector notices
-                    self.send(WorkerLost(run.job_id, run.run_id, run.attempt, h.worker, self.now))
+                    lost = WorkerLost(
+                        run.job_id, run.run_id, run.attempt, h.worker, self.stamp("detector")
+                    )
+                    self.send(lost)
             elif h.fate != "slow" or self.rng.random() < 0.05:
                 code = 0 if h.fate in ("ok", "slow") else 1
-                self.send(
-                    RunFinished(run.job_id, run.run_id, run.attempt, h.worker, code, "", self.now)
-                )
+                at = self.stamp(h.worker)
+                self.send(RunFinished(run.job_id, run.run_id, run.attempt, h.worker, code, "", at))
 
     def network(self) -> None:
         self.rng.shuffle(self.inflight)
@@ -232,8 +313,8 @@ class Sim:
         """Restore the checkpoint and replay the log: the outputs must be identical."""
         snapshot, position = self.checkpoint
         replayed = snapshot.snapshot()
-        for inp in self.log[position:]:
-            replayed.apply(inp)
+        for inp, now in self.log[position:]:
+            replayed.apply(inp, now)
             replayed.outbox.clear()
         assert replayed.events == self.world.events
         assert replayed.dispatch == self.world.dispatch
@@ -252,6 +333,8 @@ class Sim:
         if self.rng.random() < 0.02:
             self.stale = self.world.snapshot()
         self.workers_act()
+        if not calm:
+            self.operate()
         self.network()
         if not calm and self.rng.random() < 0.005:
             self.crash_and_replay()
@@ -286,7 +369,7 @@ def check(sim: Sim) -> None:
             claims[(run_id, event.attempt, given_back)] += event.state == "dispatched"
             starts[(run_id, event.attempt)] += event.state == "running"
         # One (job, T) has one run: it was created once (one creation event).
-        assert created <= 1 or events[0].trigger != "schedule"
+        assert created <= 1, f"{run_id} created {created} times"
         assert events[-1].state in ("succeeded", "failed", "cancelled", "skipped"), (
             f"{run_id} ended {events[-1].state}"
         )
@@ -295,8 +378,14 @@ def check(sim: Sim) -> None:
     # No attempt was executed by two workers (a claim given back was never started).
     assert max(sim.executed.values(), default=0) <= 1
     for job in w.jobs.values():
-        due = fires_between(job.spec.schedule, job.created_ms, job.fired_ms)
-        decided = {e.scheduled_ms for e in w.run_events() if e.job_id == job.spec.job_id}
+        job_id = job.spec.job_id
+        off = [(a, b) for j, a, b in sim.off if j == job_id]
+        due = [
+            t
+            for t in fires_between(job.spec.schedule, job.created_ms, job.fired_ms)
+            if not any(a < t <= b for a, b in off)
+        ]
+        decided = {e.scheduled_ms for e in w.run_events() if e.job_id == job_id}
         window_skips = [t for t in due if t not in decided]
         # Only times older than the catch-up window may be decided without a record.
         assert all(t < job.fired_ms - CONFIG.catchup_window_ms for t in window_skips), (
@@ -310,6 +399,11 @@ def simulate(seed: int, steps: int) -> Sim:
     for _ in range(steps):
         sim.step()
     # Calm down: stop the schedules, let every run finish.
+    for key in [k for k in sim.ordered if k is not None and k[0] == "op"]:
+        for inp in sim.ordered.pop(key):  # the operator's last commands land first
+            sim.deliver_now(inp)
+    for job_id, paused in sim.paused_at.items():
+        sim.off.append((job_id, paused, sim.now + 10**9))
     for job_id in list(sim.world.jobs):
         sim.deliver_now(replace_pause(job_id, sim.now))
     for _ in range(400):

@@ -1,0 +1,35 @@
+"""The ledger process's clock (streams/ledger.py): the broker's append time of each
+job-log record, a CreateTime stamp only where the topic was not migrated."""
+
+from __future__ import annotations
+
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    Message,
+)
+
+from streams.ledger import record_time
+
+
+def _record(kind: int, stamp: int) -> Message:
+    return Message(topic="job-log", partition=0, offset=1, value=b"", timestamp=(kind, stamp))
+
+
+def test_the_broker_append_time_is_the_clock() -> None:
+    assert record_time(_record(TIMESTAMP_LOG_APPEND_TIME, 1_800_000_000_000)) == (
+        1_800_000_000_000,
+        True,
+    )
+
+
+def test_a_create_time_stamp_stands_in_and_is_flagged() -> None:
+    assert record_time(_record(TIMESTAMP_CREATE_TIME, 1_700_000_000_000)) == (
+        1_700_000_000_000,
+        False,
+    )
+
+
+def test_no_stamp_leaves_the_inputs_own_time() -> None:
+    assert record_time(_record(TIMESTAMP_NOT_AVAILABLE, 0)) == (None, False)

@@ -194,6 +194,15 @@ def _parse_at(value: object) -> AtSchedule:
 # --- cached cron expressions and zones ------------------------------------------------------
 
 
+_SINGLE_RANGE = re.compile(r"^([0-9A-Za-z]+)-\1(/[0-9]+)?$")
+
+
+def _single_ranges(field: str) -> str:
+    """`5-5` (or `5-5/2`) is the one value 5: croniter reads such a range as `*`, so
+    `0 5-5 * * *` would fire every hour."""
+    return ",".join(_SINGLE_RANGE.sub(r"\1", part) for part in field.split(","))
+
+
 class _Cron:
     """A validated cron expression, evaluated over naive wall-clock seconds.
 
@@ -216,9 +225,10 @@ class _Cron:
                 f"invalid cron expression {expr!r}: hashed (H) and random (R) fields "
                 "are not supported"
             )
+        fields = [_single_ranges(field) for field in fields]
         try:
             # A start time is given so that croniter never reads the clock.
-            self._iter = croniter(expr, 0.0, second_at_beginning=True)
+            self._iter = croniter(" ".join(fields), 0.0, second_at_beginning=True)
         except (ValueError, KeyError, TypeError, IndexError) as error:
             raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         self._lock = threading.Lock()

@@ -16,9 +16,9 @@ reordered between upstreams. The ledger consumes the resulting log; now and then
 outputs.
 
 Checked: never two runs for one (job, T), nor for one request; every scheduled time
-outside pauses decided (run or skipped by policy); one accepted claim per (run, attempt) until it is given back, one start per
-(run, attempt), and no attempt executed by two workers; every transition legal and in
-order; every run final once the world calms down.
+outside pauses decided (run or skipped by policy); one accepted claim per (run, attempt)
+until it is given back, one start per (run, attempt), and no attempt executed by two
+workers; every transition legal and in order; every run final once the world calms down.
 """
 
 from __future__ import annotations

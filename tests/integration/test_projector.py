@@ -305,3 +305,206 @@ def test_a_record_postgres_refuses_is_isolated(topics: Settings, tmp_path: Path)
     assert logs == [("before\ufffdafter",)]
     assert [(row[0], row[1]) for row in dead] == [(topics.topic("run-events"), delivered[0])]
     assert "refused by PostgreSQL" in dead[0][2]
+
+
+# -- a run's row follows its event sequence, not the clocks of the machines (issue 12) ----
+T_SKEW = SYNTHETIC_T0 + 10_000_000
+
+
+def skewed_run(job_id: str, scheduled: int) -> list[RunEvent]:
+    """A run cancelled a second after it started, the worker's clock two seconds ahead:
+    in event-time order the cancel comes before the start."""
+    run_id = scheduled_run_id(job_id, scheduled)
+    steps: list[tuple[RunStateName, int, str, str]] = [
+        ("due", scheduled, "", ""),
+        ("dispatched", scheduled + 5, "w1", ""),
+        ("running", scheduled + 3_000, "w1", ""),  # stamped by the worker, 2 s ahead
+        ("cancelled", scheduled + 1_000, "w1", "cancelled by request"),  # ingress's clock
+    ]
+    return [
+        RunEvent(f"{run_id}#{seq}", job_id, run_id, scheduled, "schedule", 1, state, at, worker,
+                 reason)  # fmt: skip
+        for seq, (state, at, worker, reason) in enumerate(steps, start=1)
+    ]
+
+
+class FakeMessage:
+    """What the projector reads of a Kafka message."""
+
+    def __init__(self, topic: str, offset: int, value: bytes):
+        self._topic, self._offset, self._value = topic, offset, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def error(self) -> None:
+        return None
+
+
+RUN_ROW = (
+    "SELECT state, seq, attempt, worker_id, started_at, finished_at, exit_code, error,"
+    " updated_at FROM runs WHERE run_id = %s"
+)
+
+
+def test_run_rows_end_in_the_state_of_the_highest_seq_in_any_order(
+    topics: Settings, second_database: str
+) -> None:
+    """Every order of a skewed run's four events, written as one batch (the COPY path and
+    its fold), one event per batch (the upsert's guard) and record by record (the path
+    of a refused batch): the row is always the cancel's, and the three paths agree."""
+    projector = Projector(topics.with_(database_url=second_database))
+    conn = projector.conn = projector._connect()
+    topic = topics.topic("run-events")
+    offset = 0
+
+    def messages(events: Iterable[RunEvent]) -> list[Any]:
+        nonlocal offset
+        found = []
+        for event in events:
+            found.append(FakeMessage(topic, offset, RUN_EVENTS.encode(event)))
+            offset += 1
+        return found
+
+    def one_by_one(msgs: list[Any]) -> None:
+        batch = Batch()
+        for msg in msgs:
+            projector._project(msg, batch.record(msg))
+        with conn.transaction(), conn.cursor() as cur:
+            projector._fence(cur, batch)
+            projector._write_one_by_one(cur, batch)
+
+    rows: dict[str, tuple[Any, ...]] = {}
+    try:
+        for n, order in enumerate(itertools.permutations(range(4))):
+            for mode in ("batch", "each", "record"):
+                scheduled = T_SKEW + (n * 3 + ("batch", "each", "record").index(mode)) * 60_000
+                events = skewed_run(f"skew-{mode}", scheduled)
+                ordered = messages(events[i] for i in order)
+                if mode == "batch":
+                    projector._write(ordered)
+                elif mode == "each":
+                    for msg in ordered:
+                        projector._write([msg])
+                else:
+                    one_by_one(ordered)
+                row = conn.execute(RUN_ROW, (events[0].run_id,)).fetchone()
+                conn.rollback()
+                assert row is not None
+                state, seq, _, worker, _, finished, _, error, updated = row
+                assert (state, seq, worker, error) == ("cancelled", 4, "w1", "cancelled by request")
+                assert finished == updated == _ts(scheduled + 1_000)
+                rows[f"{n}-{mode}"] = row
+            assert rows[f"{n}-batch"] == rows[f"{n}-each"] == rows[f"{n}-record"], order
+        dead = conn.execute("SELECT count(*) FROM projector_dead_letters").fetchone()
+        seqs = conn.execute(
+            "SELECT array_agg(seq ORDER BY seq) FROM run_transitions GROUP BY run_id"
+        ).fetchall()
+    finally:
+        conn.close()
+        projector.consumer.close()
+    assert dead == (0,)
+    assert seqs == [([1, 2, 3, 4],)] * 72
+
+
+def test_a_cancel_stamped_before_the_start_ends_the_run(
+    topics: Settings, tmp_path: Path, second_database: str
+) -> None:
+    """On the real topics: the start and, in a later batch, a cancel stamped before it;
+    the run ends `cancelled`, and a fresh replay (what a rebuild does) agrees."""
+    events = skewed_run("skew-live", T_SKEW - 3_600_000)
+    producer = Producer(producer_config(topics))
+
+    def produce(batch: list[RunEvent]) -> None:
+        for event in batch:
+            producer.produce(topic, key=event.job_id.encode(), value=RUN_EVENTS.encode(event))
+        assert producer.flush(10) == 0
+
+    topic = topics.topic("run-events")
+    migrate(topics.database_url)
+    with psycopg.connect(topics.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+    before = row[0] if row else 0
+    projector = ProjectorProc(topics, tmp_path / "skew.log").start()
+    try:
+        produce(events[:3])
+        wait_caught_up(topics.database_url, before + 3)
+        produce(events[3:])
+        wait_caught_up(topics.database_url, before + 4)
+    finally:
+        projector.stop()
+    with psycopg.connect(topics.database_url) as conn:
+        run = conn.execute(RUN_ROW, (events[0].run_id,)).fetchone()
+    assert run is not None
+    assert run[:3] == ("cancelled", 4, 1)
+    transitions = transitions_in_topic(topics, "skew-check")
+    replayed = equals_a_fresh_replay(topics, tmp_path, second_database, transitions)
+    assert [r[4] for r in replayed["runs"] if r[0] == events[0].run_id] == ["cancelled"]
+
+
+def test_an_old_database_is_upgraded_and_its_stuck_runs_repaired(
+    services: Services, tmp_path: Path
+) -> None:
+    """A database of the first schema, with a run the time guard left `running` and a
+    consistent one: migration 0002 numbers every transition and repairs the stuck row."""
+    name = unique_name("upgrade")
+    url, kind = create_database(services.database_url, name)
+    try:
+        first = tmp_path / "first"
+        first.mkdir()
+        shutil.copy(MIGRATIONS_DIR / "0001_contract_tables.sql", first)
+        assert migrate(url, first) == [1]
+        stuck = skewed_run("old-stuck", T_SKEW)
+        fine = [replace(e, at_ms=T_SKEW + i) for i, e in enumerate(skewed_run("old-fine", T_SKEW))]
+        with psycopg.connect(url) as conn:
+            for event in (*stuck, *fine):
+                conn.execute(
+                    "INSERT INTO run_transitions (event_id, run_id, attempt, state, at,"
+                    " worker_id, detail) VALUES (%s, %s, 1, %s, %s, %s, %s)",
+                    (event.event_id, event.run_id, event.state, _ts(event.at_ms),
+                     event.worker_id or None,
+                     Jsonb({"reason": event.reason, "exit_code": None, "trigger": "schedule"})),
+                )  # fmt: skip
+            insert = (
+                "INSERT INTO runs (run_id, job_id, scheduled_at, trigger, state, attempt,"
+                " worker_id, created_at, started_at, finished_at, exit_code, error, updated_at)"
+                " VALUES (%s, %s, %s, 'schedule', %s, 1, 'w1', %s, %s, %s, NULL, %s, %s)"
+            )
+            at = [_ts(e.at_ms) for e in stuck]
+            # What the old guard left: the start (3 s) kept, the cancel (1 s) refused.
+            conn.execute(insert, (stuck[0].run_id, "old-stuck", at[0], "running", at[0], at[2],
+                                  None, None, at[2]))  # fmt: skip
+            fat = [_ts(e.at_ms) for e in fine]
+            conn.execute(insert, (fine[0].run_id, "old-fine", fat[0], "cancelled", fat[0],
+                                  fat[2], fat[3], "cancelled by request", fat[3]))  # fmt: skip
+        assert migrate(url) == [2]
+        with psycopg.connect(url) as conn:
+            repaired = conn.execute(RUN_ROW, (stuck[0].run_id,)).fetchone()
+            kept = conn.execute(RUN_ROW, (fine[0].run_id,)).fetchone()
+            seqs = conn.execute("SELECT event_id, seq FROM run_transitions").fetchall()
+    finally:
+        drop_database(services.database_url, name, kind)
+    assert repaired == (
+        "cancelled", 4, 1, "w1", at[2], at[3], None, "cancelled by request", at[3]
+    )  # fmt: skip
+    assert kept == ("cancelled", 4, 1, "w1", fat[2], fat[3], None, "cancelled by request", fat[3])
+    assert all(event_id.endswith(f"#{seq}") for event_id, seq in seqs)
+    assert len(seqs) == 8
+
+
+def test_event_seq_parses_the_ledger_s_event_ids() -> None:
+    assert event_seq("j@2026-01-01T00:00:00Z#12", "j@2026-01-01T00:00:00Z") == 12
+    assert event_seq("j@manual:r#0", "j@manual:r") == 0
+    for bad in ("j@manual:r", "j@manual:r#", "j@manual:r#-1", "j@manual:r#1a", "k@x#1",
+                "j@manual:r#\u0663"):  # fmt: skip
+        with pytest.raises(ValueError, match="malformed event id"):
+            event_seq(bad, "j@manual:r")

@@ -213,12 +213,20 @@ def jobs_run_now(
 def jobs_backfill(
     job_id: str,
     since: Annotated[str, typer.Option("--from", help="ISO-8601 UTC, inclusive.")],
-    until: Annotated[str, typer.Option("--to", help="ISO-8601 UTC, exclusive.")],
+    until: Annotated[str, typer.Option("--to", help="ISO-8601 UTC, inclusive.")],
+    request_id: Annotated[
+        str | None,
+        typer.Option(help="Idempotency key: the same request sent again creates nothing."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create the runs a job's schedule had between two times before it was registered."""
+    """Create the runs a job's schedule had between two times before it was registered
+    (times an earlier backfill decided are never created twice)."""
+    fields: dict[str, str] = {"from": since, "to": until}
+    if request_id:
+        fields["request_id"] = request_id
     with _service() as service:
-        accepted = service.job_command(ADMIN, job_id, "backfill", **{"from": since, "to": until})
+        accepted = service.job_command(ADMIN, job_id, "backfill", **fields)
     _done(accepted, as_json, f"{job_id}: backfill {since} .. {until} requested")
 
 

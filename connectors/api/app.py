@@ -66,7 +66,7 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def _request_id(request: Request, body: dict[str, Any]) -> dict[str, Any]:
-    """The idempotency key of a run-now or rerun: the body's request_id, else the
+    """The idempotency key of a run-now, rerun or backfill: the body's request_id, else the
     Idempotency-Key header, else none (the service makes one up: not idempotent)."""
     key = body.get("request_id", request.headers.get("idempotency-key"))
     return {"request_id": key} if key else {}
@@ -171,7 +171,7 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
     @app.post("/jobs/{job_id}/backfill", tags=["jobs"], openapi_extra=OBJECT_BODY)
     async def backfill(job_id: str, request: Request, who: User) -> JSONResponse:
         body = await _body(request)
-        fields = {"from": body.get("from"), "to": body.get("to")}
+        fields = {"from": body.get("from"), "to": body.get("to"), **_request_id(request, body)}
         accepted = await run_in_threadpool(service.job_command, who, job_id, "backfill", **fields)
         return _answer(accepted, f"/jobs/{job_id}/runs")
 

@@ -313,13 +313,14 @@ class Service:
         """pause, resume, delete, run_now, backfill of a job the caller may see."""
         self.job(who, job_id)
         doc: dict[str, Any] = {"type": f"job.{kind}", "job_id": job_id, **fields}
-        if kind == "run_now":
+        if kind in ("run_now", "backfill"):
             doc.setdefault("request_id", uuid.uuid4().hex)
         self.send(doc)
         body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
+        if kind in ("run_now", "backfill"):
+            body["request_id"] = doc["request_id"]
         if kind == "run_now":
             body["run_id"] = manual_run_id(job_id, doc["request_id"])
-            body["request_id"] = doc["request_id"]
         if kind in ("pause", "resume", "delete"):
             want = {"pause": ("paused", True), "resume": ("paused", False)}.get(
                 kind, ("deleted", True)

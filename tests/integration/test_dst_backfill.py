@@ -6,6 +6,7 @@ prescribes (design.md section 5)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,71 @@ def test_backfill_across_dst_transitions(topics: Settings, node: Node) -> None:
         assert sorted(found[job_id]) == case[5], job_id
     assert node.alive
     assert Path(node.log).exists()
+
+
+def test_a_backfill_sent_again_creates_nothing(topics: Settings, node: Node) -> None:
+    """Run after the test above: the same backfills, again (once as a new request, once
+    as the same request twice), create no second run of any time."""
+    commands: list[bytes | dict[str, object]] = []
+    for job_id, (_, _, _, start, end, _) in CASES.items():
+        for request in ("again", "again", "once-more"):
+            commands.append(
+                {
+                    "type": "job.backfill",
+                    "job_id": job_id,
+                    "from": start,
+                    "to": end,
+                    "request_id": request,
+                }
+            )
+    send_commands(topics, commands)
+    events = EventReader(topics, "backfill-again")
+    try:
+        events.poll_for(8)
+        backfilled = [
+            e.run_id
+            for e, _ in events.run_events()
+            if e.state == "due" and e.trigger == "backfill" and e.job_id in CASES
+        ]
+    finally:
+        events.close()
+    assert len(backfilled) == sum(len(case[5]) for case in CASES.values())
+    assert len(set(backfilled)) == len(backfilled)
+
+
+def test_a_one_off_registered_after_its_time_leaves_a_run_event(
+    topics: Settings, node: Node
+) -> None:
+    now = datetime.now(UTC)
+    just_passed = (now - timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    long_passed = (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    jobs = {"once-late": (just_passed, "run_once"), "once-stale": (long_passed, "skip")}
+    send_commands(
+        topics,
+        [
+            {
+                "type": "job.upsert",
+                "job_id": job_id,
+                "owner": "t",
+                "schedule": {"at": at},
+                "misfire": misfire,
+                "command": ["true"],
+            }
+            for job_id, (at, misfire) in jobs.items()
+        ],
+    )
+    events = EventReader(topics, "one-off-check")
+    try:
+
+        def first_states() -> dict[str, str]:
+            found: dict[str, str] = {}
+            for e, _ in events.run_events():
+                if e.job_id in jobs:
+                    found.setdefault(e.job_id, e.state)
+            return found
+
+        events.wait_until(lambda: len(first_states()) == 2, 60, "a run event of each one-off")
+        states = first_states()
+    finally:
+        events.close()
+    assert states == {"once-late": "due", "once-stale": "skipped"}

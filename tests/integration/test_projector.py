@@ -6,22 +6,29 @@ to the dead-letter table with its topic, partition and offset."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from psycopg.types.json import Jsonb
 
 from connectors.stack import Stack, StackPaths
-from projections.migrate import migrate
+from projections.migrate import MIGRATIONS_DIR, migrate
+from projections.projector import Batch, Projector, _ts
 from schemas.codec import RUN_EVENTS, RUN_LOG
+from streams.core.ids import scheduled_run_id
+from streams.core.records import RunEvent, RunStateName
+from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.kafka import SYNTHETIC_T0, produce_runs, synthetic_run
@@ -35,6 +42,7 @@ from tests.support.nodes import (
     send_commands,
 )
 from tests.support.services import Services
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 TABLES = {
@@ -322,8 +330,9 @@ def skewed_run(job_id: str, scheduled: int) -> list[RunEvent]:
         ("cancelled", scheduled + 1_000, "w1", "cancelled by request"),  # ingress's clock
     ]
     return [
-        RunEvent(f"{run_id}#{seq}", job_id, run_id, scheduled, "schedule", 1, state, at, worker,
-                 reason)  # fmt: skip
+        RunEvent(
+            f"{run_id}#{seq}", job_id, run_id, scheduled, "schedule", 1, state, at, worker, reason
+        )
         for seq, (state, at, worker, reason) in enumerate(steps, start=1)
     ]
 
@@ -387,7 +396,7 @@ def test_run_rows_end_in_the_state_of_the_highest_seq_in_any_order(
     try:
         for n, order in enumerate(itertools.permutations(range(4))):
             for mode in ("batch", "each", "record"):
-                scheduled = T_SKEW + (n * 3 + ("batch", "each", "record").index(mode)) * 60_000
+                scheduled = T_SKEW + n * 60_000
                 events = skewed_run(f"skew-{mode}", scheduled)
                 ordered = messages(events[i] for i in order)
                 if mode == "batch":
@@ -446,9 +455,23 @@ def test_a_cancel_stamped_before_the_start_ends_the_run(
         run = conn.execute(RUN_ROW, (events[0].run_id,)).fetchone()
     assert run is not None
     assert run[:3] == ("cancelled", 4, 1)
-    transitions = transitions_in_topic(topics, "skew-check")
-    replayed = equals_a_fresh_replay(topics, tmp_path, second_database, transitions)
-    assert [r[4] for r in replayed["runs"] if r[0] == events[0].run_id] == ["cancelled"]
+    # A fresh replay of the topics (what a rebuild does) ends in the same row.
+    replay = ProjectorProc(topics.with_(database_url=second_database), tmp_path / "replay.log")
+    replay.start()
+    count = "SELECT count(*) FROM run_transitions WHERE run_id = %s"
+    try:
+        eventually(lambda: _one(second_database, count, events[0].run_id) == (4,), "the replay")
+    finally:
+        replay.stop()
+    assert _one(second_database, RUN_ROW, events[0].run_id) == run
+
+
+def _one(url: str, query: str, *params: Any) -> tuple[Any, ...] | None:
+    try:
+        with psycopg.connect(url) as conn:
+            return conn.execute(query, params).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return None  # not migrated yet
 
 
 def test_an_old_database_is_upgraded_and_its_stuck_runs_repaired(
@@ -464,16 +487,24 @@ def test_an_old_database_is_upgraded_and_its_stuck_runs_repaired(
         shutil.copy(MIGRATIONS_DIR / "0001_contract_tables.sql", first)
         assert migrate(url, first) == [1]
         stuck = skewed_run("old-stuck", T_SKEW)
-        fine = [replace(e, at_ms=T_SKEW + i) for i, e in enumerate(skewed_run("old-fine", T_SKEW))]
+        fine = [
+            dataclasses.replace(e, at_ms=T_SKEW + i)
+            for i, e in enumerate(skewed_run("old-fine", T_SKEW))
+        ]
         with psycopg.connect(url) as conn:
             for event in (*stuck, *fine):
                 conn.execute(
                     "INSERT INTO run_transitions (event_id, run_id, attempt, state, at,"
                     " worker_id, detail) VALUES (%s, %s, 1, %s, %s, %s, %s)",
-                    (event.event_id, event.run_id, event.state, _ts(event.at_ms),
-                     event.worker_id or None,
-                     Jsonb({"reason": event.reason, "exit_code": None, "trigger": "schedule"})),
-                )  # fmt: skip
+                    (
+                        event.event_id,
+                        event.run_id,
+                        event.state,
+                        _ts(event.at_ms),
+                        event.worker_id or None,
+                        Jsonb({"reason": event.reason, "exit_code": None, "trigger": "schedule"}),
+                    ),
+                )
             insert = (
                 "INSERT INTO runs (run_id, job_id, scheduled_at, trigger, state, attempt,"
                 " worker_id, created_at, started_at, finished_at, exit_code, error, updated_at)"
@@ -481,11 +512,11 @@ def test_an_old_database_is_upgraded_and_its_stuck_runs_repaired(
             )
             at = [_ts(e.at_ms) for e in stuck]
             # What the old guard left: the start (3 s) kept, the cancel (1 s) refused.
-            conn.execute(insert, (stuck[0].run_id, "old-stuck", at[0], "running", at[0], at[2],
-                                  None, None, at[2]))  # fmt: skip
+            stuck_row = ("running", at[0], at[2], None, None, at[2])
+            conn.execute(insert, (stuck[0].run_id, "old-stuck", at[0], *stuck_row))
             fat = [_ts(e.at_ms) for e in fine]
-            conn.execute(insert, (fine[0].run_id, "old-fine", fat[0], "cancelled", fat[0],
-                                  fat[2], fat[3], "cancelled by request", fat[3]))  # fmt: skip
+            fine_row = ("cancelled", fat[0], fat[2], fat[3], "cancelled by request", fat[3])
+            conn.execute(insert, (fine[0].run_id, "old-fine", fat[0], *fine_row))
         assert migrate(url) == [2]
         with psycopg.connect(url) as conn:
             repaired = conn.execute(RUN_ROW, (stuck[0].run_id,)).fetchone()
@@ -493,18 +524,7 @@ def test_an_old_database_is_upgraded_and_its_stuck_runs_repaired(
             seqs = conn.execute("SELECT event_id, seq FROM run_transitions").fetchall()
     finally:
         drop_database(services.database_url, name, kind)
-    assert repaired == (
-        "cancelled", 4, 1, "w1", at[2], at[3], None, "cancelled by request", at[3]
-    )  # fmt: skip
+    assert repaired == ("cancelled", 4, 1, "w1", at[2], at[3], None, "cancelled by request", at[3])
     assert kept == ("cancelled", 4, 1, "w1", fat[2], fat[3], None, "cancelled by request", fat[3])
     assert all(event_id.endswith(f"#{seq}") for event_id, seq in seqs)
     assert len(seqs) == 8
-
-
-def test_event_seq_parses_the_ledger_s_event_ids() -> None:
-    assert event_seq("j@2026-01-01T00:00:00Z#12", "j@2026-01-01T00:00:00Z") == 12
-    assert event_seq("j@manual:r#0", "j@manual:r") == 0
-    for bad in ("j@manual:r", "j@manual:r#", "j@manual:r#-1", "j@manual:r#1a", "k@x#1",
-                "j@manual:r#\u0663"):  # fmt: skip
-        with pytest.raises(ValueError, match="malformed event id"):
-            event_seq(bad, "j@manual:r")

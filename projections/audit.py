@@ -224,6 +224,7 @@ Source: TypeAlias = Literal["run-events", "job-log"]
 _NEW_ATTEMPT_FROM: Final = frozenset({"retrying", *FINAL_STATES})
 _NEW_ATTEMPT_INTO: Final = frozenset({"due", "waiting"})
 _LIVE_AT_CREATION: Final = frozenset({"due", "waiting"})
+_FIRST_STATES: Final = TRANSITIONS[None]
 # Concurrency policies under which a firing is not created beside a live run.
 _EXCLUSIVE: Final = frozenset({"forbid", "replace"})
 
@@ -376,13 +377,11 @@ class _Run:
         "started",
         "starts",
         "state",
-        "trigger",
     )
 
     def __init__(self, event: RunEvent, seq: int, partition: int, offset: int) -> None:
         self.job_id = event.job_id
         self.scheduled_ms = event.scheduled_ms
-        self.trigger = event.trigger
         self.state = event.state
         self.attempt = event.attempt
         self.seq = seq
@@ -411,12 +410,14 @@ class _Job:
     # scheduled_ms -> (run_id, created at_ms, partition, offset) of non-manual runs
     fires: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)
     live: int = 0  # runs seen that are not final
+    forbid: bool = False  # the newest spec's concurrency is `forbid`
     # (scheduled_ms, at_ms) of every final transition of a non-manual run, at_ms negated
     # minus one when not succeeded: the outcomes it notifies to its dependents.
     finals: array[int] = field(default_factory=lambda: array("q"))
     # (scheduled_ms, at_ms) of every `running` event while the job forbids concurrency;
-    # once sealed, the scheduled times sorted and the earliest start from each on.
-    starts: array[int] | None = None
+    # once sealed, the scheduled times sorted, and in `start_min` the earliest start of
+    # the runs from each on.
+    starts: array[int] = field(default_factory=lambda: array("q"))
     start_min: array[int] | None = None
 
 
@@ -450,7 +451,6 @@ class Auditor:
         self._job_events = 0
         self._undecodable = 0
         self._last_ms: int | None = None
-        self._newest: dict[int, int] = {}  # partition -> its newest event time
         self._workers: dict[str, str] = {}  # one string object per worker id
         # Runs first seen mid-life -> their first attempt seen (reports up to it unjudged).
         self._midlife: dict[str, int] = {}
@@ -464,14 +464,9 @@ class Auditor:
     # -- input ------------------------------------------------------------------------------
     def record(self, event: RunEvent | JobEvent, partition: int, offset: int) -> None:
         """One decoded event, in log order, with where it came from."""
-        if self._sealed:
-            raise RuntimeError("Auditor.record after Auditor.report: run-events come first")
         self._events += 1
-        at = event.at_ms
-        if self._last_ms is None or at > self._last_ms:
-            self._last_ms = at
-        if at > self._newest.get(partition, at - 1):
-            self._newest[partition] = at
+        if self._last_ms is None or event.at_ms > self._last_ms:
+            self._last_ms = event.at_ms
         job = self._jobs.get(event.job_id)
         if job is None:
             job = self._jobs[event.job_id] = _Job(event.job_id, partition, offset)
@@ -482,18 +477,18 @@ class Auditor:
             job.timeline.append((event.kind, event.at_ms, event.spec))
             if event.kind == "upserted" and event.spec is not None:
                 job.spec = event.spec
+                job.forbid = event.spec.concurrency == "forbid"
             return
         self._run_event(job, event, partition, offset)
+
+    def _record_after_seal(self, event: RunEvent | JobEvent, partition: int, offset: int) -> None:
+        raise RuntimeError("Auditor.record after Auditor.report: run-events come first")
 
     def undecodable(self, partition: int, offset: int, error: str, key: bytes | None) -> None:
         """A record that is not a run-events record: counted and reported, never fatal."""
         self._undecodable += 1
         job_id = key.decode("utf-8", "replace") if key else ""
         self._violate("undecodable", job_id, "", partition, offset, error)
-
-    def newest_ms(self, partition: int) -> int | None:
-        """The newest event time read from this partition of run-events."""
-        return self._newest.get(partition)
 
     def report(
         self, inp: LedgerInput, partition: int, offset: int, *, decided: bool = True
@@ -590,69 +585,91 @@ class Auditor:
             )
             return
         seq = int(tail)
+        state, attempt = e.state, e.attempt
         # A rerun of a skipped run (seq 0) is seq 1 too, but with attempt 2.
-        creation = seq <= 1 and e.state in TRANSITIONS[None] and e.attempt == 1
+        creation = seq <= 1 and state in _FIRST_STATES and attempt == 1
         run = self._runs.get(e.run_id)
         if run is None:
             self._create(job, e, seq, creation, partition, offset)
             return
-        attempt_bit = _bit(e.attempt)
+        attempt_bit = 1 << attempt if 0 <= attempt < _MAX_TRACKED else 0
+        seq_bit = 1 << seq if 0 <= seq < _MAX_TRACKED else 0
         kind: ViolationKind | None = None
         detail = ""
-        if e.state == "dispatched" and run.claimed & attempt_bit:
-            kind, detail = "double_claim", f"attempt {e.attempt} dispatched again (seq {seq})"
-        elif e.state == "running" and run.started & attempt_bit:
-            kind, detail = "double_start", f"attempt {e.attempt} started again (seq {seq})"
+        if state == "dispatched" and run.claimed & attempt_bit:
+            kind, detail = "double_claim", f"attempt {attempt} dispatched again (seq {seq})"
+        elif state == "running" and run.started & attempt_bit:
+            kind, detail = "double_start", f"attempt {attempt} started again (seq {seq})"
         elif creation:
-            kind, detail = "duplicate_run", f"created again ({e.state}, seq {seq})"
-        elif run.seqs & _bit(seq):
-            kind, detail = "duplicate_run", f"seq {seq} repeated ({e.state})"
+            kind, detail = "duplicate_run", f"created again ({state}, seq {seq})"
+        elif run.seqs & seq_bit:
+            kind, detail = "duplicate_run", f"seq {seq} repeated ({state})"
         elif seq < run.seq:
             kind = "illegal_transition"
-            detail = f"out-of-order seq {seq} after seq {run.seq} ({e.state})"
+            detail = f"out-of-order seq {seq} after seq {run.seq} ({state})"
         elif seq > run.seq + 1:
             kind = "illegal_transition"
-            detail = f"seq gap: {run.seq} -> {seq} ({run.state} -> {e.state})"
+            detail = f"seq gap: {run.seq} -> {seq} ({run.state} -> {state})"
         elif seq == run.seq + 1:
-            detail = self._check_transition(run, e)
-            kind = "illegal_transition" if detail else None
+            before = run.state
+            if state not in TRANSITIONS.get(before, ()) or attempt != (
+                run.attempt + 1
+                if state in _NEW_ATTEMPT_INTO and before in _NEW_ATTEMPT_FROM
+                else run.attempt
+            ):
+                kind, detail = "illegal_transition", self._check_transition(run, e)
         if kind is not None:
             self._violate(kind, e.job_id, e.run_id, partition, offset, detail)
-        state = e.state
         if state == "dispatched":
             run.claimed |= attempt_bit
-            self._grant(run, e.attempt, e.worker_id, _HELD)
+            grants, worker = run.grants, e.worker_id
+            if grants is None and attempt_bit and worker:  # the common first claim
+                run.grants = self._workers.get(worker) or self._intern(worker)
+                run.gbits = _HELD << (2 * attempt)
+            elif grants == worker and attempt_bit:
+                run.gbits |= _HELD << (2 * attempt)
+            else:
+                self._grant(run, attempt, worker, _HELD)
         elif state == "running":
             if run.started and not run.started & attempt_bit:  # a later attempt's start
-                run.starts = (*(run.starts or ()), e.attempt, e.at_ms)
+                run.starts = (*(run.starts or ()), attempt, e.at_ms)
             run.started |= attempt_bit
-            self._grant(run, e.attempt, e.worker_id, _RAN)
-            self._job_start(job, e)
-            if kind is None:
-                self._start_lateness(e)
+            if run.grants == e.worker_id and attempt_bit:
+                run.gbits |= _RAN << (2 * attempt)
+            else:
+                self._grant(run, attempt, e.worker_id, _RAN)
+            if job.forbid:
+                job.starts.extend((e.scheduled_ms, e.at_ms))
+            if kind is None and attempt == 1 and e.trigger != "backfill":
+                self._lateness.append(e.at_ms - e.scheduled_ms)
+        elif state in FINAL_STATES:
+            if e.trigger != "manual":
+                at = e.at_ms
+                job.finals.extend((e.scheduled_ms, at if state == "succeeded" else -at - 1))
+            if e.exit_code is not None and kind is None and run.state == "dispatched":
+                # The holder's outcome, accepted while it held the claim: it ran the
+                # attempt (its start report was lost or came late).
+                self._grant(run, attempt, e.worker_id, _RAN)
         elif state == "due" and kind is None and run.state == "dispatched":
             # The claim was given back before the start: the attempt may be claimed again.
             run.claimed &= ~attempt_bit
             run.released += 1
         elif (
-            e.exit_code is not None
+            state == "retrying"
+            and e.exit_code is not None
             and kind is None
             and run.state == "dispatched"
-            and e.attempt == run.attempt
         ):
-            # The holder's outcome, accepted while it held the claim: it ran the attempt
-            # (its start report was lost or came late).
-            self._grant(run, e.attempt, e.worker_id, _RAN)
-        if state in FINAL_STATES and e.trigger != "manual":
-            job.finals.extend((e.scheduled_ms, e.at_ms if state == "succeeded" else -e.at_ms - 1))
-        run.seqs |= _bit(seq)
+            self._grant(run, attempt, e.worker_id, _RAN)  # as for a final outcome
+        run.seqs |= seq_bit
         if seq > run.seq:
-            was_final = run.state in FINAL_STATES
-            if was_final != (state in FINAL_STATES):
-                job.live += 1 if was_final else -1
-            if state in _NEW_ATTEMPT_INTO and was_final:
-                run.since_ms = e.at_ms  # a rerun, a revival: a new life
-            run.seq, run.state, run.attempt = seq, state, e.attempt
+            if run.state in FINAL_STATES:
+                if state not in FINAL_STATES:
+                    job.live += 1
+                    run.since_ms = e.at_ms  # a rerun, a revival: a new life
+            elif state in FINAL_STATES:
+                job.live -= 1
+            run.seq, run.state, run.attempt = seq, state, attempt
             run.partition, run.offset = partition, offset
 
     def _create(
@@ -701,7 +718,8 @@ class Auditor:
         elif e.state == "running":
             run.started = _bit(e.attempt)
             self._grant(run, e.attempt, e.worker_id, _RAN)
-            self._job_start(job, e)
+            if job.forbid:
+                job.starts.extend((e.scheduled_ms, e.at_ms))
         if creation and (seq == 0) == (e.state == "skipped") and e.attempt == 1:
             return
         self._midlife[e.run_id] = e.attempt  # its earlier attempts are not in the replay
@@ -740,10 +758,14 @@ class Auditor:
             self._lateness.append(e.at_ms - e.scheduled_ms)
 
     # -- who held and ran each attempt ----------------------------------------------------------
+    def _intern(self, worker: str) -> str:
+        """One string object per worker id, shared by the runs it held."""
+        return self._workers.setdefault(worker, worker)
+
     def _grant(self, run: _Run, attempt: int, worker: str, flag: int) -> None:
         if not worker or not 0 < attempt < _MAX_TRACKED:
             return
-        worker = self._workers.setdefault(worker, worker)
+        worker = self._intern(worker)
         grants = run.grants
         if grants is None:
             run.grants, run.gbits = worker, flag << (2 * attempt)
@@ -767,17 +789,12 @@ class Auditor:
                 entries = [x for x in entries if x not in found] + [merged]
             run.grants, run.gbits = tuple(entries), 0
 
-    def _job_start(self, job: _Job, e: RunEvent) -> None:
-        if job.spec is not None and job.spec.concurrency == "forbid":
-            if job.starts is None:
-                job.starts = array("q")
-            job.starts.extend((e.scheduled_ms, e.at_ms))
-
     def _seal(self) -> None:
         """Run-events are complete: index what the reports are judged against."""
         self._sealed = True
+        self.record = self._record_after_seal  # type: ignore[method-assign]
         for job in self._jobs.values():
-            if job.starts is None:
+            if not job.starts:
                 continue
             pairs = sorted(zip(job.starts[::2], job.starts[1::2], strict=True))
             earliest = array("q", (at for _, at in pairs))
@@ -800,7 +817,7 @@ class Auditor:
                 later = (start, attempt)
         if later is not None:
             what = f"attempt {later[1]} started at {iso_utc(later[0])}"
-        elif job.starts is not None and job.start_min is not None:
+        elif job.start_min is not None:
             i = bisect.bisect_right(job.starts, run.scheduled_ms)
             if i == len(job.starts) or job.start_min[i] >= end:
                 return

@@ -13,6 +13,17 @@ run's deadline passed. Proposals are only proposals: a duplicate, a stale one or
 zombie's is rejected by the ledger, so a proposal that has not been answered by a state
 change is simply repeated after `repeat_ms`.
 
+One clock: "due" means due by the broker's time, not this node's wall clock (a node 10
+minutes ahead would propose everything 10 minutes early, wasted on the ledger's "too
+early"; one behind would propose late: misfires). The clock is a `BrokerClock`
+(streams/core/clock.py), a lower bound of the broker's time fed by the delivery reports
+of the node's proposals (job-log has LogAppendTime) and by the heartbeats workers send
+(also LogAppendTime, read from their end), which keep it fed while the node has nothing
+to propose. Before its first sample it falls back to the wall clock; if proposals were
+made that way and the wall clock turns out to be off, the timers they left (repeats
+scheduled by a wrong clock) are rebuilt from the committed state, as after an
+assignment.
+
 Why not a Faust agent and table: a Faust table cannot follow a topic another process
 writes (it only reads its changelog during recovery), and Faust consumes
 read_uncommitted outside its exactly_once mode, which would expose the ledger's aborted
@@ -28,9 +39,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
+from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.duequeue import DueQueue
 from streams.core.proposals import (
     Allowance,
@@ -46,6 +67,9 @@ from streams.settings import Settings
 log = logging.getLogger("cronlog.scheduler")
 
 Clock = Callable[[], int]
+# A wall clock this far off the broker's makes the proposals made by it before the first
+# broker sample worth redoing (their repeats would come that much late).
+RESYNC_SKEW_MS = 1000
 
 
 def wall_clock_ms() -> int:
@@ -71,22 +95,31 @@ class Scheduler:
         settings: Settings,
         node_id: str,
         config: SchedulerConfig = SchedulerConfig(),
-        clock: Clock = wall_clock_ms,
+        clock: Clock | None = None,
     ):
+        """`clock`: the time to propose by; by default the broker's (see the module)."""
         self.settings = settings
         self.node_id = node_id
         self.config = config
-        self.clock = clock
+        self.broker = BrokerClock()
+        self.clock = clock or self._broker_now
+        self._own_clock = clock is None
+        self._unsynced = False  # proposals were made by the fallback wall clock
         self.jobs_topic = settings.topic("jobs")
         self.runs_topic = settings.topic("runs")
         self.job_log = settings.topic("job-log")
         self.timers: dict[int, PartitionTimers] = {}
-        self.early = Allowance(config.proposals.early_per_s, clock())
+        self.early = Allowance(config.proposals.early_per_s, self.clock())
         self._turn = 0
         self.proposed = 0
         self._stop = threading.Event()
         self.consumer = Consumer(consumer_config(settings, settings.group("scheduler")))
         self.producer = Producer(producer_config(settings))
+        # Heartbeats, from their end, only for their broker stamps: the clock's samples
+        # while this node has nothing to propose.
+        self.beats = Consumer(
+            consumer_config(settings, None, **{"isolation.level": "read_uncommitted"})
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -98,16 +131,81 @@ class Scheduler:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+        beats = self.settings.topic("heartbeats")
+        self.beats.assign(
+            [TopicPartition(beats, p, OFFSET_END) for p in range(self.settings.partitions)]
+        )
         try:
             while not self._stop.is_set():
                 for msg in self.consumer.consume(2000, timeout=self.config.tick_s):
                     if msg.error() is None:
                         self._follow(msg)
+                self._read_beats()
+                self.producer.poll(0)  # delivery reports: samples of the broker's time
+                self._resync()
                 self._propose(self.clock())
-                self.producer.poll(0)
         finally:
             self.producer.flush(10)
             self.consumer.close()
+            self.beats.close()
+
+    # -- the broker's time ------------------------------------------------------------------
+    def _broker_now(self) -> int:
+        now = self.broker.now_ms(time.monotonic())
+        return wall_clock_ms() if now is None else now
+
+    def _observe(self, stamp: int | None) -> None:
+        if stamp is None:
+            return
+        first = not self.broker.synced
+        self.broker.observe(stamp, time.monotonic())
+        if first:
+            skew_s = (wall_clock_ms() - (self.broker.now_ms(time.monotonic()) or 0)) / 1000
+            log.log(
+                logging.WARNING if abs(skew_s) >= 1 else logging.INFO,
+                "scheduler %s: broker clock synced; this machine's clock is %.3f s %s the "
+                "broker's, proposals follow the broker's",
+                self.node_id,
+                abs(skew_s),
+                "ahead of" if skew_s >= 0 else "behind",
+            )
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._observe(broker_stamp(msg.timestamp()))
+
+    def _read_beats(self) -> None:
+        newest: int | None = None
+        for msg in self.beats.consume(1000, timeout=0):
+            if msg.error() is None:
+                stamp = broker_stamp(msg.timestamp())
+                if stamp is not None and (newest is None or stamp > newest):
+                    newest = stamp
+        self._observe(newest)
+
+    def _resync(self) -> None:
+        """Proposals made by the fallback wall clock before the first broker sample left
+        timers set by that clock: if it is off, rebuild them from the committed state."""
+        if not self._unsynced or not self.broker.synced:
+            return
+        self._unsynced = False
+        skew = abs(wall_clock_ms() - self._broker_now())
+        if skew < RESYNC_SKEW_MS:
+            return
+        log.warning(
+            "scheduler %s proposed by a wall clock %.1f s off the broker's before it knew "
+            "the broker's time: rebuilding its timers",
+            self.node_id,
+            skew / 1000,
+        )
+        for tp in self.consumer.assignment():
+            try:
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
+            except KafkaException as exc:  # keep the timers it has: late, not lost
+                log.error("cannot reread %s[%d] (%s)", tp.topic, tp.partition, exc)
+                continue
+            self.timers[tp.partition] = PartitionTimers(FireTimers(self.config.proposals))
+        self.early = Allowance(self.config.proposals.early_per_s, self._broker_now())
 
     # -- assignment: rebuild from the beginning of the committed state --------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -182,5 +280,12 @@ class Scheduler:
                 timers.deadlines.set(run_id, now + repeat)
 
     def _send(self, job_id: str, record: FireProposed | DeadlineReached) -> None:
-        self.producer.produce(self.job_log, key=job_id.encode(), value=JOB_LOG.encode(record))
+        if self._own_clock and not self.broker.synced:
+            self._unsynced = True
+        self.producer.produce(
+            self.job_log,
+            key=job_id.encode(),
+            value=JOB_LOG.encode(record),
+            on_delivery=self._delivered,
+        )
         self.proposed += 1

@@ -20,18 +20,30 @@ killed, the worker notices (its pipe closes) and kills the job groups it was tol
 
 Protocol (JSON lines). The worker writes to stdin:
   {"op": "start", "key": [run_id, attempt], "run_dir", "argv", "env", "timeout_s",
-   "memory_mb", "start_at_ms", "need": [cpu, memory_mb, gpu]}
+   "memory_mb", "start_at_ms", "start_at_mono", "need": [cpu, memory_mb, gpu]}
   {"op": "cancel", "key": [...]}
+A run starts at `start_at_mono`, an instant of CLOCK_MONOTONIC (system-wide on Linux):
+the worker translates the run's start time, which is broker time, into it with its
+broker clock (streams/core/clock.py), so a wrong wall clock cannot start a run early.
+Without it, `start_at_ms` is a time on this machine's wall clock, translated on receipt.
 This process writes to stdout, and appends to `--log` (so a restarted worker can read the
 outcome of what an earlier incarnation ran):
-  {"ev": "started", "key", "pid", "started_ms"}
+  {"ev": "started", "key", "pid", "started_ms", "started_mono"}
   {"ev": "finished", "key", "result": {outcome, exit_code, signal, started_ms,
-   finished_ms, error}}
+   finished_ms, started_mono, finished_mono, error}}
+(times twice: epoch ms of this machine's wall clock, and CLOCK_MONOTONIC seconds, which
+the worker turns into broker time.)
   {"ev": "tick"} every half second (the worker's sign that this process is alive).
 Outcomes: exited (by itself, any code), timeout, cancelled, fenced (lease expired after
 the start), error (could not start), not_started (never started and never will be:
 fenced, cancelled, or no room within `--start-wait-s` of its start time, or the worker
 went away before its time; the worker gives such a run back for dispatch).
+
+The lease file holds a deadline on CLOCK_MONOTONIC, `monotonic SECONDS` (`lease_text`;
+the worker's heartbeat thread writes it): the worker measures its lease against itself,
+and a step of the wall clock (NTP) neither stretches it (a cut-off worker's jobs would
+outlive the failure detector's verdict) nor cuts it short. A bare integer is the
+wall-clock form (`lease.write_lease`, epoch ms), still honoured.
 
 Resources at the start: a run whose start time has come starts only if what the running
 jobs reserve leaves room for it (cpu, memory, gpu of the worker); otherwise it waits, in
@@ -84,6 +96,31 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+MONOTONIC_LEASE: Final = "monotonic"
+
+
+def lease_text(deadline_mono: float) -> bytes:
+    """A lease alive until `deadline_mono` on CLOCK_MONOTONIC (what the worker writes)."""
+    return f"{MONOTONIC_LEASE} {deadline_mono:.6f}\n".encode("ascii")
+
+
+def lease_holds(path: Path) -> bool:
+    """Whether the lease in `path` is alive now: a monotonic deadline (`lease_text`), or
+    an epoch-ms deadline on the wall clock (`lease.write_lease`). Missing or unreadable:
+    not alive."""
+    try:
+        words = path.read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        if len(words) == 2 and words[0] == MONOTONIC_LEASE:
+            return time.monotonic() < float(words[1])
+    except ValueError:
+        return False
+    deadline = read_lease(path)
+    return deadline is not None and now_ms() < deadline
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     lease_file: Path
@@ -104,9 +141,11 @@ class Job:
     memory_mb: int
     start_at_ms: int
     need: tuple[float, float, float]
+    start_mono: float = 0.0  # when it may start, on CLOCK_MONOTONIC
     state: str = "pending"  # pending | queued | running | stopping
     pid: int = 0
     started_ms: int | None = None
+    started_mono: float | None = None
     queued_mono: float = 0.0
     status: int | None = None  # the leader's wait status, once reaped
     outcome: str = ""
@@ -121,7 +160,7 @@ class Engine:
         self.config = config
         self.jobs: dict[Key, Job] = {}
         self.by_pid: dict[int, Job] = {}
-        self.starts: list[tuple[int, Key]] = []  # (start_at_ms, key) heap
+        self.starts: list[tuple[float, Key]] = []  # (monotonic start, key) heap
         self.timeouts: list[tuple[float, Key]] = []  # (monotonic deadline, key) heap
         self.queue: deque[Key] = deque()  # due, waiting for room
         self.stopping: set[Key] = set()  # being killed: checked every pass
@@ -178,7 +217,7 @@ class Engine:
             return 0.0
         sleep = TICK_S
         if self.starts:
-            sleep = min(sleep, max(0.0, (self.starts[0][0] - now_ms()) / 1000))
+            sleep = min(sleep, max(0.0, self.starts[0][0] - time.monotonic()))
         return sleep
 
     def step(self) -> None:
@@ -210,13 +249,11 @@ class Engine:
         failure detector to have given up on the worker meanwhile."""
         if time.monotonic() - pass_began > self.config.max_gap_s:
             return False
-        deadline = read_lease(self.config.lease_file)
-        return deadline is not None and now_ms() < deadline
+        return lease_holds(self.config.lease_file)
 
     def _lease_valid(self, mono: float) -> bool:
         if mono - self.last_lease_check >= TICK_S or not self.lease_ok:
-            deadline = read_lease(self.config.lease_file)
-            self.lease_ok = deadline is not None and now_ms() < deadline
+            self.lease_ok = lease_holds(self.config.lease_file)
             self.lease_seen = self.lease_seen or self.lease_ok
             self.last_lease_check = mono
         return self.lease_ok
@@ -251,12 +288,13 @@ class Engine:
                 int(op.get("memory_mb") or 0),
                 int(op["start_at_ms"]),
                 _vector(op.get("need")),
+                _start_mono(op),
             )
             self.jobs[key] = job
             if self.orphaned or self.stopping_all:
                 self._finish(job, "not_started", "the worker is going away")
                 return
-            heapq.heappush(self.starts, (job.start_at_ms, key))
+            heapq.heappush(self.starts, (job.start_mono, key))
         elif op["op"] == "cancel":
             held = self.jobs.get(key)
             if held is None:
@@ -276,8 +314,7 @@ class Engine:
 
     # -- starting ------------------------------------------------------------------------
     def _start_due(self, mono: float) -> None:
-        now = now_ms()
-        while self.starts and self.starts[0][0] <= now:
+        while self.starts and self.starts[0][0] <= time.monotonic():
             _, key = heapq.heappop(self.starts)
             job = self.jobs.get(key)
             if job is not None and job.state == "pending":
@@ -333,7 +370,7 @@ class Engine:
             self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
             return
         job.pid, job.state = pid, "running"
-        job.started_ms = now_ms()
+        job.started_ms, job.started_mono = now_ms(), time.monotonic()
         for i, n in enumerate(job.need):
             self.in_use[i] += n
         self.by_pid[pid] = job
@@ -343,7 +380,15 @@ class Engine:
             # hundreds of runs a second would be millions. Keep the live ones only.
             self.timeouts = [t for t in self.timeouts if t[1] in self.jobs]
             heapq.heapify(self.timeouts)
-        self._emit({"ev": "started", "key": job.key, "pid": job.pid, "started_ms": job.started_ms})
+        self._emit(
+            {
+                "ev": "started",
+                "key": job.key,
+                "pid": job.pid,
+                "started_ms": job.started_ms,
+                "started_mono": job.started_mono,
+            }
+        )
 
     # -- watching ------------------------------------------------------------------------
     def _reap(self) -> None:
@@ -413,6 +458,8 @@ class Engine:
             "signal": sig,
             "started_ms": job.started_ms,
             "finished_ms": now_ms(),
+            "started_mono": job.started_mono,
+            "finished_mono": time.monotonic(),
             "error": error,
         }
         del self.jobs[job.key]
@@ -441,6 +488,15 @@ class Engine:
             del self.outbuf[:written]
         if final:
             self.log.close()
+
+
+def _start_mono(op: dict[str, Any]) -> float:
+    """When a run may start, on CLOCK_MONOTONIC: as the worker said, or else its wall
+    clock start time translated now."""
+    at = op.get("start_at_mono")
+    if at is not None:
+        return float(at)
+    return time.monotonic() + (int(op["start_at_ms"]) - now_ms()) / 1000
 
 
 def _vector(raw: object) -> tuple[float, float, float]:

@@ -36,15 +36,25 @@ class StartSpec:
     env: dict[str, str]
     timeout_s: float
     memory_mb: int
-    start_at_ms: int
+    start_at_ms: int  # the run's start time, epoch ms
     need: tuple[float, float, float]
+    # When to start it, on CLOCK_MONOTONIC: the worker's broker clock translates the
+    # start time (broker time) into it. None: when this machine's wall clock reaches
+    # start_at_ms.
+    start_at_mono: float | None = None
+
+    def start_mono(self) -> float:
+        if self.start_at_mono is not None:
+            return self.start_at_mono
+        return time.monotonic() + (self.start_at_ms - time.time() * 1000) / 1000
 
 
 @dataclass(frozen=True, slots=True)
 class Started:
     key: Key
     pid: int
-    started_ms: int
+    started_ms: int  # this machine's wall clock
+    started_mono: float | None = None  # CLOCK_MONOTONIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +63,21 @@ class Finished:
     outcome: str  # exited | timeout | cancelled | fenced | error | not_started
     exit_code: int | None
     signal: int | None
-    started_ms: int | None
+    started_ms: int | None  # this machine's wall clock
     finished_ms: int
     error: str
+    started_mono: float | None = None  # CLOCK_MONOTONIC
+    finished_mono: float | None = None
 
     @staticmethod
     def of(key: Key, result: dict[str, object]) -> Finished:
         def opt(name: str) -> int | None:
             value = result.get(name)
             return int(value) if isinstance(value, int) else None
+
+        def mono(name: str) -> float | None:
+            value = result.get(name)
+            return float(value) if isinstance(value, int | float) else None
 
         return Finished(
             key,
@@ -71,6 +87,8 @@ class Finished:
             opt("started_ms"),
             int(str(result["finished_ms"])),
             str(result.get("error") or ""),
+            mono("started_mono"),
+            mono("finished_mono"),
         )
 
 
@@ -103,14 +121,14 @@ class NoopExecutor:
     output = False
 
     def __init__(self) -> None:
-        self.due: list[tuple[int, Key]] = []  # (start time, attempt), a heap
+        self.due: list[tuple[float, Key]] = []  # (monotonic start, attempt), a heap
         self.waiting: set[Key] = set()
         self._cancelled: list[Event] = []
 
     def start(self, spec: StartSpec) -> None:
         if spec.key not in self.waiting:
             self.waiting.add(spec.key)
-            heapq.heappush(self.due, (spec.start_at_ms, spec.key))
+            heapq.heappush(self.due, (spec.start_mono(), spec.key))
 
     def cancel(self, key: Key) -> None:
         if key in self.waiting:
@@ -119,14 +137,17 @@ class NoopExecutor:
             self._cancelled.append(Finished(key, "not_started", None, None, None, at, "cancelled"))
 
     def events(self) -> list[Event]:
-        now = int(time.time() * 1000)
+        now = time.monotonic()
         out, self._cancelled = list(self._cancelled), []
         while self.due and self.due[0][0] <= now:
             _, key = heapq.heappop(self.due)
             if key in self.waiting:
                 self.waiting.discard(key)
-                at = int(time.time() * 1000)  # per run: an honest start time
-                out += [Started(key, 0, at), Finished(key, "exited", 0, None, at, at, "")]
+                at, mono = int(time.time() * 1000), time.monotonic()  # per run: honest times
+                out += [
+                    Started(key, 0, at, mono),
+                    Finished(key, "exited", 0, None, at, at, "", mono, mono),
+                ]
         return out
 
     def health(self) -> str:
@@ -209,6 +230,7 @@ class ProcessExecutor:
                 "timeout_s": spec.timeout_s,
                 "memory_mb": spec.memory_mb,
                 "start_at_ms": spec.start_at_ms,
+                "start_at_mono": spec.start_at_mono,
                 "need": spec.need,
             }
         )
@@ -262,7 +284,15 @@ class ProcessExecutor:
                 continue
             key = (event["key"][0], int(event["key"][1]))
             if event["ev"] == "started":
-                out.append(Started(key, int(event["pid"]), int(event["started_ms"])))
+                mono = event.get("started_mono")
+                out.append(
+                    Started(
+                        key,
+                        int(event["pid"]),
+                        int(event["started_ms"]),
+                        None if mono is None else float(mono),
+                    )
+                )
             elif event["ev"] == "finished":
                 out.append(Finished.of(key, event["result"]))
         return out

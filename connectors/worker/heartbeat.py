@@ -2,9 +2,14 @@
 
 Every `heartbeat_s` it sends a heartbeat (capacity, what is free in the busiest second of
 the coming minute, labels, the attempts held) and, only once Kafka acknowledged it,
-renews the lease: alive until `lease_s` after the beat was *made* (conservative). No
+renews the lease: alive until `lease_s` after the beat was *made* (conservative), on the
+monotonic clock (connectors/worker/engine.py: a wall-clock step must not stretch it). No
 lease is written before the first acknowledged beat, so a worker that cannot reach Kafka
 never starts anything.
+
+The acknowledgement also tells the time: `heartbeats` has LogAppendTime, so the delivery
+report carries the broker's append time, a sample for the worker's broker clock
+(streams/core/clock.py), by which the worker starts its runs.
 
 It never waits for the main loop, which may be busy for seconds under a saturated CPU: it
 sends the view the main loop last published. A beat that waited would renew the lease
@@ -20,11 +25,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
-from connectors.worker.lease import write_lease
+from connectors.worker.engine import lease_text
+from connectors.worker.lease import write_atomic
 from schemas.codec import HEARTBEAT
+from streams.core.clock import broker_stamp
 from streams.core.placement import Capacity
 
 log = logging.getLogger("cronlog.worker")
@@ -47,6 +55,8 @@ class Heartbeat:
         lease_file: Callable[[], Path],
         stop: threading.Event,
         loop_alive: Callable[[], bool] = lambda: True,
+        observe: Callable[[int], None] | None = None,
+        now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.producer = producer
         self.topic = topic
@@ -59,12 +69,14 @@ class Heartbeat:
         self.lease_file = lease_file
         self.stop = stop
         self.loop_alive = loop_alive
+        self.observe = observe  # gets the broker's time of each acknowledged beat
+        self.now_ms = now_ms
         self.acknowledged = 0  # beats acknowledged so far
 
     def beat(self) -> bool:
         """Send one heartbeat; renew the lease if Kafka acknowledged it in time."""
         started = time.monotonic()
-        at_ms = int(time.time() * 1000)
+        at_ms = self.now_ms()
         free, held = self.view()
         capacity = self.capacity
         record = {
@@ -81,8 +93,11 @@ class Heartbeat:
         }
         delivered: list[bool] = []
 
-        def acked(err: object, _msg: object) -> None:
+        def acked(err: object, msg: Any) -> None:
             delivered.append(err is None)
+            stamp = broker_stamp(msg.timestamp()) if err is None else None
+            if stamp is not None and self.observe is not None:
+                self.observe(stamp)
 
         self.producer.produce(
             self.topic,
@@ -100,7 +115,7 @@ class Heartbeat:
             log.error("the worker's main loop is stuck; the lease is not renewed")
             return False
         if delivered and delivered[0]:
-            write_lease(self.lease_file(), at_ms + int(self.lease_s * 1000))
+            write_atomic(self.lease_file(), lease_text(started + self.lease_s))
             self.acknowledged += 1
             return True
         log.warning("heartbeat not acknowledged; the lease is not renewed")

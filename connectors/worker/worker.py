@@ -16,6 +16,16 @@ also across restarts: the "started" journal line is fsynced (one fsync per batch
 the executor is asked to start it. A report counts as made only when Kafka acknowledged
 it; until then a restart sends it again. Reservations are in time
 (streams/core/timeline.py): a run claimed ahead holds its resources from its start.
+
+One clock: a run's start time (`not_before_ms`) is broker time, and the worker starts it
+when the broker's time has reached it, not its own wall clock (a worker 8 s ahead would
+start runs 8 s early; and the ledger, which dispatches again an attempt whose worker was
+declared lost before its start time, would then get two executions). The worker's broker
+clock (streams/core/clock.py) is a lower bound of the broker's time, fed by the delivery
+reports of its heartbeats and of its job-log records (both topics have LogAppendTime);
+each granted attempt is handed to the executor with the monotonic instant at which that
+bound reaches its start time. Before its first sample the worker starts nothing (it has
+no lease either). The records it stamps itself carry that clock's time too.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +60,7 @@ from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runlogs import LogTail
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
+from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.ids import iso_utc
 from streams.core.placement import Capacity, labels_match
 from streams.core.records import (
@@ -105,7 +117,10 @@ class Attempt:
     tail: LogTail | None = None
     cancelled: bool = False
     since: float = 0.0  # monotonic: when it entered its phase
-    claimed_ms: int = 0  # the time of the latest claim: only its reply counts
+    # The latest claim, by its own time and by the broker's append time (the ledger
+    # answers a claim with one of them): only its reply counts.
+    claimed_ms: int = 0
+    claimed_broker_ms: int | None = None
 
     @property
     def key(self) -> Key:
@@ -132,6 +147,7 @@ class Worker:
         self.resend: list[Any] = []  # reports whose delivery failed
         self.view: tuple[Capacity, tuple[Key, ...]] = (config.capacity, ())
         self.stop_event = threading.Event()
+        self.broker = BrokerClock()
         self.producer = Producer(producer_config(settings))
         self.topics = {
             n: settings.topic(n)
@@ -164,6 +180,16 @@ class Worker:
             stderr=self.dir / "executor.stderr",
         )
 
+    def _now_ms(self) -> int:
+        """The broker's time (from below) once known; this machine's clock before."""
+        now = self.broker.now_ms(time.monotonic())
+        return int(time.time() * 1000) if now is None else now
+
+    def _at(self, mono: float | None, wall_ms: int) -> int:
+        """An executor's time of an event (monotonic, and wall ms) in broker time."""
+        at = None if mono is None else self.broker.now_ms(mono)
+        return wall_ms if at is None else at
+
     def _replace_executor(self, why: str) -> None:
         """The executor died or hangs: kill it and the job groups it ran; report what
         started as lost and give back what had not; then start a new one."""
@@ -189,7 +215,7 @@ class Worker:
             pid = attempt.pid or int(entry.get("started", {}).get("pid", 0))
             for leader in [pid] if pid else job_processes(d.run_id, d.attempt):
                 _kill_job(leader, d.run_id)
-            self._report(attempt, None, f"lost: {why}", int(time.time() * 1000))
+            self._report(attempt, None, f"lost: {why}", self._now_ms())
         else:
             self._release(attempt, f"never started: {why}")
 
@@ -210,6 +236,8 @@ class Worker:
             lease_file=lambda: self.lease,
             stop=self.stop_event,
             loop_alive=lambda: time.monotonic() - self.loop_seen < LOOP_STUCK_S,
+            observe=self._observe,
+            now_ms=self._now_ms,
         )
         threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
         consumer = Consumer(
@@ -223,6 +251,8 @@ class Worker:
             while not self.stop_event.is_set():
                 self.loop_seen = time.monotonic()
                 messages = consumer.consume(500, timeout=0.05)
+                # Delivery reports first: a claim's broker time identifies its reply.
+                self.producer.poll(0)
                 for msg in messages:
                     if msg.error() is None and msg.key() == self.config.worker_id.encode():
                         self._handle(msg.value() or b"")
@@ -248,16 +278,21 @@ class Worker:
         if time.monotonic() - self.published < 0.2:
             return  # the heartbeat reads it every few seconds
         self.published = time.monotonic()
-        now = int(time.time() * 1000)
+        now = self._now_ms()  # run start times are broker time
         self.timeline.forget_before(now)
         self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts))
 
     # -- sending ---------------------------------------------------------------------------
-    def _send(self, record: Any, on_ack: Any = None) -> None:
-        def delivered(err: KafkaError | None, _msg: object) -> None:
+    def _send(self, record: Any, on_ack: Callable[[int | None], None] | None = None) -> None:
+        """Produce to job-log; `on_ack(broker_ms)` once Kafka acknowledged it."""
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
             if err is None:
+                stamp = broker_stamp(msg.timestamp())
+                if stamp is not None:
+                    self._observe(stamp)
                 if on_ack is not None:
-                    on_ack()
+                    on_ack(stamp)
             else:
                 log.warning("report not delivered (%s); sending it again", err)
                 self.resend.append((record, on_ack))
@@ -268,6 +303,21 @@ class Worker:
             value=JOB_LOG.encode(record),
             on_delivery=delivered,
         )
+
+    def _observe(self, stamp: int) -> None:
+        """A broker time from a delivery report (of a beat, on the heartbeat thread, or of
+        a job-log record): the broker clock's sample."""
+        first = not self.broker.synced
+        self.broker.observe(stamp, time.monotonic())
+        if first:
+            skew_s = (time.time() * 1000 - (self.broker.now_ms(time.monotonic()) or 0)) / 1000
+            log.log(
+                logging.WARNING if abs(skew_s) >= 1 else logging.INFO,
+                "broker clock synced: this machine's clock is %.3f s %s the broker's; runs "
+                "start by the broker's",
+                abs(skew_s),
+                "ahead of" if skew_s >= 0 else "behind",
+            )
 
     # -- the inbox -------------------------------------------------------------------------
     def _handle(self, raw: bytes) -> None:
@@ -303,12 +353,18 @@ class Worker:
         attempt = Attempt(d, "claiming", since=time.monotonic())
         self.attempts[key] = attempt
         self.journal.record(d.run_id, d.attempt, d.job_id, "claiming", dispatch=to_plain(d))
-        attempt.claimed_ms = self._claim(d)
+        self._claim(attempt)
 
-    def _claim(self, d: DispatchRequest) -> int:
-        at = int(time.time() * 1000)
-        self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
-        return at
+    def _claim(self, attempt: Attempt) -> None:
+        d = attempt.dispatch
+        at = self._now_ms()
+        attempt.claimed_ms, attempt.claimed_broker_ms = at, None
+
+        def acked(stamp: int | None) -> None:
+            if attempt.claimed_ms == at:  # not claimed again meanwhile
+                attempt.claimed_broker_ms = stamp
+
+        self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at), acked)
 
     def _replied(self, reply: ClaimReply) -> None:
         key = (reply.run_id, reply.attempt)
@@ -318,7 +374,7 @@ class Worker:
                 # Granted after this worker gave the claim up: give it back at once
                 # rather than leave the run dispatched to nobody until its timeout.
                 entry = self.journal.entries[key]
-                at = int(time.time() * 1000)
+                at = self._now_ms()
                 self._send(
                     RunReleased(
                         entry.job_id,
@@ -330,10 +386,10 @@ class Worker:
                     )
                 )
             return
-        if reply.at_ms != attempt.claimed_ms:
+        if reply.at_ms not in (attempt.claimed_ms, attempt.claimed_broker_ms):
             # The reply to an earlier claim of this attempt (replayed from the inbox after
             # a restart, or before the attempt was given back and assigned again): the
-            # ledger answers each claim with that claim's time.
+            # ledger answers each claim with that claim's time (its own, or the broker's).
             return
         if not reply.granted:
             self._drop(attempt)
@@ -363,9 +419,10 @@ class Worker:
 
     # -- execution -------------------------------------------------------------------------
     def _start_granted(self) -> None:
-        """Journal a batch of grants with one fsync, then hand them to the executor."""
-        if not self.granted:
-            return
+        """Journal a batch of grants with one fsync, then hand them to the executor, each
+        with the monotonic instant at which the broker's time reaches its start."""
+        if not self.granted or not self.broker.synced:
+            return  # no broker time yet: wait for it (a grant follows a claim's report)
         batch, self.granted = self.granted, []
         executor = self.executor
         for attempt in batch:
@@ -395,6 +452,7 @@ class Worker:
                     d.resources.memory_mb,
                     d.not_before_ms,
                     as_vector(d.resources),
+                    self.broker.mono_at(d.not_before_ms),
                 )
             )
 
@@ -444,11 +502,11 @@ class Worker:
 
     def _started(self, attempt: Attempt, event: Started) -> None:
         d = attempt.dispatch
-        attempt.pid, attempt.started_ms = event.pid, event.started_ms
+        at = self._at(event.started_mono, event.started_ms)
+        attempt.pid, attempt.started_ms = event.pid, at
         self.timeline.begin(attempt.key, d.resources)
         if attempt.run_dir is not None and self.executor.output:
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
-        at = event.started_ms
         self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
 
     def _finished(self, attempt: Attempt, event: Finished) -> None:
@@ -457,14 +515,14 @@ class Worker:
             self._release(attempt, event.error)
             return
         if event.started_ms is not None:
-            self.durations.observe(d.job_id, event.finished_ms - event.started_ms)
+            took_ms = event.finished_ms - event.started_ms
+            if event.started_mono is not None and event.finished_mono is not None:
+                took_ms = int((event.finished_mono - event.started_mono) * 1000)
+            self.durations.observe(d.job_id, took_ms)
             if attempt.started_ms is None:  # the Started event was not seen (adopted)
-                attempt.started_ms = event.started_ms
-                self._send(
-                    RunStarted(
-                        d.job_id, d.run_id, d.attempt, self.config.worker_id, event.started_ms
-                    )
-                )
+                at = self._at(event.started_mono, event.started_ms)
+                attempt.started_ms = at
+                self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
         if (
             attempt.tail is None
             and attempt.run_dir is not None
@@ -474,23 +532,24 @@ class Worker:
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
         if attempt.tail is not None:
             attempt.tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
-        self._report(attempt, _exit_code(event), _error(event), event.finished_ms)
+        at = self._at(event.finished_mono, event.finished_ms)
+        self._report(attempt, _exit_code(event), _error(event), at)
 
     def _report(self, attempt: Attempt, code: int | None, error: str, at_ms: int) -> None:
         d = attempt.dispatch
         record = RunFinished(
             d.job_id, d.run_id, d.attempt, self.config.worker_id, code, error, at_ms
         )
-        self._send(record, lambda: self._reported(d))
+        self._send(record, lambda _: self._reported(d))
         self._forget(attempt)
 
     def _release(self, attempt: Attempt, why: str) -> None:
         """Give back an attempt that never started: the ledger dispatches it again."""
         d = attempt.dispatch
-        at = int(time.time() * 1000)
+        at = self._now_ms()
         record = RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at)
         # "released", not "reported": the same attempt may be assigned here again.
-        self._send(record, lambda: self._reported(d, "released"))
+        self._send(record, lambda _: self._reported(d, "released"))
         self._forget(attempt)
 
     def _reported(self, d: DispatchRequest, phase: str = "reported") -> None:
@@ -515,7 +574,8 @@ class Worker:
             if entry.phase == "claiming":
                 expected = self.durations.expected_ms(d.job_id)
                 self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
-                attempt.since, attempt.claimed_ms = time.monotonic(), self._claim(d)
+                attempt.since = time.monotonic()
+                self._claim(attempt)
                 continue
             attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
             self.timeline.begin(attempt.key, d.resources)  # may be running: hold it
@@ -529,7 +589,10 @@ class Worker:
 
     def _check_adopted(self) -> None:
         """Read what is new in each earlier executor's log for the attempts still waited
-        on; settle those it finished, or whose executor is gone."""
+        on; settle those it finished, or whose executor is gone. Not before the broker's
+        time is known: the reports carry it."""
+        if not self.broker.synced:
+            return
         wanted, read_now = set(self.adopted), set()
         for key, (attempt, entry) in list(self.adopted.items()):
             path = str(entry.info.get("executor_log") or "")

@@ -605,7 +605,7 @@ class _Builder:
             # Firings due before the pause run; those created ahead for after it go.
             self._decide_until(at)
             self._withdraw(at, WITHDRAWN_BY_PAUSE)
-            self.set_job(paused=True, next_due_ms=None, fired_ms=min(self.job.fired_ms, at))
+            self.set_job(paused=True, next_due_ms=None, fired_ms=self._fired_back_to(at))
             kind = "paused"
         elif isinstance(inp, JobResumed):
             if not job.paused:
@@ -629,11 +629,27 @@ class _Builder:
         self._job_event(kind, at)
         return None
 
+    def _fired_back_to(self, at: int) -> int:
+        """The watermark after a pause or delete at `at`: back to `at`, so withdrawn
+        firings may be revived, but never below a later firing that was not withdrawn
+        (one that may have started before the change reached the ledger): that firing
+        stays decided even once its run is forgotten."""
+        kept = [
+            run.scheduled_ms
+            for run in (self.run(r) for r in (*self.job.live_runs, *self.job.final_runs))
+            if run is not None
+            and run.trigger == "schedule"
+            and run.scheduled_ms > at
+            and not _withdrawn(run)
+        ]
+        return min(self.job.fired_ms, max([at, *kept]))
+
     def _compact_deleted(self, at: int) -> None:
         """A deleted job keeps a small stub, not a tombstone: its version (event ids stay
         unique if it is re-created), watermark, first registration time, backfilled
         spans, request memory and dependents. Its final runs are forgotten, except the
         firings withdrawn ahead of their time, which a re-creation may revive."""
+        fired = self._fired_back_to(at)  # before forgetting: it reads the final runs
         keep: list[str] = []
         for run_id in self.job.final_runs:
             run = self.run(run_id)
@@ -645,7 +661,7 @@ class _Builder:
         self.set_job(
             deleted=True,
             next_due_ms=None,
-            fired_ms=min(self.job.fired_ms, at),
+            fired_ms=fired,
             final_runs=tuple(keep),
             upstream_outcomes=(),
         )
@@ -712,8 +728,10 @@ class _Builder:
         for t in times:
             if t in run_late or t in timely:
                 self._fire_one(t, previous)
-            else:
+            elif self.run(scheduled_run_id(spec.job_id, t)) is None:
                 self._skip(t, "schedule", f"misfire ({spec.misfire})")
+            # else: decided once already (the watermark went back for a change), and a
+            # withdrawn firing missed for good keeps its record
             previous = t
         self.set_job(fired_ms=max(self.job.fired_ms, latest_due), next_due_ms=next_due)
 
@@ -957,8 +975,11 @@ class _Builder:
             if run is not None:
                 self.reject(f"already claimed by {run.worker_id or 'nobody'} ({run.state})")
             granted, reason = False, self.rejected
+        # The reply carries the claim's own stamp, not the ledger's now: the worker
+        # matches a reply to the claim it answers by it (a late reply to an earlier
+        # claim of the same attempt must not pass for the answer to a later one).
         self.replies.append(
-            ClaimReply(inp.worker_id, inp.run_id, inp.attempt, granted, reason, self.at)
+            ClaimReply(inp.worker_id, inp.run_id, inp.attempt, granted, reason, inp.at_ms)
         )
 
     def _stop_order(self, run: RunState, reason: str) -> None:

@@ -117,6 +117,37 @@ def test_job_lifecycle(api: httpx.Client) -> None:
     eventually(lambda: api.get("/jobs/life", headers=A).status_code == 404, "deleted")
 
 
+@pytest.mark.parametrize(
+    ("job_id", "schedule", "stored"),
+    [
+        ("patch-every", {"every": "90m"}, {"every_ms": 5_400_000}),
+        ("patch-at", {"at": "2099-01-01T01:00:00.250+01:00"}, {"at_ms": 4_070_908_800_250}),
+        (
+            "patch-cron",
+            {"cron": "0 3 * * *", "timezone": "Europe/Berlin"},
+            {"cron": "0 3 * * *", "timezone": "Europe/Berlin"},
+        ),
+    ],
+)
+def test_patch_changes_a_field_of_any_schedule_kind(
+    api: httpx.Client, job_id: str, schedule: dict[str, str], stored: dict[str, Any]
+) -> None:
+    """Issue 12: PATCH {"priority": 3} on an `every` or `at` job answered 422, the stored
+    spec's schedule ({"every_ms": ...}) being sent back as a command. Now only the
+    priority changes; the schedule and every other field stay as they were."""
+    extra = {"env": {"MODE": "x"}, "retry": {"max_attempts": 2}, "dst": "both"}
+    job = created(api, job_body(job_id, schedule=schedule, **extra), A)
+    assert job["spec"]["schedule"] == stored
+    patched = api.patch(f"/jobs/{job_id}", json={"priority": 3}, headers=A)
+    assert patched.status_code in (200, 202), patched.text
+    after = eventually(
+        lambda: (j := api.get(f"/jobs/{job_id}", headers=A).json())["spec"]["priority"] == 3 and j,
+        "the patched priority",
+    )
+    assert after["spec"] == {**job["spec"], "priority": 3}
+    assert api.delete(f"/jobs/{job_id}", headers=A).status_code in (200, 202)
+
+
 def test_run_now_is_idempotent_and_cancel_stops_a_run(api: httpx.Client) -> None:
     created(
         api,

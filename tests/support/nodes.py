@@ -86,11 +86,22 @@ class CronlogProcess:
 
 
 class Node(CronlogProcess):
-    """A scheduler node: ingress, ledger, scheduler, dispatcher."""
+    """A scheduler node: ingress, ledger, scheduler, dispatcher. `extra_env` reaches the
+    node and its children (say, libfaketime's variables to skew its clock)."""
 
-    def __init__(self, settings: Settings, name: str, logdir: Path):
+    def __init__(
+        self,
+        settings: Settings,
+        name: str,
+        logdir: Path,
+        extra_env: dict[str, str] | None = None,
+    ):
         super().__init__(
-            settings, name, logdir, ["scheduler", "--node-id", name, "--loglevel", "warning"]
+            settings,
+            name,
+            logdir,
+            ["scheduler", "--node-id", name, "--loglevel", "warning"],
+            extra_env,
         )
 
 
@@ -176,6 +187,7 @@ class WorkerProc(CronlogProcess):
         gpu: int = 0,
         labels: tuple[str, ...] = (),
         heartbeat_s: float = 1.0,
+        extra_env: dict[str, str] | None = None,
     ):
         args = [
             "worker",
@@ -194,7 +206,11 @@ class WorkerProc(CronlogProcess):
             *(arg for label in labels for arg in ("--label", label)),
         ]
         super().__init__(
-            settings, worker_id, logdir, args, {"CRONLOG_STATE_DIR": str(logdir / "state")}
+            settings,
+            worker_id,
+            logdir,
+            args,
+            {"CRONLOG_STATE_DIR": str(logdir / "state"), **(extra_env or {})},
         )
         self.worker_id = worker_id
 

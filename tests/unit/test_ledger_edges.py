@@ -288,3 +288,25 @@ def test_lost_attempts_of_a_non_idempotent_job_are_not_retried() -> None:
         w.apply(RunStarted("j", run_id, 1, "w1", t))
         w.apply(RunFinished("j", run_id, 1, "w1", None, "lost: executor died", t + 1))
         assert w.runs[run_id].state == after
+
+
+def test_a_claim_reply_carries_the_claims_own_stamp() -> None:
+    # The worker matches a reply to its claim by the stamp it sent, whatever the broker's
+    # time of the claim.
+    w = registered(spec())
+    t = T0 + MIN
+    w.apply(FireProposed("j", t, t, "n"))
+    run_id = scheduled_run_id("j", t)
+    decision = w.apply(ClaimRequested("j", run_id, 1, "w1", t - 8 * S), now=t + 1)
+    (reply,) = decision.replies
+    assert reply.at_ms == t - 8 * S
+    assert w.runs[run_id].updated_ms == t + 1
+
+
+def test_a_late_misfire_never_overwrites_a_run_decided_before_a_change() -> None:
+    w = registered(spec(every=3 * S, misfire="skip"))
+    t = T0 + 15 * S  # a time of both schedules
+    w.apply(FireProposed("j", t, t - 2 * S, "n"))
+    w.apply(JobUpserted(spec(every=5 * S, misfire="skip"), t - S), now=t - S)
+    w.apply(JobPaused("j", t + 3 * MIN), now=t + 3 * MIN)  # decides (change, pause] late
+    assert w.states(scheduled_run_id("j", t)) == ["due"]

@@ -37,6 +37,8 @@ from streams.core.records import (
     ClaimRequested,
     DeadlineReached,
     FireProposed,
+    JobDeleted,
+    JobEvent,
     JobPaused,
     JobResumed,
     JobUpserted,
@@ -106,9 +108,8 @@ class Sim:
         self.checkpoint: tuple[World, int] = (self.world.snapshot(), 0)
         skews = (-8000, -2000, 0, 2000, 8000)
         self.skew = {who: self.rng.choice(skews) for who in ("w1", "w2", "zombie", "detector")}
-        # (job, from, until): firings in (from, until] are not due (paused, deleted).
-        self.off: list[tuple[str, int, int]] = []
         self.paused_at: dict[str, int] = {}
+        self.specs: dict[str, JobSpec] = {}
 
     def send(self, inp: LedgerInput) -> None:
         copies = [inp, inp] if self.rng.random() < 0.1 else [inp]  # duplicate delivery
@@ -144,6 +145,7 @@ class Sim:
                 concurrency=self.rng.choice(["allow", "allow", "forbid", "replace"]),
                 depends_on=(f"job{i - 1}",) if i and self.rng.random() < 0.4 else (),
             )
+            self.specs[spec.job_id] = spec
             self.deliver_now(JobUpserted(spec, self.now))
         if self.rng.random() < 0.5:  # a step that runs once both upstreams succeeded
             step = JobSpec(
@@ -167,12 +169,19 @@ class Sim:
         roll = self.rng.random()
         if roll < 0.4:
             if job_id in self.paused_at:
-                paused = self.paused_at.pop(job_id)
-                self.off.append((job_id, paused, self.now))
+                del self.paused_at[job_id]
                 self.command(JobResumed(job_id, self.now))
             else:
                 self.paused_at[job_id] = self.now
                 self.command(JobPaused(job_id, self.now))
+        elif roll < 0.5:
+            every = self.rng.choice([2, 3, 5]) * 1000
+            self.command(
+                JobUpserted(replace(self.specs[job_id], schedule=EverySchedule(every)), self.now)
+            )
+        elif roll < 0.55:
+            self.command(JobDeleted(job_id, self.now))
+            self.command(JobUpserted(self.specs[job_id], self.now + self.rng.randint(0, 2000)))
         elif roll < 0.8:
             self.requests += 1
             request = f"r{self.rng.randint(max(1, self.requests - 3), self.requests)}"
@@ -184,8 +193,8 @@ class Sim:
 
     def command(self, inp: LedgerInput) -> None:
         copies = [inp, inp] if self.rng.random() < 0.2 else [inp]
-        assert not isinstance(inp, JobUpserted)
-        self.ordered.setdefault(("op", inp.job_id, 0), []).extend(copies)
+        job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
+        self.ordered.setdefault(("op", job_id, 0), []).extend(copies)
 
     def deliver_now(self, inp: LedgerInput) -> None:
         # The broker's append time is the ledger's now; the input's stamp is its
@@ -379,18 +388,40 @@ def check(sim: Sim) -> None:
     assert max(sim.executed.values(), default=0) <= 1
     for job in w.jobs.values():
         job_id = job.spec.job_id
-        off = [(a, b) for j, a, b in sim.off if j == job_id]
-        due = [
-            t
-            for t in fires_between(job.spec.schedule, job.created_ms, job.fired_ms)
-            if not any(a < t <= b for a, b in off)
-        ]
+        due = expected_firings(w, job_id, job.fired_ms)
         decided = {e.scheduled_ms for e in w.run_events() if e.job_id == job_id}
         window_skips = [t for t in due if t not in decided]
         # Only times older than the catch-up window may be decided without a record.
         assert all(t < job.fired_ms - CONFIG.catchup_window_ms for t in window_skips), (
             f"{job.spec.job_id}: undecided {window_skips[:3]}"
         )
+
+
+def expected_firings(w: World, job_id: str, fired_ms: int) -> list[int]:
+    """The fire times a job's history makes due, from its job events alone: each spec
+    fires in (registered or changed or resumed, next change or pause or delete], at
+    the events' own times; the open end stops at the job's watermark."""
+    due: list[int] = []
+    spec, start = None, None  # the spec in force, and since when it fires (None: not)
+    paused = deleted = False
+    for e in w.events:
+        if not isinstance(e, JobEvent) or e.job_id != job_id:
+            continue
+        if spec is not None and start is not None and e.kind in ("upserted", "paused", "deleted"):
+            due += fires_between(spec.schedule, start, e.at_ms)
+            start = None
+        if e.kind == "upserted":
+            paused = paused and not deleted  # a re-created job starts unpaused
+            spec, start, deleted = e.spec, None if paused else e.at_ms, False
+        elif e.kind == "resumed":
+            paused, start = False, e.at_ms
+        elif e.kind == "paused":
+            paused = True
+        else:
+            deleted = True
+    if spec is not None and start is not None:
+        due += fires_between(spec.schedule, start, fired_ms)
+    return due
 
 
 def simulate(seed: int, steps: int) -> Sim:
@@ -402,8 +433,6 @@ def simulate(seed: int, steps: int) -> Sim:
     for key in [k for k in sim.ordered if k is not None and k[0] == "op"]:
         for inp in sim.ordered.pop(key):  # the operator's last commands land first
             sim.deliver_now(inp)
-    for job_id, paused in sim.paused_at.items():
-        sim.off.append((job_id, paused, sim.now + 10**9))
     for job_id in list(sim.world.jobs):
         sim.deliver_now(replace_pause(job_id, sim.now))
     for _ in range(400):

@@ -1,0 +1,407 @@
+"""Clocks skewed for real (issue 12, "One clock"): the scheduler node's wall clock 10 minutes
+ahead, one worker's 8 s behind and another's 8 s ahead, on the real broker and PostgreSQL,
+with jobs every 1-2 s (some failing their first attempt and retried with `backoff_s: 0`)
+and a worker killed with SIGKILL mid-run. No duplicate run, no two live attempts of a run,
+no lost firing, no run started before its time, no healthy worker declared dead, and the
+audit is clean.
+
+How the clocks are skewed: Debian's libfaketime, preloaded into the process (not through
+the `faketime` wrapper, which forks and would take the SIGKILL meant for the worker). Its
+children (the node's ledger, the worker's executor) inherit it; the jobs do not (a worker
+passes them a fixed environment), so their marks are on the machine's true clock, which
+is also the broker's.
+
+What libfaketime 0.9.10 (Debian 12) does to the monotonic clock, and the fix-up here:
+
+- By default it fakes CLOCK_MONOTONIC too, as the faked *wall* clock (about 1.8e9 s).
+  Python's timed lock waits (`sem_clockwait` on CLOCK_MONOTONIC, not intercepted) then
+  wait until the real monotonic clock reaches that: `threading.Event().wait(0.5)` never
+  returns (wolfcw/libfaketime#390). So FAKETIME_DONT_FAKE_MONOTONIC=1: durations stay
+  true, which is also what a machine with a wrong wall clock has.
+- With it, libfaketime still shifts CLOCK_MONOTONIC deadlines by the offset in
+  `clock_nanosleep` (Python's `time.sleep` fails with EINVAL, #426, fixed upstream after
+  0.9.10) and in `pthread_cond_timedwait` on monotonic condition variables, and it does
+  not translate C11 `cnd_timedwait` deadlines, which librdkafka computes from the faked
+  wall clock (so a librdkafka 10 minutes ahead waits 10 minutes longer on every timed
+  wait, and one 8 s behind spins). A small preload shim, compiled here, passes monotonic
+  waits to glibc untouched and translates `cnd_timedwait` deadlines to the real clock.
+  The wall clock (time(), gettimeofday, clock_gettime(CLOCK_REALTIME), timespec_get)
+  stays faked by libfaketime.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from projections.audit import format_report
+from projections.audit_replay import replay
+from streams.core.records import RunEvent
+from streams.settings import Settings
+from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+
+pytestmark = pytest.mark.integration
+
+NODE_SKEW = ("+10m", 600.0)
+WORKER_SKEWS = {"w-behind": ("-8s", -8.0), "w-ahead": ("+8s", 8.0)}
+FIRING_S = 75  # how long the periodic jobs fire
+FINALS = ("succeeded", "failed", "cancelled", "skipped")
+
+SHIM_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <threads.h>
+#include <time.h>
+
+#define COND_CLOCK_MONOTONIC 2 /* glibc: bit 1 of a condvar's __wrefs is its clock */
+
+static void *libc_symbol(const char *name, const char *version) {
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    return libc ? dlvsym(libc, name, version) : NULL;
+}
+
+/* A CLOCK_REALTIME deadline computed from the faked clock, on the real clock. */
+static struct timespec real_deadline(const struct timespec *faked) {
+    static int (*real_gettime)(clockid_t, struct timespec *);
+    struct timespec fake_now, real_now, out;
+    if (real_gettime == NULL) real_gettime = libc_symbol("clock_gettime", "GLIBC_2.17");
+    clock_gettime(CLOCK_REALTIME, &fake_now); /* libfaketime's */
+    real_gettime(CLOCK_REALTIME, &real_now);
+    long long ns = (faked->tv_sec - fake_now.tv_sec + real_now.tv_sec) * 1000000000LL
+                 + faked->tv_nsec - fake_now.tv_nsec + real_now.tv_nsec;
+    if (ns < 0) ns = 0;
+    out.tv_sec = ns / 1000000000LL;
+    out.tv_nsec = ns % 1000000000LL;
+    return out;
+}
+
+int cnd_timedwait(cnd_t *cond, mtx_t *mutex, const struct timespec *deadline) {
+    static int (*real)(cnd_t *, mtx_t *, const struct timespec *);
+    if (real == NULL) real = libc_symbol("cnd_timedwait", "GLIBC_2.28");
+    struct timespec at = real_deadline(deadline);
+    return real(cond, mutex, &at);
+}
+
+int pthread_cond_timedwait(pthread_cond_t *cond, pthread_mutex_t *mutex,
+                           const struct timespec *deadline) {
+    static int (*faked)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+    if (cond->__data.__wrefs & COND_CLOCK_MONOTONIC)
+        return pthread_cond_clockwait(cond, mutex, CLOCK_MONOTONIC, deadline);
+    if (faked == NULL) faked = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
+    return faked(cond, mutex, deadline);
+}
+
+int clock_nanosleep(clockid_t clock, int flags, const struct timespec *request,
+                    struct timespec *remain) {
+    static int (*real)(clockid_t, int, const struct timespec *, struct timespec *);
+    static int (*faked)(clockid_t, int, const struct timespec *, struct timespec *);
+    if (clock == CLOCK_MONOTONIC) {
+        if (real == NULL) real = libc_symbol("clock_nanosleep", "GLIBC_2.17");
+        return real(clock, flags, request, remain);
+    }
+    if (faked == NULL) faked = dlsym(RTLD_NEXT, "clock_nanosleep");
+    return faked(clock, flags, request, remain);
+}
+"""
+
+# Run in a skewed process: its clocks against the parent's, and the waits that broke.
+PROBE = """
+import json, sys, threading, time
+wall, mono = time.time(), time.monotonic()
+started = time.monotonic()
+time.sleep(0.05)
+threading.Event().wait(0.05)
+print(json.dumps([wall - float(sys.argv[1]), mono - float(sys.argv[2]),
+                  time.monotonic() - started]))
+"""
+
+
+def _libfaketime() -> str | None:
+    for pattern in (
+        "/usr/lib/*/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+        "/usr/local/lib/faketime/libfaketimeMT.so.1",
+    ):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+Skew = Callable[[str], dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory: pytest.TempPathFactory) -> Skew:
+    """The environment that puts a process's wall clock `offset` off (libfaketime)."""
+    lib = _libfaketime()
+    if shutil.which("faketime") is None or lib is None:
+        pytest.skip(
+            "Debian's faketime (libfaketime) is not installed: apt-get install faketime "
+            "(`cronlog stack up` installs it when run as root)"
+        )
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the libfaketime shim: apt-get install gcc libc6-dev")
+    where = tmp_path_factory.mktemp("faketime")
+    (where / "shim.c").write_text(SHIM_C)
+    shim = where / "shim.so"
+    built = subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-o", str(shim), str(where / "shim.c"), "-ldl"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.skip(f"cannot build the libfaketime shim: {built.stderr.strip()[:800]}")
+
+    def env(offset: str) -> dict[str, str]:
+        return {
+            "LD_PRELOAD": f"{shim} {lib}",
+            "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        }
+
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE, repr(time.time()), repr(time.monotonic())],
+        env={**os.environ, **env("+10m")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    wall, mono, waited = json.loads(probe.stdout)
+    assert 599 < wall < 605, f"the wall clock is not 10 min ahead: {wall}"
+    assert -1 < mono < 5, f"the monotonic clock is faked: {mono}"
+    assert 0.09 < waited < 1, f"waits are distorted: {waited}"
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    topics: Settings, skewed: Skew, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, Node, dict[str, WorkerProc]]]:
+    logs = tmp_path_factory.mktemp("skew")
+    node = Node(topics, "skew-n1", logs, extra_env=skewed(NODE_SKEW[0])).start()
+    workers = {
+        w: WorkerProc(topics, w, logs, cpu=4, memory_mb=2048, extra_env=skewed(offset)).start()
+        for w, (offset, _) in WORKER_SKEWS.items()
+    }
+    yield logs, node, workers
+    for worker in workers.values():
+        worker.stop()
+    node.stop()
+
+
+@pytest.fixture(scope="module")
+def events(topics: Settings, cluster: object) -> Iterator[EventReader]:
+    reader = EventReader(topics, "skew-check")
+    yield reader
+    reader.close()
+
+
+def marking(marks: Path, ticks: int, fail_first: bool = False) -> list[str]:
+    """A job that marks its start, a tick every 0.2 s, and its end (or SIGTERM), each with
+    the machine's true clock (jobs do not inherit libfaketime)."""
+    fail = '[ "$CRONLOG_ATTEMPT" = 1 ] && { t end; exit 1; }\n' if fail_first else ""
+    script = (
+        'm="$CRONLOG_RUN_ID $CRONLOG_ATTEMPT $CRONLOG_SCHEDULED_AT"\n'
+        f't() {{ echo "$1 $(date +%s%N) $m" >> {marks}; }}\n'
+        "t start\n"
+        "trap 't term; exit 143' TERM\n"
+        f"i=0; while [ $i -lt {ticks} ]; do sleep 0.2 & wait $!; t tick; i=$((i+1)); done\n"
+        f"{fail}t end\n"
+    )
+    return ["sh", "-c", script]
+
+
+@dataclass
+class Execution:
+    run_id: str
+    attempt: int
+    scheduled_ms: int
+    start_ms: float
+    last_ms: float  # the last mark: its end, its SIGTERM, or its last tick
+
+
+def executions(marks: Path) -> tuple[list[Execution], Counter[tuple[str, int]]]:
+    found: dict[tuple[str, int], Execution] = {}
+    starts: Counter[tuple[str, int]] = Counter()
+    for line in marks.read_text().splitlines():
+        kind, ns, run_id, attempt, scheduled = line.split(" ")
+        key, at = (run_id, int(attempt)), int(ns) / 1e6
+        if kind == "start":
+            starts[key] += 1
+            when = datetime.fromisoformat(scheduled.replace("Z", "+00:00"))
+            found[key] = Execution(run_id, int(attempt), round(when.timestamp() * 1000), at, at)
+        elif key in found:
+            found[key].last_ms = max(found[key].last_ms, at)
+    return list(found.values()), starts
+
+
+def declared_dead(log: Path) -> Counter[str]:
+    """The dispatcher's verdicts in a node's log ("... declared dead, N attempts lost")."""
+    dead: Counter[str] = Counter()
+    for line in log.read_text(errors="replace").splitlines():
+        if "declared dead," in line:
+            for worker in WORKER_SKEWS:
+                if re.search(rf"\b{re.escape(worker)}\b", line):
+                    dead[worker] += 1
+    return dead
+
+
+def synced_skew(log: Path) -> float:
+    """The skew a process logged when its broker clock synced (+ ahead, - behind)."""
+    text = log.read_text(errors="replace")
+    found = re.search(r"clock is ([0-9.]+) s (ahead of|behind) the broker", text)
+    assert found, f"no broker clock sync in {log.name}"
+    return float(found[1]) * (1 if found[2] == "ahead of" else -1)
+
+
+def states(events: EventReader, run_id: str) -> list[RunEvent]:
+    return runs_by_id(events).get(run_id, [])
+
+
+def test_skewed_clocks_run_every_firing_once_on_time(
+    topics: Settings,
+    cluster: tuple[Path, Node, dict[str, WorkerProc]],
+    events: EventReader,
+    skewed: Skew,
+    tmp_path: Path,
+) -> None:
+    logs, _, workers = cluster
+    marks = tmp_path / "marks.txt"
+    marks.touch()
+    periodic = {
+        **{f"every1-{i}": (1, marking(marks, 1)) for i in range(3)},
+        **{f"every2-{i}": (2, marking(marks, 2)) for i in range(2)},
+        **{f"flaky-{i}": (2, marking(marks, 1, fail_first=True)) for i in range(2)},
+    }
+    retry = {"max_attempts": 3, "backoff_s": 0}
+    send_commands(
+        topics,
+        [
+            *(
+                # Idempotent: an attempt lost with the killed worker (claimed ahead, its
+                # time come before the verdict) runs again, so every firing succeeds.
+                job(name, command, schedule={"every": f"{every}s"}, retry=retry, idempotent=True)
+                for name, (every, command) in periodic.items()
+            ),
+            # Killed mid-run: idempotent, so retried at once (backoff 0) on the other worker.
+            job("long", marking(marks, 100), idempotent=True, retry=retry),
+        ],
+    )
+    registered = time.time()
+
+    def succeeded(job_id: str) -> bool:
+        return any(
+            e.state == "succeeded"
+            for evs in runs_by_id(events).values()
+            for e in evs
+            if e.job_id == job_id
+        )
+
+    events.wait_until(lambda: all(succeeded(j) for j in periodic), 90, "every job's first run")
+
+    # A worker killed with SIGKILL mid-run: its executor fences the run at its lease's
+    # end, the failure detector declares the worker dead, the attempt runs again at once.
+    send_commands(topics, [{"type": "job.run_now", "job_id": "long", "request_id": "k1"}])
+    run = "long@manual:k1"
+    events.wait_until(
+        lambda: any(e.state == "running" for e in states(events, run)), 60, "the long run"
+    )
+    victim = next(e.worker_id for e in states(events, run) if e.state == "running")
+    time.sleep(2)
+    workers[victim].kill()
+    killed = time.time()
+    events.wait_until(
+        lambda: any(e.state == "running" and e.attempt == 2 for e in states(events, run)),
+        60,
+        "the long run's second attempt",
+    )
+    workers[victim].start()  # the same id, journal and skew
+
+    time.sleep(max(0.0, registered + FIRING_S - time.time()))
+    send_commands(topics, [{"type": "job.pause", "job_id": name} for name in periodic])
+    paused = time.time()
+
+    def settled() -> bool:
+        runs = runs_by_id(events)
+        return bool(runs) and all(evs[-1].state in FINALS for evs in runs.values())
+
+    events.wait_until(settled, 120, "every run final")
+    events.poll_for(3)
+
+    # -- the clocks were skewed, and each process found the broker's ----------------------
+    assert synced_skew(logs / "skew-n1.log") == pytest.approx(NODE_SKEW[1], abs=2)
+    for worker, (_, skew) in WORKER_SKEWS.items():
+        assert synced_skew(logs / f"{worker}.log") == pytest.approx(skew, abs=1)
+
+    # -- no duplicate run, no lost firing ----------------------------------------------------
+    by_time: defaultdict[tuple[str, int], set[str]] = defaultdict(set)
+    runs = runs_by_id(events)
+    for run_id, evs in runs.items():
+        if evs[0].trigger != "manual":
+            by_time[(evs[0].job_id, evs[0].scheduled_ms)].add(run_id)
+    assert not [k for k, ids in by_time.items() if len(ids) > 1], "two runs of one firing"
+    for name, (every, _) in periodic.items():
+        times = sorted(t for j, t in by_time if j == name)
+        window = [t for t in times if t <= paused * 1000 - 3000]
+        gaps = [b - a for a, b in itertools.pairwise(window) if b - a != every * 1000]
+        assert not gaps, f"{name}: firings missing (gaps {gaps})"
+        assert len(window) >= (paused - registered - 20) / every, f"{name}: too few firings"
+        for t in window:
+            (run_id,) = by_time[(name, t)]
+            assert runs[run_id][-1].state == "succeeded", [
+                (e.attempt, e.state, e.worker_id, e.reason) for e in runs[run_id]
+            ]
+
+    # -- every execution once, none before its time, none beside another attempt ----------
+    done, starts = executions(marks)
+    assert not [k for k, n in starts.items() if n > 1], "an attempt started twice"
+    early = [e for e in done if e.attempt == 1 and e.start_ms < e.scheduled_ms - 5]
+    assert not early, f"started before their time: {early[:5]}"
+    calm = [
+        e.start_ms - e.scheduled_ms
+        for e in done
+        if e.attempt == 1
+        and "@manual" not in e.run_id
+        and not killed - 15 < e.scheduled_ms / 1000 < killed + 25
+    ]
+    assert calm
+    assert max(calm) < 2500, f"late starts away from the kill: {sorted(calm)[-5:]}"
+    attempts: defaultdict[str, list[Execution]] = defaultdict(list)
+    for e in done:
+        attempts[e.run_id].append(e)
+    for run_id, runs_of in attempts.items():
+        runs_of.sort(key=lambda e: e.attempt)
+        for before, after in itertools.pairwise(runs_of):
+            assert before.last_ms < after.start_ms, f"{run_id}: attempts {before} and {after}"
+    assert [e.attempt for e in sorted(attempts[run], key=lambda e: e.attempt)] == [1, 2]
+    assert any(e.attempt == 2 for e in done if e.run_id.startswith("flaky-"))
+
+    # -- only the killed worker was declared dead, once -----------------------------------
+    assert declared_dead(logs / "skew-n1.log") == Counter({victim: 1})
+
+    # -- the audit ----------------------------------------------------------------------------
+    report, _ = replay(topics)
+    assert report.expected_firings > 0
+    text = io.StringIO()
+    format_report(report, text)
+    assert report.clean, text.getvalue()

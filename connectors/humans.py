@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
+import psycopg
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from connectors.api.service import ADMIN, Accepted, Service, ServiceError
+from projections.migrate import MigrationError, migrate
 from streams.settings import Settings, SettingsError
 
 jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
@@ -35,6 +37,11 @@ def _service(wait_s: float = 5.0) -> Iterator[Service]:
         settings = Settings.from_env()
     except SettingsError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from exc
+    try:
+        migrate(settings.database_url)  # the tables it reads, at this version's schema
+    except (MigrationError, psycopg.Error) as exc:
+        typer.secho(f"error: the database: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from exc
     service = Service(settings, wait_s=wait_s)
     service.open()

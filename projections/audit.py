@@ -375,7 +375,6 @@ class _Run:
         "seqs",
         "since_ms",
         "started",
-        "starts",
         "state",
     )
 
@@ -392,9 +391,6 @@ class _Run:
         self.released = 0  # claims given back before their start (dispatched -> due)
         self.grants: _Grants = None
         self.gbits = 0
-        # (attempt, at_ms, ...) of the `running` events after the run's first one: the
-        # starts of later attempts, for overlapping_attempts.
-        self.starts: tuple[int, ...] | None = None
         self.partition = partition
         self.offset = offset
 
@@ -455,6 +451,9 @@ class Auditor:
         # Runs first seen mid-life -> their first attempt seen (reports up to it unjudged).
         self._midlife: dict[str, int] = {}
         self._flagged: set[tuple[str, int, str]] = set()
+        # Runs started more than once (retries, reruns) -> (attempt, at_ms, ...) of the
+        # `running` events after the first: the starts of later attempts.
+        self._later_starts: dict[str, tuple[int, ...]] = {}
         self._reports = 0
         self._unjudged = 0
         self._reports_note = ""
@@ -632,7 +631,8 @@ class Auditor:
                 self._grant(run, attempt, worker, _HELD)
         elif state == "running":
             if run.started and not run.started & attempt_bit:  # a later attempt's start
-                run.starts = (*(run.starts or ()), attempt, e.at_ms)
+                later = self._later_starts
+                later[e.run_id] = (*later.get(e.run_id, ()), attempt, e.at_ms)
             run.started |= attempt_bit
             if run.grants == e.worker_id and attempt_bit:
                 run.gbits |= _RAN << (2 * attempt)
@@ -810,7 +810,7 @@ class Auditor:
             return
         end = inp.at_ms - self.config.clock_tolerance_ms
         later: tuple[int, int] | None = None  # (start, attempt)
-        starts = run.starts or ()
+        starts = self._later_starts.get(inp.run_id, ())
         for i in range(0, len(starts), 2):
             attempt, start = starts[i], starts[i + 1]
             if attempt > inp.attempt and start < end and (later is None or start < later[0]):

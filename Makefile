@@ -9,13 +9,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics run test lint format bench bench-full clean
+.PHONY: help venv stack topics run test lint format bench bench-full chaos clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
 	@echo "make test   - the same set-up, then the whole test suite"
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
+	@echo "make chaos  - long fault scenarios (every node down for 20 minutes under 2,000 jobs)"
 	@echo "make clean  - stop the stack, remove the venv and the state folder"
 
 $(STAMP): pyproject.toml
@@ -52,7 +53,7 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Quick sizes (about 25 minutes in all, the real-process scenarios included); bench-full runs the design's sizes.
+# Quick sizes (about 30 minutes in all, the real-process scenarios included); bench-full runs the design's sizes.
 bench: topics
 	$(BIN)/python -m bench.ledger --jobs 5000
 	$(BIN)/python -m bench.burst --quick --executor noop
@@ -67,6 +68,7 @@ bench: topics
 	$(BIN)/python -m bench.failover --quick
 	$(BIN)/python -m bench.projector --quick
 	$(BIN)/python -m bench.detector --seconds 30 --workers 4
+	$(BIN)/python -m bench.outage --quick
 
 bench-full: topics
 	$(BIN)/python -m bench.ledger --jobs 50000
@@ -82,6 +84,12 @@ bench-full: topics
 	$(BIN)/python -m bench.failover
 	$(BIN)/python -m bench.projector
 	$(BIN)/python -m bench.detector --seconds 60 --workers 4
+
+# Long fault scenarios (about 40 minutes, most of it waiting): 2,000 jobs every second,
+# every scheduler node killed for 20 minutes and restarted. The ledger must work through
+# the catch-up in bounded transactions without a failure, and the audit must be clean.
+chaos: topics
+	$(BIN)/python -m bench.outage --jobs 2000 --outage-s 1200
 
 clean:
 	-@test -x $(BIN)/cronlog && $(BIN)/cronlog stack down

@@ -76,84 +76,94 @@ Worker reports. A worker reports on `job-log` (its claims, ``RunStarted``,
 ``RunFinished``, ``RunReleased``); the ledger accepts a start only from the worker
 holding the current attempt of a live, claimed run, and records it as ``running``. A
 report the ledger rejected leaves no trace on run-events, so the audit reads the reports
-too. What run-events sanctions, per (run, attempt, worker): that worker ran the attempt
-if there is a ``running`` event of the attempt by it, or if the ledger accepted its
-outcome while the attempt was claimed by it (a transition out of ``dispatched`` with an
-exit code: its start report was lost or came late). Evidence of an execution is a
-``RunStarted``, or a ``RunFinished`` with an exit code (a process ran and exited). An
-execution without a sanction is an ``unsanctioned_execution``, reported once per (run,
-attempt, worker) at the first such report, saying whether the worker ever held the
-attempt: a worker that held it but started it after the ledger had moved on (cancelled,
-declared lost, timed out, given back) runs beside whatever the ledger did next, the
-dangerous case; one that never held it started something nobody granted it. Not
-findings, by construction:
+too. Run-events sanctions, per (run, attempt, worker), an execution by that worker if it
+has a ``running`` event of the attempt by it, or if the ledger accepted its outcome
+while it held the claim (a transition out of ``dispatched`` with an exit code: its start
+report was lost or came late). Evidence of an execution is a ``RunStarted``, or a
+``RunFinished`` with an exit code (a process ran and exited). An execution without a
+sanction is an ``unsanctioned_execution``, reported once per (run, attempt, worker) at
+its first report, saying why:
 
-- a duplicate or late report of a sanctioned execution (same worker, same attempt, the
-  ``running`` already recorded), whatever the run's state when it came;
-- claims (a claim refused is not an execution), releases, and a ``RunFinished``
-  without an exit code from a worker that never ran the attempt (killed before its
-  start, or never started);
-- reports the ledger has not decided yet: the reader passes only reports below the
-  ledger group's committed offset of their partition (everything below it was decided
-  and its outputs committed with it), or, when that offset is unknown, older than the
-  newest run-event of the partition minus `safety_margin_ms`; a report from the holder
-  of an attempt still ``dispatched`` at the end is in flight too;
-- reports on runs the replay cannot judge: a run whose events begin before a ``--from``
-  window (for its attempts up to the first seen), a run of a job whose registration is
-  not in the replay. A run the ledger forgot is still on run-events, so its late reports
-  are judged like any other. A run id that run-events never had, for a registered job,
-  is a finding (a worker executed a run that does not exist).
+- the worker never held the attempt: it ran something nobody granted it (a run id
+  run-events never had, for a registered job, included);
+- it held the attempt, and the ledger had given the claim back (released by the worker,
+  or the worker declared lost before the run's start time): the ledger relied on the
+  attempt never having started and dispatched it again;
+- it held the attempt, and by the report's own time (the worker's clock, give or take
+  `clock_tolerance_ms`) it started after the ledger cancelled the claim or ended it
+  without a start (a lost verdict, the timeout backstop, its own report without an exit
+  code), or, but for a cancel (whose run is stopped after it), was still running then:
+  it ran beside whatever the ledger did next.
 
-The check is per (run, attempt, worker), not per moment: a start rejected as premature
-by a worker that was granted the attempt later is not told apart from its granted start.
+Not findings, by construction: a duplicate or late report of a sanctioned execution
+(same worker, same attempt), whatever the run's state when it came; claims (a refused
+claim is not an execution), releases, a ``RunFinished`` without an exit code from a
+worker that never ran the attempt; an execution under way before the ledger cancelled
+the claim or declared it lost, whose report came after (the ledger's record covers it:
+cancelled; lost, whether it did its work unknown); reports the ledger has not decided
+yet (the reader passes only reports below the ledger group's committed offsets, or, when
+those are unknown, older than the partition's newest run-event by `safety_margin_ms`;
+and the start of the holder of a claim still open at the end is in flight); reports on
+runs the replay cannot judge (a run whose events begin before a ``--from`` window, for
+its attempts up to the first seen; a job whose registration is not in the replay). A run
+the ledger forgot is still on run-events: its late reports are judged like any other.
+The check is per execution, not per moment: a start rejected as premature by a worker
+granted the attempt just after is not told apart from its granted start.
 
 Overlaps. On the ledger's own view two attempts of one run never overlap: a run's
 events are one sequence and a new attempt begins only from ``retrying`` or a final
 state, so anything else is an ``illegal_transition`` already. What is checkable:
 
-- run-events alone: a run of a job with concurrency ``forbid`` or ``replace`` created by
+- from run-events: a run of a job with concurrency ``forbid`` or ``replace`` created by
   its schedule while another run of the job is live (not final) on the ledger's view
-  (the ledger skips such a firing, or cancels the live runs first). Counted from the
-  runs seen, so a ``--from`` window misses runs live before it but flags nothing
-  wrongly. Revivals and reruns are not checked (the ledger does not apply the policy
-  to reruns, and run-events does not tell the two apart);
-- with the reports: an execution whose worker's own ``RunFinished`` says it ended (its
-  ``at_ms``, the end on the worker's clock) more than `clock_tolerance_ms` after the
-  ledger recorded the start of a later attempt of the same run, or (concurrency
-  ``forbid``) of a run of the job scheduled later. Only sanctioned executions (an
-  unsanctioned one is already reported), and not reports of ``lost`` outcomes (their
-  time is the report's, the end being unknown). ``replace`` is not checked here: the
+  (the ledger skips such a firing, or cancels the live runs first). Counted from the runs
+  seen, so a ``--from`` window misses runs live before it but flags nothing wrongly.
+  Revivals and reruns are not checked (the ledger does not apply the policy to reruns,
+  and run-events does not tell the two apart), nor manual, backfill and dependency runs
+  (the ledger does not apply it to them);
+- with the reports: a sanctioned execution whose worker's ``RunFinished`` says it ended
+  (its ``at_ms``, the end on the worker's clock) more than `clock_tolerance_ms` after the
+  ledger recorded the start of a later attempt of the same run, or, for a ``forbid`` job,
+  of a run of its schedule scheduled after it. Not from a report of a ``lost`` outcome
+  (its time is the report's: the end is unknown). ``replace`` is not checked here: the
   ledger starts the new run while the old one is being stopped.
 
 DAG steps. A job without a schedule and with upstreams runs once per period: when an
-upstream's (non-manual) run ends, the step records a run for that scheduled time
-(trigger ``dependency``) if every upstream's latest outcome since the step's last
-record succeeded, records it as skipped if the finished run did not succeed, and
-otherwise waits; a record at t stands for every upstream outcome up to t. So every
-upstream outcome must eventually be covered by a record at or after its time, except
-the tail still waiting. ``missing_period`` is reported, per life of the step (from its
-registration or resume to its pause, deletion, a change of its upstreams, or ``now -
-safety_margin``), for an upstream outcome after the step's last record (its watermark)
-when the notice of it was surely decided while the step was active (its upstream's
-final event more than `notice_lag_ms` inside the life):
+upstream's (non-manual) run ends, the step's ledger records a run for that scheduled
+time (trigger ``dependency``) if every upstream's latest outcome since the step's last
+record (its watermark) succeeded, records it as skipped if that run did not succeed,
+and otherwise waits; a record at t stands for every outcome up to t. The checks follow
+the watermark through each life of the step (from its registration or resume to its
+pause, deletion, a change of its upstreams, or ``now - safety_margin``), and consider
+the outcomes whose final event lies more than `notice_lag_ms` inside the life (the
+notice was surely decided while the step was active). ``missing_period``, for an
+outcome with no record at its time:
 
-- an outcome that did not succeed: a skip record was due at its time; or
-- a succeeded one, when every other upstream had a succeeded outcome since the
-  watermark, not after it, whose final event was at least `notice_lag_ms` earlier
-  (decided before it): the step should have run for that period. With more than one
-  upstream this is checked only while the tail holds fewer than `keep_upstream_outcomes`
-  outcomes (the ledger keeps no more).
+- it was decided while the step's watermark was below it, and no record at or after
+  its time was made before it: with one upstream, whose notices are decided in the order
+  of its final events, "before" is told exactly; with several, a record made more than
+  `notice_lag_ms` after it. A failed outcome then owed a skip record; with one upstream,
+  a succeeded one owed a run;
+- with several upstreams, a succeeded outcome after the last record, when every other
+  upstream had a succeeded outcome since that record, not after it, decided surely
+  before it (a final event `notice_lag_ms` earlier): the step should have run. Checked
+  while fewer than `keep_upstream_outcomes` outcomes wait (the ledger keeps no more).
 
-Jobs with a schedule and upstreams have one run per fire time (``missing_firing``),
-``waiting`` until its upstreams are done (``not_final`` past the dependency wait).
+A period of several upstreams covered by a later record cannot be told from one the
+ledger folded into it, and is not checked. Jobs with a schedule and upstreams have one
+run per fire time (``missing_firing``), ``waiting`` until its upstreams are done
+(``not_final`` past the dependency wait).
 
 Start lateness is ``running.at_ms - scheduled_ms`` of first attempts (retries and reruns
 start late on purpose), backfill runs excluded (created long after their time).
 
 Memory: per run, one small object with bit sets (seq numbers, attempts claimed and
 started, who held and who ran each attempt: one shared worker id string and a bit set in
-the common case), per job its timeline, its firings and an array of 16 bytes per final
-non-manual run (the upstream outcomes); reports are judged as they come and not kept.
+the common case); per job its timeline, its firings, 16 bytes per final event of a
+non-manual run (the outcomes it notifies) and, for a ``forbid`` job, 16 bytes per start
+of a run of its schedule; entries only for runs started more than once or whose claims
+ended without a start. Reports are judged as they come and not kept (but the findings'
+keys, to report each execution once, up to 100,000).
 """
 
 from __future__ import annotations
@@ -356,8 +366,16 @@ _RAN: Final = 2
 _Grants: TypeAlias = str | tuple[tuple[int, str, int], ...] | None
 # Worker reports whose at_ms is the report's time, not the execution's end.
 _END_UNKNOWN: Final = ("lost",)
-# Findings of unsanctioned executions remembered to report each execution once.
+# Findings about executions remembered to report each one once.
 _MAX_FLAGGED: Final = 100_000
+# How the ledger ended a claim without a start: given back (the ledger relies on the
+# attempt never having started: dispatched again), cancelled, or lost (a verdict, the
+# timeout backstop, or the holder's own report without an exit code): the attempt may
+# have run until then.
+_GIVEN_BACK: Final = 0
+_CANCELLED: Final = 1
+_LOST: Final = 2
+_ENDED_HOW: Final = ("given back", "cancelled", "ended without a start (lost or timed out)")
 
 
 class _Run:
@@ -410,11 +428,14 @@ class _Job:
     # (scheduled_ms, at_ms) of every final transition of a non-manual run, at_ms negated
     # minus one when not succeeded: the outcomes it notifies to its dependents.
     finals: array[int] = field(default_factory=lambda: array("q"))
-    # (scheduled_ms, at_ms) of every `running` event while the job forbids concurrency;
-    # once sealed, the scheduled times sorted, and in `start_min` the earliest start of
-    # the runs from each on.
+    # (scheduled_ms, at_ms, attempt) of every `running` event while the job forbids
+    # concurrency, the attempt negated for a run not of its schedule (the ledger applies
+    # the policy to those only).
     starts: array[int] = field(default_factory=lambda: array("q"))
-    start_min: array[int] | None = None
+    # Once sealed: the starts of runs of its schedule in time order, with their scheduled
+    # times; and every start ordered by (scheduled_ms, attempt): scheduled times, marked
+    # attempts, starts.
+    sealed: tuple[array[int], array[int], array[int], array[int], array[int]] | None = None
 
 
 _BUCKETS: Final[tuple[tuple[str, int], ...]] = (
@@ -450,10 +471,12 @@ class Auditor:
         self._workers: dict[str, str] = {}  # one string object per worker id
         # Runs first seen mid-life -> their first attempt seen (reports up to it unjudged).
         self._midlife: dict[str, int] = {}
-        self._flagged: set[tuple[str, int, str]] = set()
+        self._flagged: set[tuple[str, str, int, str]] = set()
         # Runs started more than once (retries, reruns) -> (attempt, at_ms, ...) of the
         # `running` events after the first: the starts of later attempts.
         self._later_starts: dict[str, tuple[int, ...]] = {}
+        # Runs with claims that ended without a start -> (attempt, worker, how, at_ms).
+        self._ended: dict[str, list[tuple[int, str, int, int]]] = {}
         self._reports = 0
         self._unjudged = 0
         self._reports_note = ""
@@ -524,22 +547,28 @@ class Auditor:
             return
         if isinstance(inp, RunFinished) and inp.exit_code is None:
             return  # killed before it ran, or never started: not an execution
-        key = (inp.run_id, inp.attempt, worker)
-        if key in self._flagged:
-            return
-        if len(self._flagged) < _MAX_FLAGGED:
-            self._flagged.add(key)
         what = "started" if isinstance(inp, RunStarted) else f"exited {inp.exit_code}"
         if run is None:
             why = f"run-events has no run {inp.run_id}"
         elif flags & _HELD:
+            ended = [x for x in self._ended.get(inp.run_id, ()) if x[:2] == (inp.attempt, worker)]
+            how, at = ended[-1][2:] if ended else (None, 0)
+            if how == _CANCELLED and isinstance(inp, RunFinished):
+                return  # a run stopped by its cancel ends after it
+            if how in (_CANCELLED, _LOST) and inp.at_ms <= at + self.config.clock_tolerance_ms:
+                return  # under way before the ledger ended the claim, which covers it
             why = (
-                f"it held the attempt, but the ledger never recorded its start: the run is "
-                f"{run.state} (attempt {run.attempt}), the ledger had moved on"
+                f"it held the attempt, but the ledger never recorded its start: the claim was "
+                f"{_ENDED_HOW[how]} at {iso_utc(at)}"
+                if how is not None
+                else f"it held the attempt, but the ledger never recorded its start (the run "
+                f"is {run.state}, attempt {run.attempt})"
             )
         else:
             holders = _holders(run.grants, run.gbits, inp.attempt)
             why = f"it never held the attempt (held by {', '.join(holders) or 'nobody'})"
+        if not self._once("unsanctioned", inp):
+            return
         self._violate(
             "unsanctioned_execution",
             inp.job_id,
@@ -549,6 +578,15 @@ class Auditor:
             f"worker {worker} {what} attempt {inp.attempt}: {why}",
             "job-log",
         )
+
+    def _once(self, kind: str, inp: RunFinished | RunStarted) -> bool:
+        """Whether this is the first finding of `kind` about this execution."""
+        key = (kind, inp.run_id, inp.attempt, inp.worker_id)
+        if key in self._flagged:
+            return False
+        if len(self._flagged) < _MAX_FLAGGED:
+            self._flagged.add(key)
+        return True
 
     def no_reports(self, why: str) -> None:
         """The worker reports could not be read (said in the report)."""
@@ -639,28 +677,16 @@ class Auditor:
             else:
                 self._grant(run, attempt, e.worker_id, _RAN)
             if job.forbid:
-                job.starts.extend((e.scheduled_ms, e.at_ms))
+                mark = attempt if e.trigger == "schedule" else -attempt
+                job.starts.extend((e.scheduled_ms, e.at_ms, mark))
             if kind is None and attempt == 1 and e.trigger != "backfill":
                 self._lateness.append(e.at_ms - e.scheduled_ms)
-        elif state in FINAL_STATES:
-            if e.trigger != "manual":
+        else:
+            if state in FINAL_STATES and e.trigger != "manual":
                 at = e.at_ms
                 job.finals.extend((e.scheduled_ms, at if state == "succeeded" else -at - 1))
-            if e.exit_code is not None and kind is None and run.state == "dispatched":
-                # The holder's outcome, accepted while it held the claim: it ran the
-                # attempt (its start report was lost or came late).
-                self._grant(run, attempt, e.worker_id, _RAN)
-        elif state == "due" and kind is None and run.state == "dispatched":
-            # The claim was given back before the start: the attempt may be claimed again.
-            run.claimed &= ~attempt_bit
-            run.released += 1
-        elif (
-            state == "retrying"
-            and e.exit_code is not None
-            and kind is None
-            and run.state == "dispatched"
-        ):
-            self._grant(run, attempt, e.worker_id, _RAN)  # as for a final outcome
+            if kind is None and run.state == "dispatched":
+                self._claim_ended(run, e, attempt_bit)
         run.seqs |= seq_bit
         if seq > run.seq:
             if run.state in FINAL_STATES:
@@ -719,7 +745,8 @@ class Auditor:
             run.started = _bit(e.attempt)
             self._grant(run, e.attempt, e.worker_id, _RAN)
             if job.forbid:
-                job.starts.extend((e.scheduled_ms, e.at_ms))
+                mark = e.attempt if e.trigger == "schedule" else -e.attempt
+                job.starts.extend((e.scheduled_ms, e.at_ms, mark))
         if creation and (seq == 0) == (e.state == "skipped") and e.attempt == 1:
             return
         self._midlife[e.run_id] = e.attempt  # its earlier attempts are not in the replay
@@ -758,6 +785,25 @@ class Auditor:
             self._lateness.append(e.at_ms - e.scheduled_ms)
 
     # -- who held and ran each attempt ----------------------------------------------------------
+    def _claim_ended(self, run: _Run, e: RunEvent, attempt_bit: int) -> None:
+        """A claim that ends without a `running` event."""
+        if e.exit_code is not None:
+            # The holder's outcome, accepted while it held the claim: it ran the attempt
+            # (its start report was lost or came late).
+            self._grant(run, e.attempt, e.worker_id, _RAN)
+            return
+        if e.state == "due":
+            # Given back before the start: the attempt may be claimed again.
+            run.claimed &= ~attempt_bit
+            run.released += 1
+            how = _GIVEN_BACK
+        else:
+            how = _CANCELLED if e.state == "cancelled" else _LOST
+        holders = _holders(run.grants, run.gbits, e.attempt)
+        worker = holders[-1] if holders else e.worker_id
+        ended = self._ended.setdefault(e.run_id, [])
+        ended.append((e.attempt, worker, how, e.at_ms))
+
     def _intern(self, worker: str) -> str:
         """One string object per worker id, shared by the runs it held."""
         return self._workers.setdefault(worker, worker)
@@ -796,12 +842,20 @@ class Auditor:
         for job in self._jobs.values():
             if not job.starts:
                 continue
-            pairs = sorted(zip(job.starts[::2], job.starts[1::2], strict=True))
-            earliest = array("q", (at for _, at in pairs))
-            for i in range(len(earliest) - 2, -1, -1):
-                earliest[i] = min(earliest[i], earliest[i + 1])
-            job.starts = array("q", (scheduled for scheduled, _ in pairs))
-            job.start_min = earliest
+            raw = job.starts
+            n = len(raw) // 3
+            by_run = sorted(range(n), key=lambda i: (raw[3 * i], raw[3 * i + 2]))
+            by_time = sorted(
+                (i for i in range(n) if raw[3 * i + 2] > 0), key=lambda i: raw[3 * i + 1]
+            )
+            job.sealed = (
+                array("q", (raw[3 * i + 1] for i in by_time)),
+                array("q", (raw[3 * i] for i in by_time)),
+                array("q", (raw[3 * i] for i in by_run)),
+                array("q", (raw[3 * i + 2] for i in by_run)),
+                array("q", (raw[3 * i + 1] for i in by_run)),
+            )
+            job.starts = array("q")
 
     def _overlap(self, job: _Job, run: _Run, inp: RunFinished, partition: int, offset: int) -> None:
         """A sanctioned execution still going, by its worker's word, after the ledger
@@ -817,14 +871,13 @@ class Auditor:
                 later = (start, attempt)
         if later is not None:
             what = f"attempt {later[1]} started at {iso_utc(later[0])}"
-        elif job.start_min is not None:
-            i = bisect.bisect_right(job.starts, run.scheduled_ms)
-            if i == len(job.starts) or job.start_min[i] >= end:
-                return
-            what = (
-                f"later run of the job (concurrency forbid) started at {iso_utc(job.start_min[i])}"
-            )
         else:
+            other = _other_start(job, run.scheduled_ms, inp.attempt, end)
+            if other is None:
+                return
+            what = f"run of the job for {iso_utc(other[1])} (concurrency forbid) started at "
+            what += iso_utc(other[0])
+        if not self._once("overlap", inp):
             return
         self._violate(
             "overlapping_attempts",
@@ -937,33 +990,67 @@ class Auditor:
         lives = _step_lives(job.timeline, job.fires, until)
         if not lives:
             return None
-        for start, end, fired, upstreams in lives:
-            # The outcomes since the watermark: (scheduled, final at, succeeded, upstream).
-            tail: list[tuple[int, int, bool, str]] = []
+        # The step's records by scheduled time.
+        records = sorted((t, at) for t, (_, at, _, _) in job.fires.items())
+        times = [t for t, _ in records]
+        for start, end, since, fired, upstreams in lives:
+            # Outcomes after the life's starting watermark: (scheduled, final at, ok, upstream).
+            outcomes: list[tuple[int, int, bool, str]] = []
             for upstream in upstreams:
                 other = self._jobs.get(upstream)
                 finals = other.finals if other is not None else ()
                 for i in range(0, len(finals), 2):
-                    if finals[i] > fired:
+                    if finals[i] > since:
                         at = finals[i + 1]
                         ok = at >= 0
-                        tail.append((finals[i], at if ok else -at - 1, ok, upstream))
-            inside = [o for o in tail if start + lag < o[1] < end - lag]
-            failed = [o for o in inside if not o[2]]
-            for scheduled, at, _, upstream in failed:
+                        outcomes.append((finals[i], at if ok else -at - 1, ok, upstream))
+            # When each record was made, as comparable with an outcome's final time: with
+            # one upstream, the time of its first final event for the record's time (the
+            # notices of one upstream are decided in the order of its final events);
+            # with several, when the step's ledger made it, less the notice lag. Then the
+            # earliest of those at or after each record.
+            if len(upstreams) == 1:
+                first: dict[int, int] = {}
+                for scheduled, at, _, _ in outcomes:
+                    first[scheduled] = min(at, first.get(scheduled, at))
+                made = [first.get(t, -1) for t, _ in records]  # -1: before anything
+                slack = 1  # strictly before
+            else:
+                made = [at for _, at in records]
+                slack = lag
+            for i in range(len(made) - 2, -1, -1):
+                made[i] = min(made[i], made[i + 1])
+            flagged: set[tuple[str, int]] = set()
+            for scheduled, at, ok, upstream in outcomes:
+                if not start + lag < at < end - lag or scheduled in job.fires:
+                    continue
+                i = bisect.bisect_left(times, scheduled)
+                if i < len(times) and at + slack > made[i]:
+                    continue  # a record at or after it may have been made first
+                if ok and len(upstreams) > 1:
+                    continue  # whether the others had succeeded: see below
+                if (upstream, scheduled) in flagged:
+                    continue
+                flagged.add((upstream, scheduled))
+                due = "a run" if ok else "a skip record"
                 self._missing_period(
                     job,
                     upstream,
                     scheduled,
-                    f"upstream {upstream}'s run for {iso_utc(scheduled)} did not succeed "
-                    f"(final at {iso_utc(at)}), but {job.job_id} has no record at or after "
-                    f"it (its watermark: {iso_utc(fired)})",
+                    f"upstream {upstream}'s run for {iso_utc(scheduled)} "
+                    f"{'succeeded' if ok else 'did not succeed'} (final at {iso_utc(at)}) "
+                    f"while {job.job_id}'s last record was older: {due} was due for it, "
+                    "and there is no record at or after it made before its notice",
                 )
-            if failed or not all(o[2] for o in tail):
+            if flagged or len(upstreams) < 2:
                 continue
-            if len(upstreams) > 1 and len(tail) >= cfg.keep_upstream_outcomes:
+            # Several upstreams: the step runs when every one succeeded since its watermark.
+            tail = [o for o in outcomes if o[0] > fired]
+            if not all(o[2] for o in tail) or len(tail) >= cfg.keep_upstream_outcomes:
                 continue
-            for scheduled, at, _, upstream in sorted(inside, reverse=True):
+            for scheduled, at, _, upstream in sorted(tail, reverse=True):
+                if not start + lag < at < end - lag:
+                    continue
                 if all(
                     other == upstream
                     or any(
@@ -1019,6 +1106,30 @@ class Auditor:
         return live
 
 
+def _other_start(job: _Job, scheduled: int, attempt: int, until: int) -> tuple[int, int] | None:
+    """(start, scheduled time) of a run of a `forbid` job's schedule, other than the run
+    for `scheduled`, that the ledger started after its `attempt` and before `until`. Under
+    `forbid` the ledger starts one only once the run is final on its view."""
+    if job.sealed is None:
+        return None
+    at, times, runs, attempts, starts = job.sealed
+    i = bisect.bisect_left(runs, scheduled)
+    own = None
+    while i < len(runs) and runs[i] == scheduled:
+        if abs(attempts[i]) == attempt:
+            own = starts[i]
+            break
+        i += 1
+    if own is None:
+        return None  # its start is not on run-events: its outcome was accepted instead
+    j = bisect.bisect_right(at, own)
+    while j < len(at) and at[j] < until:
+        if times[j] != scheduled:
+            return at[j], times[j]
+        j += 1
+    return None
+
+
 def _flags(grants: _Grants, gbits: int, attempt: int, worker: str) -> int:
     """What run-events says of (attempt, worker): _HELD and/or _RAN bits."""
     if grants is None:
@@ -1048,15 +1159,17 @@ def _step_lives(
     timeline: list[tuple[str, int, JobSpec | None]],
     fires: dict[int, tuple[str, int, int, int]],
     until: int,
-) -> list[tuple[int, int, int, tuple[str, ...]]]:
-    """The lives of a DAG step: (start, end, its watermark at the end, its upstreams),
-    following the ledger's watermark: registration sets it (never lower than a former
-    life's), a pause or deletion lowers it to its time, a resume raises it to its time,
-    each record (run or skip) at t raises it to t."""
+) -> list[tuple[int, int, int, int, tuple[str, ...]]]:
+    """The lives of a DAG step: (start, end, its watermark at the start and at the end,
+    its upstreams), following the ledger's watermark: a registration sets it (never
+    lower than a former life's), a schedule change too, a pause or deletion lowers it to
+    its time, a resume raises it to its time, and each record (run or skip) at t raises
+    it to t."""
     records = sorted((at, t) for t, (_, at, _, _) in fires.items())
-    out: list[tuple[int, int, int, tuple[str, ...]]] = []
+    out: list[tuple[int, int, int, int, tuple[str, ...]]] = []
     spec: JobSpec | None = None
     start: int | None = None
+    since = 0  # the watermark at the start of the open life
     fired: int | None = None
     registered = paused = deleted = False
     i = 0
@@ -1064,7 +1177,7 @@ def _step_lives(
     def step(s: JobSpec | None) -> tuple[str, ...]:
         return s.depends_on if s is not None and s.schedule is None else ()
 
-    def advance(to: int) -> None:  # records made before `to`
+    def advance(to: int) -> None:  # the records made before `to`
         nonlocal i, fired
         while i < len(records) and records[i][0] < to:
             fired = records[i][1] if fired is None else max(fired, records[i][1])
@@ -1073,22 +1186,29 @@ def _step_lives(
     def close(at: int) -> None:
         advance(at if at < until else records[-1][0] + 1 if records else at)
         if start is not None and fired is not None and step(spec) and start < min(at, until):
-            out.append((start, min(at, until), fired, step(spec)))
+            out.append((start, min(at, until), since, fired, step(spec)))
+
+    def begin(at: int) -> None:
+        nonlocal start, since
+        start, since = at, at if fired is None else fired
 
     for kind, at, new in timeline:
         advance(at)
         if kind == "upserted" and new is not None:
             if not registered or deleted:
                 registered, paused, deleted = True, False, False
-                spec, start = new, at
+                spec = new
                 fired = at if fired is None else max(fired, at)
+                begin(at)
             else:
                 assert spec is not None
-                if step(new) != step(spec) and not paused:
+                retimed = (new.schedule, new.dst) != (spec.schedule, spec.dst)
+                if (step(new) != step(spec) or retimed) and not paused:
                     close(at)
-                    start = at
-                if (new.schedule, new.dst) != (spec.schedule, spec.dst):
+                if retimed:
                     fired = at  # the ledger's watermark moves to a schedule change
+                if (step(new) != step(spec) or retimed) and not paused:
+                    begin(at)
                 spec = new
         elif not registered or deleted:
             continue
@@ -1097,8 +1217,9 @@ def _step_lives(
             paused, start = True, None
             fired = at if fired is None else min(fired, at)
         elif kind == "resumed" and paused:
-            paused, start = False, at
+            paused = False
             fired = at if fired is None else max(fired, at)
+            begin(at)
         elif kind == "deleted":
             if not paused:
                 close(at)
@@ -1197,6 +1318,9 @@ def audit(
 
 
 # -- text output ---------------------------------------------------------------------------
+_KIND_WIDTH: Final = max(len(kind) for kind in KINDS)
+
+
 def _seconds(ms: int | None) -> str:
     return "-" if ms is None else f"{ms / 1000:.2f} s"
 
@@ -1255,11 +1379,11 @@ def format_report(
     w(f"violations {total:,}" + (" (clean)\n" if total == 0 else "\n"))
     for kind in KINDS:
         if report.counts.get(kind):
-            w(f"  {kind:<18} {report.counts[kind]:,}\n")
+            w(f"  {kind:<{_KIND_WIDTH}} {report.counts[kind]:,}\n")
     if total:
         shown = report.violations[:limit]
         w(f"first {len(shown)} violations:\n")
         for v in shown:
             subject = v.run_id or v.job_id or "?"
             where = f"{job_log_topic if v.source == 'job-log' else topic}[{v.partition}]@{v.offset}"
-            w(f"  {v.kind:<18} {where}  {subject}: {v.detail}\n")
+            w(f"  {v.kind:<{_KIND_WIDTH}} {where}  {subject}: {v.detail}\n")

@@ -34,23 +34,29 @@ told by their order in the log (one partition per worker id), or else by the wor
 own stamps (one clock). A worker is suspected (no new placements) when no beat was
 received for two intervals, and declared dead after `dead_after` = `dead_after_missed`
 intervals plus a grace (10 s): each attempt it held gets a WorkerLost on its job's log
-(the ledger ignores it if the attempt moved on). The verdict is taken only after reading
-every heartbeat available, so a newer beat already in the log cancels it, and never
-before `dead_after` has passed on this clock since the dispatcher started (or restarted,
-after a consumer error) reading heartbeats: a dispatcher that just started cannot tell
-a silent worker from one whose beats it has not read.
-Why it is safe: a worker's lease ends 7 s after it *made* its last acknowledged beat,
-on its own clock, and it kills its runs then; the verdict comes `dead_after` (10 s) of
-the dispatcher's clock after that beat's *receipt*, and a beat is received after it is
-made. Both are durations, each on one machine's clock, so the lease always ends (3 s
-earlier, at the least) before the verdict, whatever the offset between the two clocks
-(their rates agree to far better than the 3 s over 10 s). Before, the verdict compared
-the dispatcher's wall clock with the worker's stamp: a worker clock 2 s behind let the
-verdict come before the lease ended, 7 s behind made every dispatcher declare healthy
-workers dead. How much history to read at start (the last `history_s`, by
-`offsets_for_times` against the broker's append times) does compare this machine's
-clock with the broker's: a skew only reads a little more or less history, and no
-verdict depends on it.
+(the ledger ignores it if the attempt moved on). The verdict is taken in two steps: when
+a worker looks dead the dispatcher asks the broker where that worker's heartbeat
+partition ends, and declares it dead only once it has read up to there and the worker
+was still silent when it asked; so every beat the broker had acknowledged by then
+cancels the verdict. And never before `dead_after` has passed on this clock since the
+dispatcher started (or restarted, after a consumer error) reading heartbeats: one that
+just started cannot tell a silent worker from one whose beats it has not read.
+Why it is safe: a worker's lease ends 7 s after it *made* its last beat that renewed it,
+on its own clock, and it kills its runs then; a beat renews the lease only if the
+broker acknowledged it within the worker's heartbeat interval (at most 3 s). The verdict
+comes `dead_after` (10 s) of the dispatcher's clock after the *receipt* of the last beat
+it read, and a beat is received after it is made: that beat's lease ended 3 s before the
+verdict at least, whatever the offset between the two clocks (their rates agree to far
+better than 3 s in 10 s). A later beat that could still have extended the lease was
+made within 7 s of that one, more than 3 s before the verdict's question to the broker,
+so it was acknowledged before that question and would have been read and cancelled the
+verdict; a beat made after the lease lapsed finds the worker's runs already killed.
+Before, the verdict compared the dispatcher's wall clock with the worker's stamp: a
+worker clock 2 s behind let the verdict come before the lease ended, 7 s behind made
+every dispatcher declare healthy workers dead. How much history to read at start (the
+last `history_s`, by `offsets_for_times` against the broker's append times) does compare
+this machine's clock with the broker's: a skew only reads a little more or less
+history, and no verdict depends on it.
 """
 
 from __future__ import annotations
@@ -227,6 +233,8 @@ class Dispatcher:
         self.started = time.monotonic()
         self.reading_since = self.started  # heartbeats read without interruption since
         self.declared_dead = 0
+        # A verdict in progress: (asked at, heartbeat partition ends then, workers silent).
+        self._check: tuple[float, dict[int, int], set[str]] | None = None
         self._drained_s = self.started  # the start of the last heartbeat read pass
         self._fetched_after_s = self.started  # beats read in this pass arrived after it
         self._committed_at = self.started
@@ -521,15 +529,32 @@ class Dispatcher:
 
     # -- failure detection ---------------------------------------------------------------------
     def _detect(self, now: int) -> None:
+        """Two steps. When workers look dead, ask the broker where their heartbeat
+        partitions end; once every beat up to there has been read, declare dead those of
+        them still silent as of that question. Any beat the broker had acknowledged by
+        then has been read first, so it cancels the verdict."""
         now_s = time.monotonic()
-        silent = [
-            info
-            for info in self.workers.values()
-            if not info.dead and self.liveness.dead(info.received_s, self.reading_since, now_s)
-        ]
-        if not silent or not self._caught_up({info.mark.partition for info in silent}):
+        if self._check is None:
+            silent = {
+                info.worker_id
+                for info in self.workers.values()
+                if not info.dead and self.liveness.dead(info.received_s, self.reading_since, now_s)
+            }
+            if silent:
+                ends = self._ends({self.workers[w].mark.partition for w in silent})
+                if ends is not None:
+                    self._check = (now_s, ends, silent)
             return
-        for info in silent:
+        asked_s, ends, silent = self._check
+        if not self._read_to(ends):
+            if now_s - asked_s > self.liveness.dead_after_s:
+                self._check = None  # not reached in all that time: ask again
+            return  # read them first (the next pass)
+        self._check = None
+        for worker_id in sorted(silent):
+            info = self.workers[worker_id]
+            if info.dead or not self.liveness.dead(info.received_s, self.reading_since, asked_s):
+                continue  # a beat came, or reading was interrupted: judged afresh later
             info.dead = True
             self.declared_dead += 1
             held = info.running | set(info.reserved) | set(info.maybe)
@@ -546,20 +571,25 @@ class Dispatcher:
                 info.release(key)
             info.maybe.clear()
 
-    def _caught_up(self, partitions: set[int]) -> bool:
-        """Has every beat the broker had acknowledged on these heartbeat partitions, when
-        asked now, been read? Only then is silence the worker's and not this reader's."""
+    def _ends(self, partitions: set[int]) -> dict[int, int] | None:
+        """Where these heartbeat partitions end now, by the broker (None if it cannot
+        tell: no verdict then)."""
         try:
-            for partition in partitions:
-                tp = TopicPartition(self.heartbeats_topic, partition)
-                _, high = self.heartbeat_consumer.get_watermark_offsets(tp, 2, cached=False)
-                position = self.heartbeat_consumer.position([tp])[0].offset
-                if position < high:
-                    return False  # read them first (the next pass)
+            return {
+                p: self.heartbeat_consumer.get_watermark_offsets(
+                    TopicPartition(self.heartbeats_topic, p), 2, cached=False
+                )[1]
+                for p in partitions
+            }
         except KafkaException as exc:
             log.warning("cannot tell whether every heartbeat was read (%s): no verdict", exc)
-            return False
-        return True
+            return None
+
+    def _read_to(self, ends: dict[int, int]) -> bool:
+        positions = self.heartbeat_consumer.position(
+            [TopicPartition(self.heartbeats_topic, p) for p in ends]
+        )
+        return all(tp.offset >= ends[tp.partition] for tp in positions)
 
     def _send(
         self,

@@ -249,6 +249,8 @@ class Ledger:
         # Assigned here, with the offsets the state was restored for: librdkafka must
         # not look the committed offsets up again after the restore (see _take_over).
         consumer.assign(positions)
+        if self._stop.is_set():
+            return  # stopping: nothing is decided any more
         restored = [self.state[tp.partition] for tp in positions if tp.partition in self.state]
         log.info(
             "ledger %s owns job-log partitions %s: restored %d jobs and %d runs in %.2f s",
@@ -285,7 +287,9 @@ class Ledger:
         """
         wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         committed = committed_or(self.consumer, wanted, OFFSET_BEGINNING, self._stop)
-        self.state.update(self._restore_all([tp.partition for tp in committed]))
+        restored = self._restore_all([tp.partition for tp in committed])
+        if not self._stop.is_set():  # a restore cut short by stop() is never used
+            self.state.update(restored)
         return committed
 
     def _restore(self, partition: int) -> PartitionState:

@@ -14,6 +14,7 @@ from connectors.stack.paths import StackPaths
 from connectors.stack.postgres import PORT as POSTGRES_PORT
 from connectors.stack.postgres import PostgresStack, PostgresStatus
 from connectors.stack.process import Log, StackError
+from connectors.stack.tools import ensure_test_tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class Stack:
         self.paths.state.mkdir(parents=True, exist_ok=True)
         self.postgres.up(log)
         self.kafka.up(log)
+        ensure_test_tools(log)  # best effort: faketime for the clock-skew tests
         return self.status()
 
     def down(self) -> tuple[bool, bool]:

@@ -31,9 +31,9 @@ outcome of what an earlier incarnation ran):
   {"ev": "started", "key", "pid", "started_ms", "started_mono"}
   {"ev": "finished", "key", "result": {outcome, exit_code, signal, started_ms,
    finished_ms, started_mono, finished_mono, error}}
-(times twice: epoch ms of this machine's wall clock, and CLOCK_MONOTONIC seconds, which
-the worker turns into broker time.)
   {"ev": "tick"} every half second (the worker's sign that this process is alive).
+Times come twice: epoch ms of this machine's wall clock, and CLOCK_MONOTONIC seconds,
+which the worker turns into broker time for its reports.
 Outcomes: exited (by itself, any code), timeout, cancelled, fenced (lease expired after
 the start), error (could not start), not_started (never started and never will be:
 fenced, cancelled, or no room within `--start-wait-s` of its start time, or the worker

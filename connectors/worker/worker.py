@@ -117,10 +117,7 @@ class Attempt:
     tail: LogTail | None = None
     cancelled: bool = False
     since: float = 0.0  # monotonic: when it entered its phase
-    # The latest claim, by its own time and by the broker's append time (the ledger
-    # answers a claim with one of them): only its reply counts.
-    claimed_ms: int = 0
-    claimed_broker_ms: int | None = None
+    claimed_ms: int = 0  # the time of the latest claim: only its reply counts
 
     @property
     def key(self) -> Key:
@@ -251,8 +248,6 @@ class Worker:
             while not self.stop_event.is_set():
                 self.loop_seen = time.monotonic()
                 messages = consumer.consume(500, timeout=0.05)
-                # Delivery reports first: a claim's broker time identifies its reply.
-                self.producer.poll(0)
                 for msg in messages:
                     if msg.error() is None and msg.key() == self.config.worker_id.encode():
                         self._handle(msg.value() or b"")
@@ -283,8 +278,9 @@ class Worker:
         self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts))
 
     # -- sending ---------------------------------------------------------------------------
-    def _send(self, record: Any, on_ack: Callable[[int | None], None] | None = None) -> None:
-        """Produce to job-log; `on_ack(broker_ms)` once Kafka acknowledged it."""
+    def _send(self, record: Any, on_ack: Callable[[], None] | None = None) -> None:
+        """Produce to job-log; `on_ack()` once Kafka acknowledged it. The acknowledgement
+        carries the broker's append time: a sample for the broker clock."""
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             if err is None:
@@ -292,7 +288,7 @@ class Worker:
                 if stamp is not None:
                     self._observe(stamp)
                 if on_ack is not None:
-                    on_ack(stamp)
+                    on_ack()
             else:
                 log.warning("report not delivered (%s); sending it again", err)
                 self.resend.append((record, on_ack))
@@ -353,18 +349,12 @@ class Worker:
         attempt = Attempt(d, "claiming", since=time.monotonic())
         self.attempts[key] = attempt
         self.journal.record(d.run_id, d.attempt, d.job_id, "claiming", dispatch=to_plain(d))
-        self._claim(attempt)
+        attempt.claimed_ms = self._claim(d)
 
-    def _claim(self, attempt: Attempt) -> None:
-        d = attempt.dispatch
+    def _claim(self, d: DispatchRequest) -> int:
         at = self._now_ms()
-        attempt.claimed_ms, attempt.claimed_broker_ms = at, None
-
-        def acked(stamp: int | None) -> None:
-            if attempt.claimed_ms == at:  # not claimed again meanwhile
-                attempt.claimed_broker_ms = stamp
-
-        self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at), acked)
+        self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
+        return at
 
     def _replied(self, reply: ClaimReply) -> None:
         key = (reply.run_id, reply.attempt)
@@ -386,10 +376,10 @@ class Worker:
                     )
                 )
             return
-        if reply.at_ms not in (attempt.claimed_ms, attempt.claimed_broker_ms):
+        if reply.at_ms != attempt.claimed_ms:
             # The reply to an earlier claim of this attempt (replayed from the inbox after
             # a restart, or before the attempt was given back and assigned again): the
-            # ledger answers each claim with that claim's time (its own, or the broker's).
+            # ledger answers each claim with that claim's own stamp.
             return
         if not reply.granted:
             self._drop(attempt)
@@ -540,7 +530,7 @@ class Worker:
         record = RunFinished(
             d.job_id, d.run_id, d.attempt, self.config.worker_id, code, error, at_ms
         )
-        self._send(record, lambda _: self._reported(d))
+        self._send(record, lambda: self._reported(d))
         self._forget(attempt)
 
     def _release(self, attempt: Attempt, why: str) -> None:
@@ -549,7 +539,7 @@ class Worker:
         at = self._now_ms()
         record = RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at)
         # "released", not "reported": the same attempt may be assigned here again.
-        self._send(record, lambda _: self._reported(d, "released"))
+        self._send(record, lambda: self._reported(d, "released"))
         self._forget(attempt)
 
     def _reported(self, d: DispatchRequest, phase: str = "reported") -> None:
@@ -574,8 +564,7 @@ class Worker:
             if entry.phase == "claiming":
                 expected = self.durations.expected_ms(d.job_id)
                 self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
-                attempt.since = time.monotonic()
-                self._claim(attempt)
+                attempt.since, attempt.claimed_ms = time.monotonic(), self._claim(d)
                 continue
             attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
             self.timeline.begin(attempt.key, d.resources)  # may be running: hold it

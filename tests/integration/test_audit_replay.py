@@ -1,10 +1,12 @@
 """`cronlog audit` on the real broker: a clean history audits clean (exit 0); injected
-violations are reported with their partition and offset (exit 1); a missing topic or
-broker is a usage/connection error (exit 2).
+violations are reported with their partition and offset (exit 1); a worker report the
+ledger rejected is read from job-log and judged once the ledger has decided it; a
+missing topic or broker is a usage/connection error (exit 2).
 
 The histories come from the real ledger (tests/unit/test_audit.py drives it), produced
 to run-events as the ledger process does: keyed by job id, Avro via schemas.codec, with
-the event time as the record timestamp.
+the event time as the record timestamp; the worker reports it was sent go to job-log,
+keyed by job id, as the workers send them.
 """
 
 from __future__ import annotations
@@ -14,16 +16,23 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from projections.audit import AuditReport
 from projections.audit_replay import replay, run_audit
-from schemas.codec import RUN_EVENTS
-from streams.core.records import JobEvent, RunEvent, RunStateName
+from schemas.codec import JOB_LOG, RUN_EVENTS
+from streams.core.records import (
+    JobEvent,
+    JobUpserted,
+    LedgerInput,
+    RunEvent,
+    RunStarted,
+    RunStateName,
+)
 from streams.kafka import producer_config
 from streams.settings import Settings
 from streams.topics import CATALOGUE, ensure_topics
-from tests.unit.test_audit import clean_history, rid
+from tests.unit.test_audit import clean_history, clean_ledger, rid
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +48,17 @@ def record(event: Event) -> Record:
     return event.job_id.encode(), RUN_EVENTS.encode(event), event.at_ms
 
 
-def produce(settings: Settings, records: list[Record]) -> list[tuple[int, int]]:
+def report_record(inp: LedgerInput) -> Record:
+    job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
+    return job_id.encode(), JOB_LOG.encode(inp), inp.at_ms
+
+
+def produce(
+    settings: Settings, records: list[Record], topic_name: str = "run-events"
+) -> list[tuple[int, int]]:
     """Produce in order; returns the (partition, offset) of each record."""
     producer = Producer(producer_config(settings))
-    topic = settings.topic("run-events")
+    topic = settings.topic(topic_name)
     where: list[tuple[int, int]] = [(-1, -1)] * len(records)
 
     def delivered(index: int) -> Callable[[KafkaError | None, Message], None]:
@@ -66,10 +82,11 @@ def clean(topics: Settings) -> list[tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def bad_settings(topics: Settings) -> Settings:
-    """A second prefix with only run-events (deleted with the module's prefix, which it
-    extends)."""
+    """A second prefix with run-events but no job-log (deleted with the module's prefix,
+    which it extends). `commands` too: ensure_topics fails when no topic it is given
+    takes broker time."""
     bad = topics.with_(topic_prefix=f"{topics.topic_prefix}bad.")
-    ensure_topics(bad, [spec for spec in CATALOGUE if spec.name == "run-events"])
+    ensure_topics(bad, [spec for spec in CATALOGUE if spec.name in ("run-events", "commands")])
     return bad
 
 
@@ -91,7 +108,7 @@ def test_a_clean_history_audits_clean(topics: Settings, clean: list[tuple[int, i
     assert code == 0, out + err
     assert "violations 0 (clean)" in out
     assert "jobs     2\n" in out
-    assert f"read     {len(clean):,} records" in out
+    assert f"read     {len(clean):,} run-events and 0 job-log records" in out
     assert "p50 0.30 s" in out
 
 
@@ -117,7 +134,7 @@ def test_a_later_now_catches_an_installation_that_stopped(
     out, err = io.StringIO(), io.StringIO()
     later = BASE + 150 * MIN  # job k (every 5 min) is not deleted: 3 firings overdue
     assert run_audit(topics, None, None, None, out, err=err, now_ms=later) == 1
-    assert "missing_firing     3" in out.getvalue()
+    assert "missing_firing         3" in out.getvalue()
 
 
 def test_injected_violations_are_reported_with_their_offsets(bad_settings: Settings) -> None:
@@ -165,15 +182,19 @@ def test_injected_violations_are_reported_with_their_offsets(bad_settings: Setti
     # The missing firing points at the next decision: minute 34's creation.
     expected["missing_firing"] = where[events.index(first_event(rid(BASE + 34 * MIN)))]
 
-    report, _ = replay(bad_settings)
+    report, stats = replay(bad_settings)
     assert_reported(report, expected)
     assert report.undecodable == 1
+    # Without job-log the audit goes on with run-events alone, and says so.
+    assert stats.decided_by == ""
+    assert "job-log is not available" in report.reports_note
 
     code, out, err = audited(bad_settings)
     assert code == 1, out + err
+    assert "reports  worker reports not checked: " in out
     topic = bad_settings.topic("run-events")
     for kind, (partition, offset) in expected.items():
-        assert f"{kind:<18} {topic}[{partition}]@{offset}" in out, out
+        assert f"{kind:<22} {topic}[{partition}]@{offset}" in out, out
 
 
 def assert_reported(report: AuditReport, expected: dict[str, tuple[int, int]]) -> None:
@@ -181,6 +202,75 @@ def assert_reported(report: AuditReport, expected: dict[str, tuple[int, int]]) -
     assert found == dict.fromkeys(expected, 1), report.violations
     for violation in report.violations:
         assert (violation.partition, violation.offset) == expected[violation.kind], violation
+
+
+@pytest.fixture(scope="module")
+def reports_settings(topics: Settings) -> Settings:
+    """A third prefix with run-events and job-log (deleted with the module's prefix)."""
+    with_reports = topics.with_(topic_prefix=f"{topics.topic_prefix}reports.")
+    ensure_topics(with_reports, [s for s in CATALOGUE if s.name in ("run-events", "job-log")])
+    return with_reports
+
+
+def commit_as_the_ledger(settings: Settings, ends: dict[int, int]) -> None:
+    """Commit job-log offsets for the ledger's consumer group, as a ledger that decided
+    everything below them would have (no group is joined)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka,
+            "group.id": settings.group("ledger"),
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        topic = settings.topic("job-log")
+        offsets = [TopicPartition(topic, p, end) for p, end in ends.items()]
+        consumer.commit(offsets=offsets, asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def test_a_worker_report_the_ledger_rejected_is_read_from_job_log(
+    reports_settings: Settings,
+) -> None:
+    led = clean_ledger(BASE)
+    produce(reports_settings, [record(e) for e in led.events()])
+    # A worker that never held it starts the run of minute 3, which w1 ran: the ledger
+    # rejects it, so only job-log shows it.
+    run_id = rid(BASE + 3 * MIN)
+    assert led.report(RunStarted("j", run_id, 1, "zombie", BASE + 3 * MIN + 500))
+    where = produce(reports_settings, [report_record(r) for r in led.reports], "job-log")
+    injected = where[-1]
+
+    # No ledger has committed offsets on job-log: whether it decided these reports is
+    # told by time, and run-events' records are hours older than job-log's broker
+    # timestamps. So none is judged yet.
+    report, stats = replay(reports_settings)
+    assert stats.decided_by == "time"
+    assert stats.job_log_records == len(led.reports)
+    assert report.clean, report.violations
+    assert report.reports == 0
+    assert report.unjudged_reports > 100
+
+    # A ledger that decided everything: every report is judged, the rejected one flagged.
+    ends: dict[int, int] = {}
+    for partition, offset in where:
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    commit_as_the_ledger(reports_settings, ends)
+    report, stats = replay(reports_settings)
+    assert stats.decided_by == "offsets"
+    assert {k: n for k, n in report.counts.items() if n} == {"unsanctioned_execution": 1}
+    (v,) = report.violations
+    assert (v.source, v.partition, v.offset, v.run_id) == ("job-log", *injected, run_id)
+    assert "never held the attempt (held by w1)" in v.detail
+    assert report.unjudged_reports == 0
+    assert report.reports > 100
+
+    code, out, err = audited(reports_settings)
+    assert code == 1, out + err
+    topic = reports_settings.topic("job-log")
+    assert f"unsanctioned_execution {topic}[{injected[0]}]@{injected[1]}" in out, out
+    assert "below the ledger's committed offsets" in out
 
 
 def test_a_missing_topic_is_an_error(topics: Settings) -> None:

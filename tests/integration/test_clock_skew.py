@@ -51,15 +51,20 @@ import pytest
 
 from projections.audit import format_report
 from projections.audit_replay import replay
+from streams.core.ids import iso_utc
 from streams.core.records import RunEvent
 from streams.settings import Settings
+from streams.topics import ensure_topics
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
 NODE_SKEW = ("+10m", 600.0)
 WORKER_SKEWS = {"w-behind": ("-8s", -8.0), "w-ahead": ("+8s", 8.0)}
 FIRING_S = 75  # how long the periodic jobs fire
+LEAD_MS = 10_000  # the node's pre-dispatch lead (`cronlog scheduler --lead-s`)
+LOOKAHEAD_MS = 45_000  # and its look-ahead (`--lookahead-s`), for a one-off
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 
 SHIM_C = r"""
@@ -294,6 +299,9 @@ def test_skewed_clocks_run_every_firing_once_on_time(
         **{f"flaky-{i}": (2, marking(marks, 1, fail_first=True)) for i in range(2)},
     }
     retry = {"max_attempts": 3, "backoff_s": 0}
+    # The node knows the broker's time (from the workers' heartbeats) before any job is
+    # there: what it proposes is by that clock from the first proposal on.
+    eventually(lambda: "broker clock synced" in (logs / "skew-n1.log").read_text(), "sync", 60)
     send_commands(
         topics,
         [
@@ -360,6 +368,11 @@ def test_skewed_clocks_run_every_firing_once_on_time(
         if evs[0].trigger != "manual":
             by_time[(evs[0].job_id, evs[0].scheduled_ms)].add(run_id)
     assert not [k for k, ids in by_time.items() if len(ids) > 1], "two runs of one firing"
+    # Proposed on time by the node 10 minutes ahead: a run is created at most the lead
+    # before its time (by its wall clock, every firing would be proposed as soon as the
+    # previous one was decided, and accepted up to the ledger's 60 s maximum lead).
+    ahead = max(evs[0].scheduled_ms - evs[0].at_ms for evs in runs.values())
+    assert ahead <= LEAD_MS + 500, f"runs created {ahead} ms ahead of their time"
     for name, (every, _) in periodic.items():
         times = sorted(t for j, t in by_time if j == name)
         window = [t for t in times if t <= paused * 1000 - 3000]
@@ -406,3 +419,37 @@ def test_skewed_clocks_run_every_firing_once_on_time(
     text = io.StringIO()
     format_report(report, text)
     assert report.clean, text.getvalue()
+
+
+def test_a_node_that_proposed_by_its_own_clock_rebuilds_its_timers(
+    topics: Settings, skewed: Skew, tmp_path: Path
+) -> None:
+    """A node 10 minutes ahead with no worker (no heartbeats: nothing tells it the broker's
+    time) proposes by its wall clock until the first proposal's acknowledgement tells it
+    the broker's: a one-off 90 s away, proposed at once and refused as too early, would be
+    proposed again only 3 s later by that wrong clock, 10 minutes late. The node rebuilds
+    its timers and proposes it on time."""
+    alone = topics.with_(topic_prefix=f"{topics.topic_prefix}alone.")
+    ensure_topics(alone)
+    node = Node(alone, "alone-n1", tmp_path, extra_env=skewed(NODE_SKEW[0])).start()
+    reader = EventReader(alone, "alone-check")
+    try:
+        send_commands(alone, [job("warmup", ["true"])])
+        reader.wait_until(lambda: bool(reader.job_events()), 90, "the node to be up")
+        at_ms = (int(time.time()) + 90) * 1000
+        send_commands(alone, [job("once", ["true"], schedule={"at": iso_utc(at_ms)})])
+        reader.wait_until(
+            lambda: any(e.job_id == "once" for e, _ in reader.run_events()),
+            at_ms / 1000 - time.time() + 15,
+            "the one-off's run",
+        )
+        created = next(e for e, _ in reader.run_events() if e.job_id == "once")
+        assert created.scheduled_ms == at_ms
+        # Decided by the look-ahead on the broker's time (by the node's, 10 minutes late).
+        assert 0 <= at_ms - created.at_ms <= LOOKAHEAD_MS + 500
+        log = (tmp_path / "alone-n1.log").read_text(errors="replace")
+        assert "rebuilding its timers" in log
+        assert synced_skew(tmp_path / "alone-n1.log") == pytest.approx(NODE_SKEW[1], abs=2)
+    finally:
+        reader.close()
+        node.stop()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from schemas.codec import WORKER_INBOX, CodecError
 from streams.core.records import WorkerAssignment
@@ -38,25 +38,34 @@ def world(topics: Settings, tmp_path: Path) -> Iterator[tuple[Node, WorkerProc]]
 
 
 def _assignments(settings: Settings) -> Counter[tuple[str, int, int]]:
-    """Every WorkerAssignment on worker-inbox, counted by its dispatch record."""
+    """Every WorkerAssignment on worker-inbox up to its end now, counted by its dispatch
+    record."""
+    topic = settings.topic("worker-inbox")
     consumer = Consumer(
         {
             "bootstrap.servers": settings.kafka,
-            "group.id": settings.group(f"inbox-count-{time.monotonic_ns()}"),
-            "auto.offset.reset": "earliest",
+            "group.id": settings.group("inbox-count"),
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
         }
     )
-    consumer.subscribe([settings.topic("worker-inbox")])
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[1]
+        for p in range(settings.partitions)
+    }
+    pending = {p for p, end in ends.items() if end > 0}
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
     counted: Counter[tuple[str, int, int]] = Counter()
-    quiet_until = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     try:
-        while time.monotonic() < quiet_until:
-            batch = consumer.consume(1000, timeout=0.5)
-            if batch:
-                quiet_until = time.monotonic() + 3
-            for msg in batch:
-                if msg.error() is not None or not msg.value():
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=0.5):
+                partition, offset = msg.partition() or 0, msg.offset() or 0
+                if msg.error() is not None:
+                    continue
+                if offset >= ends[partition] - 1:
+                    pending.discard(partition)
+                if offset >= ends[partition] or not msg.value():
                     continue
                 try:
                     record = WORKER_INBOX.decode(msg.value() or b"")
@@ -65,8 +74,12 @@ def _assignments(settings: Settings) -> Counter[tuple[str, int, int]]:
                 if isinstance(record, WorkerAssignment):
                     d = record.dispatch
                     counted[(d.run_id, d.attempt, d.at_ms)] += 1
+            for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)  # the end is a transaction marker
     finally:
         consumer.close()
+    assert not pending, f"worker-inbox not read to its end: {pending}"
     return counted
 
 

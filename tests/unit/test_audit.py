@@ -9,6 +9,7 @@ Violations are injected into them, or built by hand.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -22,9 +23,10 @@ from projections.audit import (
     audit,
     format_report,
 )
-from streams.core.ids import scheduled_run_id
+from streams.core.ids import iso_utc, scheduled_run_id
 from streams.core.records import (
     BackfillRequested,
+    CancelRequested,
     ClaimRequested,
     DeadlineReached,
     FireProposed,
@@ -33,17 +35,21 @@ from streams.core.records import (
     JobPaused,
     JobResumed,
     JobUpserted,
+    LedgerInput,
     RerunRequested,
     RunEvent,
     RunFinished,
+    RunReleased,
     RunStarted,
     RunStateName,
     Trigger,
+    WorkerLost,
 )
 from streams.core.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
 from tests.support.world import World
 
 T0 = 1_800_000_000_000  # a multiple of 60 s
+SEC = 1_000
 MIN = 60_000
 HOUR = 60 * MIN
 
@@ -68,11 +74,18 @@ def rid(t: int, job: str = "j") -> str:
 
 
 class Ledger:
-    """Drives the real ledger through typical lives of runs."""
+    """Drives the real ledger through typical lives of runs, keeping the worker reports
+    it was sent (as they would be on job-log)."""
 
     def __init__(self, base: int = T0) -> None:
         self.w = World()
         self.base = base
+        self.reports: list[LedgerInput] = []
+
+    def report(self, inp: LedgerInput) -> str:
+        """A worker's record to job-log; returns the ledger's rejection ("" if none)."""
+        self.reports.append(inp)
+        return self.w.apply(inp).rejected
 
     def at(self, minutes: float) -> int:
         return self.base + int(minutes * MIN)
@@ -89,9 +102,9 @@ class Ledger:
         run = self.w.runs[rid(t, job)]
         assert run.state == "due", run
         begin = max(t, run.updated_ms)
-        self.w.apply(ClaimRequested(job, run.run_id, attempt, "w1", begin - 5_000))
-        self.w.apply(RunStarted(job, run.run_id, attempt, "w1", begin + 300))
-        self.w.apply(RunFinished(job, run.run_id, attempt, "w1", exit_code, "", begin + 2_000))
+        self.report(ClaimRequested(job, run.run_id, attempt, "w1", begin - 5_000))
+        self.report(RunStarted(job, run.run_id, attempt, "w1", begin + 300))
+        self.report(RunFinished(job, run.run_id, attempt, "w1", exit_code, "", begin + 2_000))
 
     def cycle(self, job: str, t: int) -> None:
         self.fire(job, t)
@@ -106,6 +119,11 @@ def clean_history(base: int = T0) -> list[Event]:
     created ahead, a resume, a retry, a rerun, a misfire catch-up with skips, a schedule
     change, deletion; and a cron job k in a zone. `base`: a multiple of 10 minutes, so
     that the schedules (every 2 min, */5 min) fire at the minutes used here."""
+    return clean_ledger(base).events()
+
+
+def clean_ledger(base: int = T0) -> Ledger:
+    """The ledger of `clean_history`, with the worker reports it was sent."""
     assert base % (10 * MIN) == 0, base
     led = Ledger(base)
     at = led.at
@@ -147,7 +165,7 @@ def clean_history(base: int = T0) -> list[Event]:
     led.w.apply(JobDeleted("j", at(121)))
     for minute in range(5, 131, 5):
         led.cycle("k", at(minute))
-    return led.events()
+    return led
 
 
 def located(events: list[Event]) -> list[tuple[Event, int, int]]:
@@ -158,8 +176,10 @@ def located(events: list[Event]) -> list[tuple[Event, int, int]]:
 DEFAULT = AuditConfig()
 
 
-def check(events: list[Event], config: AuditConfig = DEFAULT, **kw: int) -> AuditReport:
-    return audit(located(events), config, **kw)
+def check(
+    events: list[Event], config: AuditConfig = DEFAULT, now_ms: int | None = None
+) -> AuditReport:
+    return audit(located(events), config, now_ms)
 
 
 def kinds(report: AuditReport) -> dict[str, int]:
@@ -494,7 +514,11 @@ def test_every_transition_of_the_table_is_legal(source: str | None, target: str)
     attempt = 1
     auditor = Auditor()
     for offset, state in enumerate(path):
-        if offset and state in ("due", "waiting") and path[offset - 1] not in ("waiting", "dispatched"):
+        if (
+            offset
+            and state in ("due", "waiting")
+            and path[offset - 1] not in ("waiting", "dispatched")
+        ):
             attempt += 1  # a retry, a rerun, a revival (a claim given back keeps its attempt)
         auditor.record(run_event(t, seq, state, t, attempt=attempt), 0, offset)
         seq += 1
@@ -685,7 +709,7 @@ def test_the_report_shows_counts_lateness_and_the_first_violations() -> None:
     text = out.getvalue()
     assert "jobs     2" in text
     assert "p50 0.30 s" in text
-    assert "double_start       1" in text
+    assert "double_start           1" in text
     assert f"x.run-events[0]@{len(events) - 1}" in text
     assert "|" in text
     assert "#" in text
@@ -709,3 +733,530 @@ def test_lateness_percentiles() -> None:
     lat = check(events, now_ms=T0 + 101 * MIN).lateness
     assert (lat.count, lat.p50_ms, lat.p99_ms, lat.max_ms) == (100, 500, 990, 1000)
     assert dict(lat.histogram)["0-0.1 s"] == 9
+
+
+# -- worker reports: executions the ledger never sanctioned ----------------------------------
+def check_all(
+    events: list[Event],
+    reports: Sequence[LedgerInput],
+    config: AuditConfig = DEFAULT,
+    now_ms: int | None = None,
+) -> AuditReport:
+    """Run-events at offsets of partition 0, the reports at offsets of job-log's."""
+    located_reports = [(inp, 0, offset) for offset, inp in enumerate(reports)]
+    return audit(located(events), config, now_ms, located_reports)
+
+
+def one_run(job_spec: JobSpec | None = None) -> tuple[Ledger, str]:
+    """A job firing hourly and its first run (for T0 + 1 h), due."""
+    led = Ledger()
+    led.register(replace(job_spec or spec(), schedule=EverySchedule(HOUR)), T0)
+    led.fire("j", T0 + HOUR, at=T0 + HOUR)
+    assert led.w.runs[rid(T0 + HOUR)].state == "due"
+    return led, rid(T0 + HOUR)
+
+
+def claimed(led: Ledger, run_id: str, worker: str, at: int, attempt: int = 1) -> None:
+    job = run_id.partition("@")[0]
+    assert not led.report(ClaimRequested(job, run_id, attempt, worker, at))
+
+
+def test_the_worker_reports_of_a_clean_history_are_all_sanctioned() -> None:
+    led = clean_ledger()
+    report = check_all(led.events(), led.reports)
+    assert report.clean, report.violations[:3]
+    executions = [r for r in led.reports if isinstance(r, RunStarted | RunFinished)]
+    assert report.reports == len(executions) > 100
+    assert report.unjudged_reports == 0
+
+
+def test_a_start_after_the_ledger_cancelled_the_attempt_is_unsanctioned() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    led.w.apply(CancelRequested("j", run_id, t - 1_000))
+    assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))  # rejected
+    assert led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))  # rejected
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert kinds(report) == {"unsanctioned_execution": 1}  # one execution, two reports
+    (v,) = report.violations
+    assert (v.source, v.partition, v.offset, v.run_id) == ("job-log", 0, 1, run_id)
+    assert "w1 started attempt 1: it held the attempt" in v.detail
+    assert "the claim was cancelled at" in v.detail
+
+
+@pytest.mark.parametrize("end", ["cancel", "lost"])
+def test_an_execution_under_way_when_the_ledger_ended_the_claim_is_covered(end: str) -> None:
+    """The worker started before the cancel or the verdict, its report came after: the
+    ledger's record (cancelled; lost, whether it did its work unknown) covers it."""
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    if end == "cancel":
+        led.w.apply(CancelRequested("j", run_id, t + 5_000))
+    else:
+        led.w.apply(WorkerLost("j", run_id, 1, "w1", t + 5_000))
+    assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+    code = 0 if end == "cancel" else None  # stopped by the cancel; fenced before the verdict
+    error = "" if end == "cancel" else "fenced: the worker could not prove it was alive"
+    assert led.report(RunFinished("j", run_id, 1, "w1", code, error, t + 4_000 + 2 * SEC))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert report.clean, report.violations
+    # An exit after the verdict: it was still running when the ledger declared it lost.
+    if end == "lost":
+        late = RunFinished("j", run_id, 1, "w1", 0, "", t + 9_000)
+        report = check_all(led.events(), [*led.reports, late], now_ms=t + MIN)
+        assert kinds(report) == {"unsanctioned_execution": 1}
+        assert "exited 0" in report.violations[0].detail
+
+
+def test_a_start_after_the_worker_was_declared_lost_is_unsanctioned() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    led.w.apply(WorkerLost("j", run_id, 1, "w1", t + 20_000))
+    assert led.w.runs[run_id].state == "retrying"
+    assert led.report(RunStarted("j", run_id, 1, "w1", t + 25_000))
+    retry = led.w.runs[run_id].deadline_ms
+    assert retry is not None
+    led.w.apply(DeadlineReached("j", run_id, 1, "retry", retry))
+    claimed(led, run_id, "w2", retry + 100, attempt=2)
+    assert not led.report(RunStarted("j", run_id, 2, "w2", retry + 200))
+    assert not led.report(RunFinished("j", run_id, 2, "w2", 0, "", retry + 300))
+    report = check_all(led.events(), led.reports, now_ms=t + 5 * MIN)
+    assert kinds(report) == {"unsanctioned_execution": 1}
+    detail = report.violations[0].detail
+    assert "the claim was ended without a start (lost or timed out) at " in detail
+
+
+def test_executions_by_a_worker_that_never_held_the_attempt() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    assert not led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+    assert led.report(RunStarted("j", run_id, 1, "w2", t + 400))  # never granted to w2
+    assert led.report(RunFinished("j", run_id, 1, "w2", 0, "", t + 1_000))
+    assert led.report(RunFinished("j", run_id, 1, "w3", 1, "", t + 1_100))  # an exit code
+    assert not led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert kinds(report) == {"unsanctioned_execution": 2}
+    first, second = report.violations
+    assert first.offset == 2
+    assert "w2 started attempt 1: it never held the attempt (held by w1)" in first.detail
+    assert second.offset == 4
+    assert "w3 exited 1" in second.detail
+
+
+def test_a_start_by_a_worker_that_gave_its_claim_back_is_unsanctioned() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    assert not led.report(RunReleased("j", run_id, 1, "w1", "no room", t - 8_000))
+    claimed(led, run_id, "w2", t - 7_000)
+    assert not led.report(RunStarted("j", run_id, 1, "w2", t + 300))
+    assert led.report(RunStarted("j", run_id, 1, "w1", t + 350))  # started all the same
+    assert not led.report(RunFinished("j", run_id, 1, "w2", 0, "", t + 2_000))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert kinds(report) == {"unsanctioned_execution": 1}
+    assert "w1 started attempt 1: it held the attempt" in report.violations[0].detail
+
+
+def test_reports_that_are_not_unsanctioned_executions() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    assert led.report(ClaimRequested("j", run_id, 1, "w2", t - 8_000))  # refused claim
+    assert led.report(RunReleased("j", run_id, 1, "w2", "claim refused", t - 7_000))
+    assert led.report(RunFinished("j", run_id, 1, "w2", None, "cancelled", t - 6_000))
+    assert not led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+    assert not led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))
+    # Duplicates of the sanctioned execution, after the ledger moved on.
+    assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+    assert led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert report.clean, report.violations
+    assert report.reports == 5  # the starts and finishes
+
+
+def test_an_outcome_accepted_before_its_late_start_report_is_sanctioned() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    assert not led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))
+    assert led.w.runs[run_id].state == "succeeded"
+    assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))  # resent, late
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert report.clean, report.violations
+
+
+def test_a_start_after_a_timeout_without_any_report_is_unsanctioned() -> None:
+    t = T0 + HOUR
+    led, run_id = one_run(spec(idempotent=False))
+    claimed(led, run_id, "w1", t - 9_000)
+    run = led.w.runs[run_id]
+    assert run.deadline_kind == "timeout"
+    assert run.deadline_ms is not None
+    led.w.apply(DeadlineReached("j", run_id, 1, "timeout", run.deadline_ms))
+    assert led.w.runs[run_id].state == "failed"
+    assert led.report(RunFinished("j", run_id, 1, "w1", 0, "", run.deadline_ms + 5_000))
+    report = check_all(led.events(), led.reports, now_ms=run.deadline_ms + MIN)
+    assert kinds(report) == {"unsanctioned_execution": 1}
+    assert "w1 exited 0 attempt 1: it held the attempt" in report.violations[0].detail
+
+
+def test_reports_the_replay_cannot_judge() -> None:
+    t = T0 + MIN
+    events = simple_history(2)
+    auditor = Auditor(AuditConfig(partial=True))
+    later = T0 + 3 * MIN
+    # A run first seen mid-life (a --from window): its first attempt began before.
+    mid_life: list[Event] = [run_event(later, 3, "running", later, worker="w9")]
+    for offset, event in enumerate(events + mid_life):
+        auditor.record(event, 0, offset)
+    judged = [
+        RunStarted("j", rid(t), 1, "w", t + 500),  # the sanctioned start
+        RunStarted("j", rid(later), 1, "w1", later),  # before the window
+        RunStarted("other", rid(t, "other"), 1, "w", t),  # a job not in the replay
+        RunStarted("j", "j@not-a-run", 1, "w", t),  # partial: may be before the window
+    ]
+    for offset, inp in enumerate(judged):
+        auditor.report(inp, 0, offset)
+    auditor.report(RunStarted("j", rid(t), 1, "w2", t), 0, 9, decided=False)
+    report = auditor.finish()
+    assert report.clean, report.violations
+    assert (report.reports, report.unjudged_reports) == (1, 4)
+
+
+def test_a_run_that_does_not_exist_is_unsanctioned_in_a_full_replay() -> None:
+    events = simple_history(2)
+    report = check_all(events, [RunStarted("j", "j@forged", 1, "w", T0)])
+    assert kinds(report) == {"unsanctioned_execution": 1}
+    assert "run-events has no run j@forged" in report.violations[0].detail
+
+
+def test_the_start_of_the_holder_of_a_claim_still_open_is_in_flight() -> None:
+    t = T0 + MIN
+    events: list[Event] = [job_event("upserted", T0, spec())]
+    events += life(t)[:2]  # due, dispatched to w
+    report = check_all(events, [RunStarted("j", rid(t), 1, "w", t + 500)], now_ms=t)
+    assert report.clean
+    assert report.unjudged_reports == 1
+    # Another worker's start of it is judged, and unsanctioned.
+    report = check_all(events, [RunStarted("j", rid(t), 1, "w2", t + 500)], now_ms=t)
+    assert kinds(report) == {"unsanctioned_execution": 1}
+
+
+def test_record_after_report_is_refused() -> None:
+    auditor = Auditor()
+    for event, p, o in located(simple_history(1)):
+        auditor.record(event, p, o)
+    auditor.report(RunStarted("j", rid(T0 + MIN), 1, "w", T0 + MIN), 0, 0)
+    with pytest.raises(RuntimeError, match="run-events come first"):
+        auditor.record(life(T0 + 2 * MIN)[0], 0, 99)
+
+
+def test_grants_of_many_workers_and_attempts_are_kept_apart() -> None:
+    """Attempts claimed by several workers, one claim given back: each (attempt, worker)
+    is judged by itself."""
+    t = T0 + MIN
+    events: list[Event] = [job_event("upserted", T0, spec(retry=RetryPolicy(max_attempts=3)))]
+    states: list[tuple[RunStateName, int, str]] = [
+        ("due", 1, ""),
+        ("dispatched", 1, "a"),
+        ("due", 1, ""),  # given back by a
+        ("dispatched", 1, "b"),
+        ("running", 1, "b"),
+        ("retrying", 1, "b"),
+        ("due", 2, ""),
+        ("dispatched", 2, "a"),
+        ("running", 2, "a"),
+        ("succeeded", 2, "a"),
+    ]
+    for seq, (state, attempt, worker) in enumerate(states, start=1):
+        events.append(run_event(t, seq, state, t + seq, attempt=attempt, worker=worker))
+    sanctioned = [RunStarted("j", rid(t), 1, "b", t), RunStarted("j", rid(t), 2, "a", t)]
+    assert check_all(events, sanctioned, now_ms=t + MIN).clean
+    for attempt, worker, held in ((1, "a", True), (2, "b", False), (3, "a", False)):
+        report = check_all(events, [RunStarted("j", rid(t), attempt, worker, t)], now_ms=t)
+        assert kinds(report) == {"unsanctioned_execution": 1}, (attempt, worker)
+        assert ("it held the attempt" in report.violations[0].detail) == held
+
+
+# -- overlapping attempts ---------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["forbid", "replace"])
+def test_a_firing_created_beside_a_live_run_overlaps_under_forbid_and_replace(
+    policy: str,
+) -> None:
+    t1, t2 = T0 + MIN, T0 + 2 * MIN
+    events: list[Event] = [job_event("upserted", T0, spec(concurrency=policy))]
+    events += life(t1)[:3]  # running
+    events.append(run_event(t2, 1, "due", t2 - 10_000))  # beside it
+    events += life(t1)[3:]
+    report = check(events, now_ms=t2)
+    assert kinds(report) == {"overlapping_attempts": 1}
+    (v,) = report.violations
+    assert (v.run_id, v.offset) == (rid(t2), 4)
+    assert f"1 other run(s) of the job were live (concurrency {policy})" in v.detail
+    # Allowed, and never for a manual run.
+    allowed = [job_event("upserted", T0, spec()), *events[1:]]
+    assert check(allowed, now_ms=t2).clean
+    manual = [*events[:4], run_event(t2, 1, "due", t2, trigger="manual"), *events[5:]]
+    assert check(manual, now_ms=t2).clean
+
+
+@pytest.mark.parametrize("policy", ["forbid", "replace"])
+def test_the_ledger_keeps_its_concurrency_policies(policy: str) -> None:
+    """A run that outlasts the next firing: skipped (forbid) or replaced (replace)."""
+    led = Ledger()
+    led.register(spec(concurrency=policy, idempotent=False), T0)
+    t1, t2 = T0 + MIN, T0 + 2 * MIN
+    led.fire("j", t1, at=t1)  # no earlier: the policy is applied at the firing's time
+    claimed(led, rid(t1), "w1", t1 + 100)
+    assert not led.report(RunStarted("j", rid(t1), 1, "w1", t1 + 300))
+    led.fire("j", t2, at=t2)
+    assert led.w.runs[rid(t2)].state == ("skipped" if policy == "forbid" else "due")
+    led.report(RunFinished("j", rid(t1), 1, "w1", None, "cancelled", t2 - 5_000))
+    report = check_all(led.events(), led.reports, now_ms=t2 + MIN)
+    assert report.clean, report.violations
+
+
+def lost_then_retried(job_spec: JobSpec) -> tuple[Ledger, str, int]:
+    """w1 runs attempt 1, is declared lost; attempt 2 (idempotent) or the next firing
+    (not idempotent) starts on w2. Returns the ledger, the run of w1 and w2's start."""
+    t = T0 + HOUR
+    led, run_id = one_run(job_spec)
+    claimed(led, run_id, "w1", t + 100)
+    assert not led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+    led.w.apply(WorkerLost("j", run_id, 1, "w1", t + 10_000))
+    run = led.w.runs[run_id]
+    if run.state == "retrying":
+        assert run.deadline_ms is not None
+        start = run.deadline_ms + 1_000
+        led.w.apply(DeadlineReached("j", run_id, 1, "retry", run.deadline_ms))
+        claimed(led, run_id, "w2", start - 500, attempt=2)
+        assert not led.report(RunStarted("j", run_id, 2, "w2", start))
+    else:
+        assert run.state == "failed"
+        t2 = t + HOUR
+        led.fire("j", t2, at=t2)
+        start = t2 + 300
+        claimed(led, rid(t2), "w2", t2 + 100)
+        assert not led.report(RunStarted("j", rid(t2), 1, "w2", start))
+    return led, run_id, start
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["retried", "next-firing"])
+def test_an_execution_still_going_when_the_ledger_started_the_next_overlaps(
+    idempotent: bool,
+) -> None:
+    led, run_id, start = lost_then_retried(spec(idempotent=idempotent, concurrency="forbid"))
+    events, reports = led.events(), list(led.reports)
+    # w1's job was never fenced: it reports its end, 5 s after w2's start.
+    late = RunFinished("j", run_id, 1, "w1", 0, "", start + 5_000)
+    report = check_all(events, [*reports, late], now_ms=start + 5 * MIN)
+    assert kinds(report) == {"overlapping_attempts": 1}
+    (v,) = report.violations
+    assert (v.source, v.offset, v.run_id) == ("job-log", len(reports), run_id)
+    expected = "attempt 2 started" if idempotent else f"run of the job for {iso_utc(T0 + 2 * HOUR)}"
+    assert expected in v.detail
+    # Ended before the start (within the clock tolerance), or its end unknown: no overlap.
+    for fine in (
+        replace(late, at_ms=start + 900),
+        replace(late, exit_code=None, error="lost: the worker restarted"),
+    ):
+        assert check_all(events, [*reports, fine], now_ms=start + 5 * MIN).clean
+
+
+def test_a_rerun_of_an_older_firing_of_a_forbid_job_is_no_overlap() -> None:
+    """A rerun (or a backfill) is for a time before runs that started long before it."""
+    led = Ledger()
+    led.register(spec(concurrency="forbid", schedule=EverySchedule(HOUR)), T0)
+    t1, t2 = T0 + HOUR, T0 + 2 * HOUR
+    for t in (t1, t2):
+        led.fire("j", t, at=t)
+        led.execute("j", t)
+    led.w.apply(RerunRequested("j", rid(t1), "again", t2 + 10 * MIN))
+    claimed(led, rid(t1), "w1", t2 + 10 * MIN + 100, attempt=2)
+    assert not led.report(RunStarted("j", rid(t1), 2, "w1", t2 + 10 * MIN + 200))
+    assert not led.report(RunFinished("j", rid(t1), 2, "w1", 0, "", t2 + 11 * MIN))
+    report = check_all(led.events(), led.reports, now_ms=t2 + 20 * MIN)
+    assert report.clean, report.violations
+
+
+def test_a_later_run_of_a_job_that_allows_concurrency_is_no_overlap() -> None:
+    led, run_id, start = lost_then_retried(spec(idempotent=False))
+    late = RunFinished("j", run_id, 1, "w1", 0, "", start + 5_000)
+    report = check_all(led.events(), [*led.reports, late], now_ms=start + 5 * MIN)
+    assert report.clean, report.violations
+
+
+# -- DAG steps: periods -----------------------------------------------------------------------
+def dag(
+    upstream_every: int = 10 * MIN, periods: int = 8, failing: tuple[int, ...] = (3,)
+) -> Ledger:
+    """a (every `upstream_every`) -> b (a step) -> c (a step); a's run k fails for k in
+    `failing`, every other run of the chain succeeds."""
+    led = Ledger()
+    once = RetryPolicy(max_attempts=1)
+    led.register(spec("a", schedule=EverySchedule(upstream_every), retry=once), T0)
+    led.register(spec("b", schedule=None, depends_on=("a",)), T0 + 1)
+    led.register(spec("c", schedule=None, depends_on=("b",)), T0 + 2)
+    for k in range(1, periods + 1):
+        t = T0 + k * upstream_every
+        led.fire("a", t)
+        led.execute("a", t, exit_code=1 if k in failing else 0)
+        for step in ("b", "c"):
+            if led.w.runs.get(rid(t, step)) is not None and led.w.runs[rid(t, step)].state == "due":
+                led.execute(step, t)
+    return led
+
+
+def without(events: list[Event], run_id: str) -> list[Event]:
+    return [e for e in events if not (isinstance(e, RunEvent) and e.run_id == run_id)]
+
+
+def test_a_dag_chain_from_the_ledger_audits_clean() -> None:
+    led = dag(failing=(3, 4))
+    events = led.events()
+    assert led.w.runs[rid(T0 + 30 * MIN, "b")].state == "skipped"
+    assert led.w.runs[rid(T0 + 30 * MIN, "c")].state == "skipped"
+    assert led.w.runs[rid(T0 + 50 * MIN, "c")].state == "succeeded"
+    report = check_all(events, led.reports, now_ms=T0 + 90 * MIN)
+    assert report.clean, report.violations
+    assert (report.dag_steps, report.dag_periods) == (2, 16)
+
+
+@pytest.mark.parametrize(
+    ("k", "what"), [(3, "did not succeed"), (5, "succeeded")], ids=["skip", "run"]
+)
+def test_a_dropped_period_of_a_step_is_a_missing_period(k: int, what: str) -> None:
+    t = T0 + k * 10 * MIN
+    events = without(dag().events(), rid(t, "b"))
+    report = check(events, now_ms=T0 + 90 * MIN)
+    assert kinds(report) == {"missing_period": 1}
+    (v,) = report.violations
+    assert (v.job_id, v.run_id) == ("b", rid(t, "a"))
+    assert f"upstream a's run for {iso_utc(t)} {what}" in v.detail
+    # The last period dropped: nothing covers it either.
+    last = T0 + 80 * MIN
+    report = check(without(dag().events(), rid(last, "b")), now_ms=T0 + 90 * MIN)
+    assert kinds(report) == {"missing_period": 1}
+
+
+def test_periods_in_flight_or_while_paused_are_not_missing() -> None:
+    led = dag(periods=8)
+    events = without(led.events(), rid(T0 + 80 * MIN, "b"))
+    # The last outcome is within the notice lag of "now" less the safety margin.
+    assert check(events, now_ms=T0 + 80 * MIN + 3 * MIN).clean
+    # A step paused before the upstream's run ended (and resumed after) drops its notice.
+    led = Ledger()
+    led.register(spec("a", schedule=EverySchedule(10 * MIN)), T0)
+    led.register(spec("b", schedule=None, depends_on=("a",)), T0 + 1)
+    for k in range(1, 6):
+        t = T0 + k * 10 * MIN
+        if k == 3:
+            led.w.apply(JobPaused("b", t - MIN))
+        led.fire("a", t)
+        led.execute("a", t)
+        if k == 3:
+            led.w.apply(JobResumed("b", t + MIN))
+        if led.w.runs.get(rid(t, "b")) is not None:
+            led.execute("b", t)
+    assert rid(T0 + 30 * MIN, "b") not in led.w.runs
+    report = check_all(led.events(), led.reports, now_ms=T0 + 58 * MIN)
+    assert report.clean, report.violations
+
+
+def test_upstream_outcomes_covered_by_a_later_record_are_not_missing() -> None:
+    """Two upstream runs ending out of order: the later one's record covers both."""
+    led = Ledger()
+    led.register(spec("a", schedule=EverySchedule(10 * MIN)), T0)
+    led.register(spec("b", schedule=None, depends_on=("a",)), T0 + 1)
+    t1, t2 = T0 + 10 * MIN, T0 + 20 * MIN
+    led.fire("a", t1)
+    claimed(led, rid(t1, "a"), "w1", t1)
+    led.report(RunStarted("a", rid(t1, "a"), 1, "w1", t1 + 300))
+    led.fire("a", t2)
+    led.execute("a", t2)
+    # A long run: it ends after its successor.
+    led.report(RunFinished("a", rid(t1, "a"), 1, "w1", 0, "", t2 + 5_000))
+    assert rid(t1, "b") not in led.w.runs
+    report = check_all(led.events(), led.reports, now_ms=T0 + 28 * MIN)
+    assert report.clean, report.violations
+
+
+def test_a_step_with_two_upstreams_misses_a_period_all_succeeded() -> None:
+    led = Ledger()
+    for upstream in ("a1", "a2"):
+        led.register(spec(upstream, schedule=EverySchedule(10 * MIN)), T0)
+    led.register(spec("s", schedule=None, depends_on=("a1", "a2")), T0 + 1)
+    for k in range(1, 5):
+        t = T0 + k * 10 * MIN
+        for upstream in ("a1", "a2"):
+            led.fire(upstream, t)
+        led.execute("a1", t)
+        led.w.apply(FireProposed("a2", t, t, "n"))
+        run = led.w.runs[rid(t, "a2")]
+        # a2 ends 3 minutes after a1: a1's success was surely decided before.
+        led.report(ClaimRequested("a2", run.run_id, 1, "w1", t))
+        led.report(RunStarted("a2", run.run_id, 1, "w1", t + 1_000))
+        led.report(RunFinished("a2", run.run_id, 1, "w1", 0, "", t + 3 * MIN))
+        assert led.w.runs[rid(t, "s")].state == "due"
+        led.execute("s", t)
+    events = led.events()
+    now = T0 + 49 * MIN + 30_000
+    assert check(events, now_ms=now).clean
+    report = check(without(events, rid(T0 + 40 * MIN, "s")), now_ms=now)
+    assert kinds(report) == {"missing_period": 1}
+    assert "every upstream of s succeeded" in report.violations[0].detail
+    # A middle period with several upstreams is covered by the next record: not checked.
+    assert check(without(events, rid(T0 + 20 * MIN, "s")), now_ms=now).clean
+
+
+def test_a_step_waiting_for_its_other_upstream_misses_nothing() -> None:
+    led = Ledger()
+    led.register(spec("a1", schedule=EverySchedule(10 * MIN)), T0)
+    led.register(spec("a2", schedule=EverySchedule(24 * HOUR)), T0)
+    led.register(spec("s", schedule=None, depends_on=("a1", "a2")), T0 + 1)
+    for k in range(1, 5):
+        led.fire("a1", T0 + k * 10 * MIN)
+        led.execute("a1", T0 + k * 10 * MIN)  # a2 does not run meanwhile
+    report = check_all(led.events(), led.reports, now_ms=T0 + 48 * MIN)
+    assert report.clean, report.violations
+    assert report.dag_steps == 1
+
+
+# -- the real ledger under the deterministic simulation's faults -------------------------------
+@pytest.mark.parametrize("seed", range(5))
+def test_the_simulated_ledger_and_workers_leave_no_unsanctioned_execution(seed: int) -> None:
+    """Duplicated, delayed and reordered reports, claims racing, workers lost or slow,
+    pauses, changes, reruns and backfills (tests/unit/test_simulation.py): what the
+    ledger decided and the reports it was sent audit without an unsanctioned execution,
+    a missing period or a firing created beside a live run. The simulation's clocks are
+    seconds apart and its notices may wait long: the tolerances say so. (Its slow workers
+    are never fenced, so an overlap of executions by their own word may be real there.)"""
+    from tests.unit.test_simulation import CONFIG, simulate
+
+    sim = simulate(seed, 1000)
+    config = AuditConfig(
+        catchup_window_ms=CONFIG.catchup_window_ms,
+        timeout_grace_ms=CONFIG.timeout_grace_ms,
+        claim_timeout_ms=CONFIG.claim_timeout_ms,
+        dependency_wait_ms=CONFIG.dependency_wait_ms,
+        clock_tolerance_ms=16 * SEC,  # worker clocks up to 8 s either way
+        notice_lag_ms=MIN,
+    )
+    auditor = Auditor(config)
+    for offset, event in enumerate(sim.world.events):
+        auditor.record(event, 0, offset)
+    for offset, (inp, _) in enumerate(sim.log):
+        auditor.report(inp, 0, offset)
+    report = auditor.finish()
+    assert report.reports > 0
+    found = [
+        v
+        for v in report.violations
+        if v.kind in ("unsanctioned_execution", "missing_period")
+        or (v.kind == "overlapping_attempts" and v.source == "run-events")
+    ]
+    assert not found, found[:3]

@@ -186,6 +186,8 @@ def _require_broker_time(admin: AdminClient, names: list[str], timeout_s: float)
     """Set LogAppendTime on these topics where it is not set yet (topics made by an older
     cronlog have CreateTime, which would let a producer's clock into the ledger's
     decisions), and wait until the broker applies it."""
+    if not names:
+        return
     deadline = time.monotonic() + timeout_s
     lagging = _not_broker_time(admin, names, timeout_s)
     if not lagging:

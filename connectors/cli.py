@@ -202,10 +202,11 @@ def submit(
     from confluent_kafka import Producer
 
     from streams.core.commands import Rejection, command_job_id, parse_command
+    from streams.kafka import producer_config
 
     settings = _settings()
     lines = sys.stdin.read().splitlines() if command == "-" else [command]
-    producer = Producer({"bootstrap.servers": settings.kafka, "partitioner": "murmur2_random"})
+    producer = Producer(producer_config(settings))
     failed = 0
     for line in (raw for raw in lines if raw.strip()):
         parsed = parse_command(line.encode())

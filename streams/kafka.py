@@ -39,6 +39,10 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     return {
         "bootstrap.servers": settings.kafka,
         "partitioner": PARTITIONER,
+        # Idempotence implies acks=all; said explicitly because a replicated cluster's
+        # guarantee rests on it: a record is acknowledged only once every in-sync replica
+        # (at least min.insync.replicas of them) has it.
+        "acks": "all",
         "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "lz4",

@@ -3,11 +3,13 @@ environment, and calls into the packages that do the work."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -20,9 +22,11 @@ from connectors.humans import jobs_app, runs_app
 from connectors.stack import Stack, StackError, StackPaths, StackPorts
 from connectors.stack.kafka import CONTROLLER_PORT
 from connectors.stack.kafka import PORT as KAFKA_PORT
-from connectors.stack.paths import REPO_ROOT
+from connectors.stack.paths import DEMO
 from connectors.stack.postgres import PORT as POSTGRES_PORT
-from projections.migrate import MigrationError, migrate
+from projections.migrate import MigrationError, migrate_for
+from projections.retention import RetentionError, RetentionPolicy
+from projections.retention import prune as prune_history
 from streams.core.ledger import LedgerConfig
 from streams.core.zones import use_tzdata_only
 from streams.settings import Settings, SettingsError
@@ -31,7 +35,7 @@ from streams.topics import TopicError, ensure_topics
 ENV_HELP = (
     "Environment: CRONLOG_KAFKA (bootstrap servers), CRONLOG_DATABASE_URL, "
     "CRONLOG_TOPIC_PREFIX, CRONLOG_PARTITIONS; for the local stack CRONLOG_STATE_DIR and "
-    "CRONLOG_STACK_KAFKA_PORT / _CONTROLLER_PORT / _POSTGRES_PORT."
+    "CRONLOG_STACK_KAFKA_PORT / _CONTROLLER_PORT / _POSTGRES_PORT / CRONLOG_STACK_BROKERS."
 )
 
 app = typer.Typer(
@@ -65,7 +69,14 @@ def _settings() -> Settings:
         raise _fail(str(exc), 2) from exc
 
 
-def _stack() -> Stack:
+def _stack(brokers: int | None = None) -> Stack:
+    """``brokers``: --brokers, else CRONLOG_STACK_BROKERS, else what the state folder
+    holds (one broker for a new one)."""
+    try:
+        raw = os.environ.get("CRONLOG_STACK_BROKERS", "").strip()
+        brokers = brokers if brokers is not None else (int(raw) if raw else None)
+    except ValueError as exc:
+        raise _fail(f"CRONLOG_STACK_BROKERS must be a number: {exc}", 2) from exc
     try:
         ports = StackPorts(
             kafka=int(os.environ.get("CRONLOG_STACK_KAFKA_PORT", KAFKA_PORT)),
@@ -74,21 +85,50 @@ def _stack() -> Stack:
         )
     except ValueError as exc:
         raise _fail(f"CRONLOG_STACK_*_PORT must be a port number: {exc}", 2) from exc
-    return Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")), ports)
+    try:
+        return Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")), ports, brokers)
+    except StackError as exc:
+        raise _fail(str(exc), 2) from exc
 
 
 def _log(message: str) -> None:
     typer.echo(f"cronlog: {message}", err=True)
 
 
+def _stop_watchdog(extra_s: float = 0.0) -> float:
+    """Bound this command's stop: exit hard if it has not stopped within
+    CRONLOG_STOP_TIMEOUT_S (default 20) + `extra_s` of the first stop signal, even when
+    a client call hangs. Before the command installs its own handlers (they get wrapped)."""
+    from streams.lifecycle import install_stop_watchdog, stop_timeout_s
+
+    try:
+        return install_stop_watchdog(stop_timeout_s() + extra_s)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+
+
 @stack_app.command("up")
-def stack_up() -> None:
+def stack_up(
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            "--brokers",
+            min=1,
+            help="Kafka brokers: 1, or 3 for a replicated cluster (ports 9092/9094/9096, "
+            "controllers 9093/9095/9097). Fixed once the state folder is formatted; "
+            "default: what it holds, 1 when new (or CRONLOG_STACK_BROKERS).",
+        ),
+    ] = None,
+) -> None:
     """Install what is missing, start Kafka and PostgreSQL (or reuse them), and wait."""
     try:
-        status = _stack().up(_log)
+        status = _stack(brokers).up(_log)
     except StackError as exc:
         raise _fail(str(exc)) from exc
-    typer.echo(f"Kafka:      {status.kafka.bootstrap}  (CRONLOG_KAFKA)")
+    typer.echo(
+        f"Kafka:      {status.kafka.bootstrap}  (CRONLOG_KAFKA; {status.kafka.brokers} "
+        f"broker{'s' if status.kafka.brokers > 1 else ''})"
+    )
     typer.echo(f"PostgreSQL: {status.postgres.database_url}  (CRONLOG_DATABASE_URL)")
     typer.echo(f"State:      {status.state_dir}   stop with: cronlog stack down")
 
@@ -118,6 +158,10 @@ def stack_status(
             ("PostgreSQL", status.postgres.running, status.postgres.database_url),
         ):
             typer.echo(f"{name:<11} {'running' if running else 'stopped':<8} {where}")
+        if status.kafka.brokers > 1:
+            for node in status.kafka.nodes:
+                state = "running" if node.running else "stopped"
+                typer.echo(f"  broker {node.node_id:<3} {state:<8} {node.bootstrap}")
     raise typer.Exit(0 if status.running else 3)
 
 
@@ -135,7 +179,10 @@ def topics_create(
         raise _fail(f"cannot reach Kafka at {settings.kafka}: {exc}") from exc
     for outcome in outcomes:
         verb = "created" if outcome.created else "exists "
-        typer.echo(f"{verb} {outcome.topic} ({outcome.partitions} partitions)")
+        typer.echo(
+            f"{verb} {outcome.topic} ({outcome.partitions} partitions, "
+            f"{outcome.replication} replicas)"
+        )
 
 
 @db_app.command("migrate")
@@ -143,7 +190,7 @@ def db_migrate() -> None:
     """Apply pending schema migrations to CRONLOG_DATABASE_URL (idempotent)."""
     settings = _settings()
     try:
-        applied = migrate(settings.database_url)
+        applied = migrate_for(settings)  # and record or check the deployment
     except MigrationError as exc:
         raise _fail(str(exc)) from exc
     except psycopg.OperationalError as exc:
@@ -152,6 +199,76 @@ def db_migrate() -> None:
         typer.echo("applied migrations " + ", ".join(f"{v:04d}" for v in applied))
     else:
         typer.echo("database schema is up to date")
+
+
+def _retention() -> RetentionPolicy:
+    try:
+        return RetentionPolicy.from_env()
+    except RetentionError as exc:
+        raise _fail(str(exc), 2) from exc
+
+
+@db_app.command("prune")
+def db_prune(
+    days: Annotated[
+        float | None,
+        typer.Option(min=0, help="Instead of CRONLOG_RETENTION_DAYS (90; 0 keeps runs for ever)."),
+    ] = None,
+    keep_runs: Annotated[
+        int | None, typer.Option(min=0, help="Instead of CRONLOG_RETENTION_KEEP_RUNS (100).")
+    ] = None,
+    log_days: Annotated[
+        float | None,
+        typer.Option(min=0, help="Instead of CRONLOG_RETENTION_LOG_DAYS (7; 0: with runs only)."),
+    ] = None,
+    max_seconds: Annotated[
+        float | None, typer.Option(min=0, help="Stop after this long; the next prune goes on.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Remove old history now, by the retention policy, and print what was removed: final
+    runs scheduled and finished more than CRONLOG_RETENTION_DAYS ago, with their
+    transitions and log chunks, except the newest CRONLOG_RETENTION_KEEP_RUNS runs of every
+    job; log chunks older than CRONLOG_RETENTION_LOG_DAYS. Safe beside a running projector
+    (which applies the same policy by itself every CRONLOG_RETENTION_INTERVAL_S)."""
+    settings = _settings()
+    policy = _retention()
+    policy = dataclasses.replace(
+        policy,
+        days=policy.days if days is None else days,
+        keep_runs=policy.keep_runs if keep_runs is None else keep_runs,
+        log_days=policy.log_days if log_days is None else log_days,
+    )
+    now = datetime.now(UTC)
+    try:
+        migrate_for(settings)  # the policy's index, and this deployment's database
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            done = prune_history(conn, policy, now=now, budget_s=max_seconds)
+    except MigrationError as exc:
+        raise _fail(str(exc), 2) from exc
+    except psycopg.OperationalError as exc:
+        raise _fail(f"cannot reach PostgreSQL at {settings.database_url}: {exc}") from exc
+    if as_json:
+        figures = {
+            "runs": done.runs,
+            "transitions": done.transitions,
+            "log_chunks": done.logs,
+            "seconds": round(done.seconds, 3),
+            "complete": done.complete,
+            "policy": {
+                "days": policy.days,
+                "keep_runs": policy.keep_runs,
+                "log_days": policy.log_days,
+            },
+        }
+        sys.stdout.write(orjson.dumps(figures).decode() + "\n")
+        return
+    typer.echo(f"policy: {policy.describe(now)}")
+    typer.echo(
+        f"removed {done.runs} runs, {done.transitions} transitions, {done.logs} log chunks"
+        f" in {done.seconds:.1f} s"
+        + ("" if done.complete else " (stopped early: run it again to go on)")
+    )
 
 
 @app.command("scheduler")
@@ -184,6 +301,7 @@ def scheduler(
             f"--lookahead-s in [0, {max_lead_s:g})",
             2,
         )
+    _stop_watchdog()  # Faust's handlers, installed later through asyncio, get wrapped
     run_node(
         settings,
         node_id=node_id,
@@ -281,6 +399,15 @@ def worker(
     label: Annotated[list[str] | None, typer.Option(help="A label k=v (repeatable).")] = None,
     executor: Annotated[str, typer.Option(help="process, or noop (benchmarks).")] = "process",
     heartbeat_s: Annotated[float, typer.Option(help="Heartbeat interval.")] = 3.0,
+    keep_s: Annotated[
+        float,
+        typer.Option(
+            envvar="CRONLOG_WORKER_KEEP_S",
+            min=0,
+            help="Keep a finished run's directory and journal entry this long (s) after "
+            "its report was acknowledged.",
+        ),
+    ] = 3600.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """A worker: advertises capacity, claims runs placed on it and executes them."""
@@ -309,8 +436,10 @@ def worker(
         "noop" if executor == "noop" else "process",
         state,
         heartbeat_s,
+        keep_s=keep_s,
     )
     running = Worker(settings, config)
+    _stop_watchdog()
     signal.signal(signal.SIGTERM, lambda *_: running.stop())
     try:
         running.run()
@@ -343,12 +472,15 @@ def projector(
     if rebuild:
         _rebuild(settings, keep_previous)
         return
-    running = Projector(settings)
+    running = Projector(settings, retention=_retention())
+    _stop_watchdog()
     signal.signal(signal.SIGTERM, lambda *_: running.stop())
     try:
         running.run()
     except KeyboardInterrupt:
         running.stop()
+    except MigrationError as exc:  # another deployment's database, or a changed migration
+        raise _fail(str(exc), 2) from exc
 
 
 def _rebuild(settings: Settings, keep_previous: bool) -> None:
@@ -363,7 +495,9 @@ def _rebuild(settings: Settings, keep_previous: bool) -> None:
             typer.echo(f"rebuild: {events} records replayed", err=True)
 
     try:
-        result = run_rebuild(settings, keep_previous=keep_previous, progress=progress)
+        result = run_rebuild(
+            settings, keep_previous=keep_previous, progress=progress, retention=_retention()
+        )
     except (RebuildError, psycopg.Error) as exc:
         raise _fail(f"rebuild failed, the live projection is unchanged: {exc}", 2) from exc
     typer.echo(
@@ -392,13 +526,17 @@ def api(
         tokens = Tokens.from_env()
     except AuthConfigError as exc:
         raise _fail(str(exc), 2) from exc
-    migrate(settings.database_url)  # the API reads the projection tables
+    try:
+        migrate_for(settings)  # the API reads the projection tables: this deployment's
+    except MigrationError as exc:
+        raise _fail(str(exc), 2) from exc
     service = Service(settings)
     service.open()
     gateway = WorkerGateway(service)
     gateway.start()
     try:
         app = create_app(service, tokens, gateway)
+        _stop_watchdog()  # uvicorn's handlers, installed in run, get wrapped
         uvicorn.run(app, host=host, port=port, log_level=loglevel)
     finally:
         gateway.stop()
@@ -428,9 +566,9 @@ def run_all(
     lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
     loglevel: Annotated[str, typer.Option(help="Log level of the components.")] = "info",
     api_port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8080,
-    demo: Annotated[Path | None, typer.Option(help="Jobs to register at start (YAML).")] = REPO_ROOT
-    / "examples"
-    / "demo.yaml",
+    demo: Annotated[
+        Path | None, typer.Option(help="Jobs to register at start (YAML); default: the demo.")
+    ] = DEMO,
     no_demo: Annotated[bool, typer.Option("--no-demo", help="Register no demo jobs.")] = False,
     no_stack: Annotated[
         bool,
@@ -439,11 +577,28 @@ def run_all(
 ) -> None:
     """Everything on one machine (for `make run`): the local stack, the topics, a
     scheduler node, two workers, the projector and the API under one supervisor, and
-    the demo jobs. Ctrl-C stops it all."""
+    the demo jobs. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops it all; no
+    component outlives it. One per state folder."""
     from connectors.local import Supervisor, components, register_demo, token_file
+    from streams.lifecycle import InstanceRunning, hold_instance_lock, stop_timeout_s
 
     settings = _settings()
     state = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")).state
+    try:
+        # Held until this process ends, however it ends: the kernel drops an flock
+        # with its holder, so a SIGKILLed supervisor leaves no stale lock.
+        lock = hold_instance_lock(state / "run.lock")
+    except InstanceRunning as exc:
+        pid = exc.pid if exc.pid is not None else "?"
+        raise _fail(
+            f"cronlog run is already running with the state folder {state} (pid {pid}); "
+            f"stop it first: Ctrl-C in its terminal, or `kill {pid}` (it stops every "
+            "component), or use another CRONLOG_STATE_DIR"
+        ) from exc
+    try:
+        component_bound_s = stop_timeout_s()
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
     if not no_stack:
         try:
             _stack().up(_log)
@@ -451,7 +606,7 @@ def run_all(
             raise _fail(str(exc)) from exc
     try:
         ensure_topics(settings)
-        migrate(settings.database_url)
+        migrate_for(settings)
     except (TopicError, MigrationError, psycopg.Error) as exc:
         raise _fail(str(exc), 2) from exc
     tokens = token_file(state)
@@ -463,9 +618,16 @@ def run_all(
         "CRONLOG_PARTITIONS": str(settings.partitions),
         "CRONLOG_API_TOKENS_FILE": str(tokens),
     }
-    supervisor = Supervisor(components(state, lead_s, api_port, loglevel), env, _log)
-    signal.signal(signal.SIGTERM, supervisor.stop)
-    signal.signal(signal.SIGINT, supervisor.stop)
+    # A component gets its own stop bound (its watchdog) plus 10 s before the SIGKILL of
+    # its process group; the supervisor's own watchdog fires only after that escalation
+    # and the 10 s it then waits (and if it ever fires, the components die with it).
+    escalate_s = component_bound_s + 10
+    supervisor = Supervisor(
+        components(state, lead_s, api_port, loglevel), env, _log, stop_bound_s=escalate_s
+    )
+    _stop_watchdog(extra_s=10 + 10 + 5)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: terminal closed
+        signal.signal(signum, supervisor.stop)
 
     def started() -> None:
         if not no_demo and demo is not None and demo.exists():
@@ -489,6 +651,7 @@ def run_all(
         typer.echo("\n".join(lines), err=True)
 
     supervisor.run(started)
+    lock.close()
 
 
 def main() -> None:

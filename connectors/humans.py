@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from connectors.api.service import ADMIN, Accepted, Service, ServiceError
-from projections.migrate import MigrationError, migrate
+from projections.migrate import MigrationError, migrate_for
 from streams.settings import Settings, SettingsError
 
 jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
@@ -39,7 +39,7 @@ def _service(wait_s: float = 5.0) -> Iterator[Service]:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from exc
     try:
-        migrate(settings.database_url)  # the tables it reads, at this version's schema
+        migrate_for(settings)  # the tables it reads, at this version's schema
     except (MigrationError, psycopg.Error) as exc:
         typer.secho(f"error: the database: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from exc

@@ -2,13 +2,20 @@
 
 A scheduler node, two workers, the projector and the API run as child processes, each
 logging to ``<state>/logs/<name>.log``. A child that exits on its own is reported and
-restarted (backing off up to 30 s when it keeps crashing); Ctrl-C or SIGTERM stops them
-all (SIGTERM, then SIGKILL after 30 s). Jobs of a demo file are registered once the
-projection database is reachable.
+restarted (backing off up to 30 s when it keeps crashing). Ctrl-C, SIGTERM or SIGHUP
+(the terminal closed) stops them all: SIGTERM, then SIGKILL of each one's process group
+once the stop bound has passed. Jobs of a demo file are registered once the projection
+database is reachable.
+
+No component outlives the supervisor: each is started with PR_SET_PDEATHSIG
+(streams/lifecycle.py), so the kernel SIGKILLs it when the supervisor dies, SIGKILL
+included. Children are started from the main thread only: the kernel sends that signal
+when the *thread* that forked the child ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -24,6 +31,7 @@ from typing import IO, Any
 import yaml
 
 from connectors.api.service import ADMIN, Service, ServiceError
+from streams.lifecycle import die_with_parent_preexec
 from streams.settings import Settings
 
 MAX_BACKOFF_S = 30.0
@@ -52,6 +60,7 @@ class Child:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # Ctrl-C reaches the supervisor only: it stops them
+            preexec_fn=die_with_parent_preexec(),  # and they die with it, whatever kills it
         )
         self.started = time.monotonic()
 
@@ -96,11 +105,24 @@ def register_demo(settings: Settings, demo: Path, say: Callable[[str], None]) ->
 
 
 class Supervisor:
-    def __init__(self, children: list[Child], env: dict[str, str], say: Callable[[str], None]):
+    def __init__(
+        self,
+        children: list[Child],
+        env: dict[str, str],
+        say: Callable[[str], None],
+        stop_bound_s: float = 30.0,
+    ):
         self.children = children
         self.env = env
-        self.say = say
+        self._say = say
+        self.stop_bound_s = stop_bound_s  # SIGTERM, then SIGKILL of the group after this
         self.stopping = threading.Event()
+
+    def say(self, message: str) -> None:
+        # After SIGHUP the terminal is gone and writing to it fails (EIO): stopping the
+        # components matters more than telling a terminal nobody reads.
+        with contextlib.suppress(OSError):
+            self._say(message)
 
     def stop(self, *_: Any) -> None:
         self.stopping.set()
@@ -146,15 +168,17 @@ class Supervisor:
         for child in live:
             assert child.proc is not None
             child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.stop_bound_s
         for child in live:
             assert child.proc is not None
             try:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.say(f"{child.name} did not stop in 30 s; killing it")
-                os.killpg(child.proc.pid, signal.SIGKILL)
-                child.proc.wait(10)
+                self.say(f"{child.name} did not stop in {self.stop_bound_s:g} s; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(10)  # one in uninterruptible sleep: left to the kernel
         for child in self.children:
             if child.out is not None:
                 child.out.close()

@@ -4,6 +4,10 @@ Files are ``migrations/NNNN_name.sql``. Each runs in its own transaction with it
 ``schema_migrations``; an advisory lock serialises concurrent starters (two projectors,
 or the API and the projector). An applied migration whose file changed afterwards is an
 error, not something to paper over: the database would no longer match the code.
+
+Given the deployment (``migrate_for``), it then checks, under the same lock, that the
+database belongs to that deployment, and records it when the database belongs to none
+yet (projections/deployment.py): every process that uses the database migrates it first.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from pathlib import Path
 
 import psycopg
 
+from projections.deployment import Deployment, DeploymentError, claim, where
+from streams.settings import Settings
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any fixed 64-bit number, unique to cronlog's migrations.
 LOCK_ID = 0x63726F6E6C6F67  # "cronlog"
@@ -23,6 +30,10 @@ _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 class MigrationError(RuntimeError):
     """The database's schema history does not match the migration files."""
+
+
+class WrongDeployment(MigrationError, DeploymentError):
+    """The database belongs to another deployment (or to several): see deployment.py."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +60,18 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[int]:
-    """Apply the pending migrations; return the versions applied now (empty when none)."""
+def migrate_for(settings: Settings) -> list[int]:
+    """Migrate the database of `settings` and make sure it is this deployment's (what
+    every process that uses the database does first)."""
+    return migrate(settings.database_url, deployment=Deployment.of(settings))
+
+
+def migrate(
+    conninfo: str, directory: Path = MIGRATIONS_DIR, *, deployment: Deployment | None = None
+) -> list[int]:
+    """Apply the pending migrations; return the versions applied now (empty when none).
+    With `deployment`, then check (or record) that the database belongs to it; raises
+    WrongDeployment when it does not."""
     migrations = load_migrations(directory)
     applied_now: list[int] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -79,6 +100,11 @@ def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[int]:
                         (migration.version, migration.name, migration.checksum),
                     )
                 applied_now.append(migration.version)
+            if deployment is not None:
+                try:
+                    claim(conn, deployment, where(conninfo))
+                except DeploymentError as exc:
+                    raise WrongDeployment(str(exc)) from None
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_ID,))
     return applied_now

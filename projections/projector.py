@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +34,8 @@ import psycopg
 from confluent_kafka import Consumer, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
-from projections.migrate import migrate
+from projections.migrate import migrate_for
+from projections.retention import Pruner, RetentionPolicy
 from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError
 from schemas.json import to_plain
 from streams.core.records import FINAL_STATES, JobEvent, JobState, RunEvent
@@ -212,6 +214,7 @@ class Projector:
         batch_size: int = 2000,
         retry_s: float = 2.0,
         group: str | None = None,
+        retention: RetentionPolicy | None = None,
     ):
         self.settings = settings
         self.batch_size = batch_size
@@ -223,8 +226,22 @@ class Projector:
         # Positions after the last empty poll, everything before them written: how a
         # rebuild knows it has caught up (offsets of transaction markers included).
         self.idle_positions: dict[tuple[str, int], int] = {}
-        self.consumer = Consumer(consumer_config(settings, group or settings.group("projector")))
+        # A broker that is down is retried every second (librdkafka backs off up to 10 s
+        # by default), for ever: the projector waits for it, then goes on from the offsets
+        # stored in PostgreSQL (the rebalance after the broker's return seeks to them).
+        self.consumer = Consumer(
+            consumer_config(
+                settings,
+                group or settings.group("projector"),
+                **{"reconnect.backoff.max.ms": 1000, "error_cb": self._kafka_error},
+            )
+        )
         self.conn: psycopg.Connection[Any] | None = None
+        # Bounded history: prunes on its own connection and thread, in short batches that
+        # skip rows this projector holds (projections/retention.py).
+        self.pruner = (
+            Pruner(settings.database_url, retention) if retention and retention.enabled else None
+        )
         self.handlers: dict[str, Callable[[bytes, Rows], None]] = {
             "run-events": self._run_event,
             "jobs": self._job_state,
@@ -235,11 +252,20 @@ class Projector:
     def stop(self) -> None:
         self._stop.set()
 
+    kafka_error_logged = 0.0
+
+    def _kafka_error(self, error: Any) -> None:
+        """The broker down or unreachable (librdkafka's error callback, or an error
+        record): say, at most every 10 s, that the projector waits for it."""
+        if time.monotonic() - self.kafka_error_logged >= 10:
+            self.kafka_error_logged = time.monotonic()
+            log.warning("Kafka unreachable (%s); waiting for it, nothing is lost", error)
+
     # -- database -------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
         while not self._stop.is_set():
             try:
-                migrate(self.settings.database_url)
+                migrate_for(self.settings)  # and refuse another deployment's database
                 conn = psycopg.connect(self.settings.database_url)
                 conn.execute(STAGING)
                 conn.commit()
@@ -272,14 +298,17 @@ class Projector:
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> None:
         self.conn = self._connect()
+        if self.pruner is not None:
+            self.pruner.start()  # after the migrations: its index exists
         self.consumer.subscribe(list(self.topic_names), on_assign=self._on_assign)
         try:
             while not self._stop.is_set():
-                messages = [
-                    m
-                    for m in self.consumer.consume(self.batch_size, timeout=0.5)
-                    if m.error() is None
-                ]
+                messages = []
+                for m in self.consumer.consume(self.batch_size, timeout=0.5):
+                    if m.error() is None:
+                        messages.append(m)
+                    else:
+                        self._kafka_error(m.error())
                 if messages:
                     self._write(messages)
                 else:
@@ -288,6 +317,8 @@ class Projector:
                         for tp in self.consumer.position(self.consumer.assignment())
                     }
         finally:
+            if self.pruner is not None:
+                self.pruner.stop()
             self.consumer.close()
             if self.conn is not None:
                 self.conn.close()

@@ -57,6 +57,11 @@ every dispatcher declare healthy workers dead. How much history to read at start
 last `history_s`, by `offsets_for_times` against the broker's append times) does compare
 this machine's clock with the broker's: a skew only reads a little more or less
 history, and no verdict depends on it.
+
+A broker outage. The loop keeps going: the start waits for the broker to say where to read
+heartbeats from, consumer errors are logged (a heartbeat consumer error restarts the
+reading clock, so no worker is judged on beats it could not read), and a placement the
+full local queue refuses counts as undelivered (the claim deadline re-dispatches it).
 """
 
 from __future__ import annotations
@@ -81,7 +86,13 @@ from streams.core.placement import (
 from streams.core.records import DispatchFailed, DispatchRequest, WorkerAssignment, WorkerLost
 from streams.core.spec import Resources
 from streams.core.timeline import Timeline
-from streams.kafka import consumer_config, producer_config
+from streams.kafka import (
+    GroupWatch,
+    abandon_consumer,
+    consumer_config,
+    producer_config,
+    until_done,
+)
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")
@@ -241,23 +252,41 @@ class Dispatcher:
         self._stop = threading.Event()
         self.dispatch_topic = settings.topic("dispatch")
         self.heartbeats_topic = settings.topic("heartbeats")
-        self.dispatch_consumer = Consumer(consumer_config(settings, settings.group("dispatcher")))
+        self.watch = GroupWatch(settings, f"dispatcher {node_id}")
+        self.dispatch_consumer = self._new_consumer()
         self.heartbeat_consumer = Consumer(consumer_config(settings, None))
         self.producer = Producer(producer_config(settings))
 
     def stop(self) -> None:
         self._stop.set()
 
-    def run(self) -> None:
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
+            consumer_config(self.settings, self.settings.group("dispatcher"), **self.watch.config())
+        )
+
+    def _subscribe(self) -> None:
         self.dispatch_consumer.subscribe(
             [self.dispatch_topic],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
+
+    def _replace_consumer(self) -> None:
+        """A consumer stuck out of its group (GroupWatch): a new member in its place. Its
+        close serves the revocation (deliver, commit what is handled, drop the rest)."""
+        abandon_consumer(self.dispatch_consumer, "dispatch")
+        self.dispatch_consumer = self._new_consumer()
+        self._subscribe()
+
+    def run(self) -> None:
+        self._subscribe()
         self._follow_heartbeats()
         try:
             while not self._stop.is_set():
+                if self.watch.stuck():
+                    self._replace_consumer()
                 self._read_heartbeats()
                 for msg in self.dispatch_consumer.consume(500, timeout=0.05):
                     self._consumed(msg)
@@ -320,6 +349,9 @@ class Dispatcher:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # The group's committed offsets are looked up after this (a subscribed consumer
         # joined the group, so its coordinator is known).
+        if consumer is not self.dispatch_consumer:  # a replaced consumer, closing late
+            return
+        self.watch.reset()
         for tp in partitions:
             self.committed.pop(tp.partition, None)
             self.progress.forget(tp.partition)
@@ -327,11 +359,15 @@ class Dispatcher:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Deliver what was placed, commit what is handled, and leave the rest of these
         partitions (still queued here) to their next owner, which reads it again."""
+        if consumer is not self.dispatch_consumer:  # a replaced consumer, closing late
+            return
         self.producer.flush(5)
         self._commit(asynchronous=False, partitions={tp.partition for tp in partitions})
         self._drop(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.dispatch_consumer:  # a replaced consumer, closing late
+            return
         self._drop(partitions)  # no commit: the group has moved on without this member
 
     def _drop(self, partitions: list[TopicPartition]) -> None:
@@ -354,7 +390,13 @@ class Dispatcher:
         partitions = [
             TopicPartition(self.heartbeats_topic, p, since) for p in range(self.settings.partitions)
         ]
-        offsets = self.heartbeat_consumer.offsets_for_times(partitions, timeout=10)
+        offsets = until_done(
+            lambda: self.heartbeat_consumer.offsets_for_times(partitions, timeout=10),
+            "finding where to read heartbeats from",
+            self._stop,
+        )
+        if offsets is None:  # stopped while the broker was down
+            return
         self.reading_since = time.monotonic()
         self.heartbeat_consumer.assign(offsets)
 
@@ -511,11 +553,11 @@ class Dispatcher:
             max(now, request.not_before_ms) + self.config.reservation_ms,
             time.monotonic(),
         )
-        self.producer.produce(
+        self._produce(
             self.settings.topic("worker-inbox"),
-            key=worker_id.encode(),
-            value=WORKER_INBOX.encode(WorkerAssignment(worker_id, now, request)),
-            on_delivery=self._handled_when_delivered(where, f"assignment of {request.run_id}"),
+            worker_id,
+            WORKER_INBOX.encode(WorkerAssignment(worker_id, now, request)),
+            self._handled_when_delivered(where, f"assignment of {request.run_id}"),
         )
 
     def _expire(self, now: int) -> None:
@@ -597,12 +639,26 @@ class Dispatcher:
         record: WorkerLost | DispatchFailed,
         where: tuple[int, int] | None = None,
     ) -> None:
-        self.producer.produce(
+        self._produce(
             self.settings.topic("job-log"),
-            key=job_id.encode(),
-            value=JOB_LOG.encode(record),
-            on_delivery=self._handled_when_delivered(where, f"{type(record).__name__}"),
+            job_id,
+            JOB_LOG.encode(record),
+            self._handled_when_delivered(where, f"{type(record).__name__}"),
         )
+
+    def _produce(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        delivered: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        """produce(); a full local queue (the broker down for a while) counts as a failed
+        delivery: the ledger's claim deadline dispatches the attempt again."""
+        try:
+            self.producer.produce(topic, key=key.encode(), value=value, on_delivery=delivered)
+        except BufferError:
+            delivered(KafkaError(KafkaError._QUEUE_FULL), None)  # type: ignore[arg-type]
 
 
 def _capacity(raw: dict[str, float | int]) -> Capacity:

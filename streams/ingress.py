@@ -8,12 +8,14 @@ sends can stop the agent.
 At-least-once, on purpose: a command delivered twice is harmless, because every command
 is idempotent at the ledger (upserts and flags converge, run_now and rerun dedup on
 request_id, backfills on (job, time)). The agent awaits the delivery of each batch
-before Faust may commit its offsets (notes/faust.md: "safe pattern"), and exits the
-process rather than ack a batch it could not deliver.
+before Faust may commit its offsets (notes/faust.md: "safe pattern"), and sends a batch
+it could not deliver again, for as long as the broker stays down, rather than ack it or
+exit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -126,7 +128,7 @@ def build_app(settings: Settings) -> faust.App:
     @app.agent(commands, concurrency=1)
     async def ingress(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(BATCH, within=0.05):  # type: ignore[attr-defined]
-            pending: list[Awaitable[Any]] = []
+            outputs: list[tuple[faust.TopicT, bytes | None, bytes]] = []
             now = int(time.time() * 1000)
             for event in events:
                 raw = event.value
@@ -135,18 +137,37 @@ def build_app(settings: Settings) -> faust.App:
                 except Exception as exc:  # noqa: BLE001 - a bug must not drop the command
                     where, key, value = "commands.dlq", b"", f"internal error: {exc!r}".encode()
                 if where == "job-log":
-                    pending.append(await job_log.send(key=key, value=value))
+                    outputs.append((job_log, key, value))
                 else:
                     message = event.message
                     record = dlq_record(
                         raw or b"", value.decode(), message.topic, message.partition, message.offset
                     )
-                    pending.append(await dlq.send(key=event.key, value=record))
+                    outputs.append((dlq, event.key, record))
+            await deliver(outputs)
+
+    async def deliver(outputs: list[tuple[faust.TopicT, bytes | None, bytes]]) -> None:
+        """Send the batch and await every delivery; until all are delivered, send the
+        whole batch again (the broker down: retried for as long as it takes). Resending
+        in order keeps each job's last command last, and duplicates are harmless."""
+        tries = 0
+        while True:
             try:
+                pending: list[Awaitable[Any]] = [
+                    await topic.send(key=key, value=value) for topic, key, value in outputs
+                ]
                 for future in pending:
                     await future
-            except Exception:
-                log.exception("could not deliver a batch; exiting so nothing is acked")
-                os._exit(1)
+                return
+            except Exception as exc:  # noqa: BLE001 - retried, never acked undelivered
+                tries += 1
+                if tries == 1 or tries % 10 == 0:
+                    log.warning(
+                        "could not deliver a batch of %d (%r); retrying, nothing is acked "
+                        "before it is delivered (the broker may be down)",
+                        len(outputs),
+                        exc,
+                    )
+                await asyncio.sleep(1.0)
 
     return app

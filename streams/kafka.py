@@ -8,16 +8,25 @@ its state, living in the same partition number of each topic.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.kafka")
+T = TypeVar("T")
 
 PARTITIONER = "murmur2_random"
 
@@ -110,3 +119,192 @@ def committed_or(
         log.warning("committed offsets not available yet (%s); retrying", found[0].error)
         time.sleep(0.5)
     return [TopicPartition(tp.topic, tp.partition, default) for tp in partitions]
+
+
+# -- riding out a broker outage -------------------------------------------------------------
+# How often a loop waiting for the broker says so, and how long it sleeps between tries.
+WAIT_LOG_EVERY_S = 10.0
+RETRY_SLEEP_S = 1.0
+
+
+class Hung(Exception):
+    """A client call that did not return within its watchdog's deadline."""
+
+
+def broker_answers(settings: Settings, timeout_s: float = 5.0) -> bool:
+    """Does the broker answer a metadata request within `timeout_s`?"""
+    probe = Consumer(consumer_config(settings, None, **{"log_level": 0}))
+    try:
+        probe.list_topics(timeout=timeout_s)
+        return True
+    except KafkaException:
+        return False
+    finally:
+        probe.close()
+
+
+def wait_for_broker(settings: Settings, who: str, stop: threading.Event | None = None) -> bool:
+    """Block until the broker answers (True), or `stop` is set (False), saying clearly
+    every `WAIT_LOG_EVERY_S` that `who` waits: a process started while the broker is
+    down waits for it instead of exiting."""
+    started = time.monotonic()
+    said = 0.0
+    while stop is None or not stop.is_set():
+        if broker_answers(settings):
+            if said:
+                log.warning(
+                    "%s: the broker at %s answers after %.0f s; starting",
+                    who,
+                    settings.kafka,
+                    time.monotonic() - started,
+                )
+            return True
+        waited = time.monotonic() - started
+        if not said or waited - said >= WAIT_LOG_EVERY_S:
+            said = max(waited, 1e-9)
+            log.warning(
+                "%s: waiting for the broker at %s (no answer for %.0f s so far)",
+                who,
+                settings.kafka,
+                waited,
+            )
+        if stop is not None:
+            stop.wait(RETRY_SLEEP_S)
+        else:
+            time.sleep(RETRY_SLEEP_S)
+    return False
+
+
+def until_done(
+    call: Callable[[], T], what: str, stop: threading.Event | None = None, sleep_s: float = 1.0
+) -> T | None:
+    """`call()`, retried while it raises KafkaException (the broker down, a coordinator
+    moving), until it succeeds or `stop` is set (None then). Fatal client errors are not
+    retried: they never heal."""
+    failures = 0
+    while stop is None or not stop.is_set():
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.fatal():
+                raise
+            failures += 1
+            if failures == 1 or failures % 10 == 0:
+                log.warning("%s failed (%s); retrying (the broker may be down)", what, exc)
+            if stop is not None:
+                stop.wait(sleep_s)
+            else:
+                time.sleep(sleep_s)
+    return None
+
+
+def bounded(call: Callable[[], T], deadline_s: float, what: str) -> T:
+    """`call()` on a thread of its own, waited for at most `deadline_s`: raises `Hung` if
+    it has not returned by then, and leaves it running, abandoned.
+
+    For client calls that can block for ever whatever timeout they are given (librdkafka's
+    `send_offsets_to_transaction` when the group coordinator is lost after a broker
+    restart: confluentinc/librdkafka#5456 and #5511). The caller must never touch the
+    client again after `Hung` (it is inside a call that may still return), only replace
+    it. confluent-kafka releases the GIL inside its blocking calls, so the abandoned
+    thread costs no CPU."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=body, name=f"bounded {what}", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        raise Hung(f"{what} did not return within {deadline_s:.0f} s")
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+# How often a consumer out of its group asks whether the broker answers (GroupWatch).
+CHECK_EVERY_S = 3.0
+
+
+class GroupWatch:
+    """Tells when a consumer's group membership is stuck while the broker answers.
+
+    After a broker restart a librdkafka consumer can stay out of its group for good:
+    seen here as a scheduler that never got its partitions back, so every job stopped
+    firing. librdkafka's statistics (`statistics.interval.ms`) report the group state;
+    a membership that is not `up`/`steady` for `stuck_after_s` while the broker answers
+    metadata is stuck, and the owner replaces the consumer (a new member joins, the
+    group rebalances, state is rebuilt on assignment as after any rebalance). While the
+    broker does not answer the clock restarts: waiting for the broker is not stuck."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        who: str,
+        stuck_after_s: float = 15.0,
+        check_every_s: float = CHECK_EVERY_S,
+    ):
+        self.settings = settings
+        self.who = who
+        self.stuck_after_s = stuck_after_s
+        self.check_every_s = check_every_s
+        self.since: float | None = None  # first seen out of the group
+        self._checked = 0.0
+
+    def config(self) -> dict[str, Any]:
+        """Consumer settings that feed the watch."""
+        return {"statistics.interval.ms": 2000, "stats_cb": self._stats}
+
+    def _stats(self, raw: str) -> None:
+        try:
+            group = json.loads(raw).get("cgrp") or {}
+        except ValueError:
+            return
+        if group.get("state") == "up" and group.get("join_state") == "steady":
+            self.since = None
+        elif self.since is None:
+            self.since = time.monotonic()
+
+    def reset(self) -> None:
+        self.since = None
+
+    def stuck(self) -> bool:
+        """Checked every loop turn. While out of the group, asks the broker every few
+        seconds whether it answers, so the clock restarts within seconds of its return:
+        a consumer gets `stuck_after_s` of a live broker to rejoin by itself."""
+        now = time.monotonic()
+        if self.since is None or now - self.since < self.check_every_s:
+            return False
+        if now - self._checked >= self.check_every_s:
+            # Not watched since the last check (the loop was busy elsewhere, say retrying
+            # while the broker was down): the broker's answers count from now on.
+            unwatched = now - self._checked > 2 * self.check_every_s + 2.0
+            self._checked = now
+            if not broker_answers(self.settings, 2.0) or unwatched:
+                self.since = time.monotonic()  # waiting for the broker is not stuck
+                return False
+        if now - self.since < self.stuck_after_s:
+            return False
+        log.warning(
+            "%s: out of its consumer group for %.0f s while the broker answers: "
+            "replacing the consumer",
+            self.who,
+            now - self.since,
+        )
+        self.since = None
+        return True
+
+
+def abandon_consumer(consumer: Consumer, what: str) -> None:
+    """Close a consumer being replaced, bounded: close() can block on a broker that does
+    not answer; past the deadline it is left to itself."""
+    try:
+        bounded(consumer.close, 10.0, f"closing the {what} consumer")
+    except (KafkaException, RuntimeError, Hung) as exc:
+        log.warning("the old %s consumer did not close cleanly (%s)", what, exc)

@@ -46,6 +46,31 @@ partition; the state then read to the log's real end contains every batch whose 
 are committed. On any error in 2-6 the in-memory changes are thrown away with the whole
 state: abort if possible, recreate the producer, and take the partitions over again.
 
+A broker outage, and client calls that hang. Every loop step retries while the broker is
+down: the producer's `init_transactions`, the offset fetch and the restore of a takeover
+(`_take_over`), and a failed transaction goes through `_recover` as always. One call can
+block for ever whatever timeout it is given: `send_offsets_to_transaction` when the
+group coordinator is lost, as after a broker restart (confluentinc/librdkafka#5456 and
+#5511). So every transactional call runs under a watchdog (`bounded`, streams/kafka.py:
+`TXN_CALL_S` for the call, `TXN_WATCHDOG_S` before it is abandoned). A call that
+outlives its watchdog is abandoned with its producer, which is never touched again, and
+the ledger recovers through the fenced path, exactly as if this process had crashed there
+and been restarted:
+ - A new producer with the same transactional.id calls `init_transactions`, which bumps
+   the producer epoch: the broker aborts the abandoned producer's open transaction (or,
+   if that producer's commit already reached the transaction coordinator, completes it
+   first: InitProducerId waits for a pending commit to finish), and fences every later
+   request of the old epoch. If the abandoned call returns one day, nothing it does can
+   commit: its TxnOffsetCommit and EndTxn carry the old epoch.
+ - Then `_take_over` fetches the committed offsets (require_stable: they wait for any
+   transaction still pending on them) and restores the state to the log's real end, so
+   the state holds exactly the batches whose offsets are committed, whichever way the
+   abandoned transaction ended; the consumer is sought back to those offsets and the
+   uncommitted inputs are decided again.
+A watchdog that fires on a slow but healthy call (a saturated machine) costs a recovery,
+never correctness: the abandoned transaction is committed or aborted as a whole, and the
+takeover reads back whichever it was.
+
 The producer's local queue. librdkafka holds every produced message until its delivery
 report is served by `poll`; a transaction of 20,000 records polls as it goes, and a full
 queue (`BufferError`, which is not a KafkaException) is drained by polling and the
@@ -60,6 +85,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from confluent_kafka import (
@@ -87,7 +113,12 @@ from schemas.json import dlq_record
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
 from streams.kafka import (
+    RETRY_SLEEP_S,
     TRANSACTION_TIMEOUT_MS,
+    GroupWatch,
+    Hung,
+    abandon_consumer,
+    bounded,
     committed_or,
     consumer_config,
     transactional_producer_config,
@@ -102,6 +133,11 @@ TXN_MAX_S = 2.5
 # A restore fails only when it made no progress for this long. Longer than the
 # transaction timeout: a dead owner's open transaction holds the restore back that long.
 RESTORE_STALL_S = 30.0
+# A transactional call's own timeout, and its watchdog's (module docstring: a call that
+# can ignore its timeout). About the transaction timeout: a transaction not committed by
+# then is aborted by the broker anyway.
+TXN_CALL_S = TRANSACTION_TIMEOUT_MS / 1000
+TXN_WATCHDOG_S = TXN_CALL_S + 3.0
 # The produced messages between two polls of the producer's delivery reports.
 POLL_EVERY = 1000
 UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
@@ -181,10 +217,10 @@ class Ledger:
         self._transactions = self._cut = self._produced = self._queue_full = 0
         self._longest_txn_s = 0.0
         self._in_txn = 0  # records produced in the open transaction
+        self._abandoned = 0  # producers left inside a hung call (module docstring)
         self._warned_create_time = False
-        self.consumer = Consumer(
-            consumer_config(settings, settings.group("ledger"), **{"enable.partition.eof": False})
-        )
+        self.watch = GroupWatch(settings, f"ledger {self.node_id}")
+        self.consumer = self._new_consumer()
         self.producer = self._new_producer()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -195,11 +231,36 @@ class Ledger:
         # (init_transactions) instead of leaving readers blocked until it times out.
         # Node ids must therefore be unique: two live nodes with one id fence each other.
         txn_id = f"{self.settings.group('ledger')}-{self.node_id}"
-        producer = Producer(
-            {**transactional_producer_config(self.settings, txn_id), **self.producer_overrides}
-        )
-        producer.init_transactions(30)
-        return producer
+        config = {**transactional_producer_config(self.settings, txn_id), **self.producer_overrides}
+        failures = 0
+        while True:
+            producer = Producer(config)
+            while True:
+                try:
+                    bounded(
+                        partial(producer.init_transactions, TXN_CALL_S),
+                        TXN_WATCHDOG_S,
+                        "init_transactions",
+                    )
+                    return producer
+                except KafkaException as exc:
+                    failures += 1
+                    if failures == 1 or failures % 10 == 0:
+                        log.warning(
+                            "ledger %s: init_transactions failed (%s); retrying (the broker "
+                            "may be down)",
+                            self.node_id,
+                            exc,
+                        )
+                    if self._stop.wait(RETRY_SLEEP_S):
+                        return producer  # stopping: never used for a transaction
+                    error = exc.args[0] if exc.args else None
+                    if not (isinstance(error, KafkaError) and error.retriable()):
+                        break  # a new producer
+                except Hung as exc:
+                    self._abandoned += 1
+                    log.error("ledger %s: %s; replacing the producer", self.node_id, exc)
+                    break
 
     def stop(self) -> None:
         self._stop.set()
@@ -217,15 +278,39 @@ class Ledger:
             self._longest_txn_s,
         )
 
-    def run(self) -> None:
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
+            consumer_config(
+                self.settings,
+                self.settings.group("ledger"),
+                **{"enable.partition.eof": False, **self.watch.config()},
+            )
+        )
+
+    def _subscribe(self) -> None:
         self.consumer.subscribe(
             [self.topics["job-log"]],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+
+    def _replace_consumer(self) -> None:
+        """A consumer stuck out of its group (GroupWatch): a new member in its place,
+        between transactions (none is open). The state goes with the old member and is
+        restored on the new assignment; the old member's group generation is stale, so
+        nothing it could still send commits (module docstring, Fencing)."""
+        abandon_consumer(self.consumer, "ledger")
+        self.state.clear()
+        self.consumer = self._new_consumer()
+        self._subscribe()
+
+    def run(self) -> None:
+        self._subscribe()
         try:
             while not self._stop.is_set():
+                if self.watch.stuck():
+                    self._replace_consumer()
                 messages = self.consumer.consume(self.batch_size, timeout=0.2)
                 records = [m for m in messages if self._usable(m)]
                 if records:
@@ -244,11 +329,14 @@ class Ledger:
 
     # -- assignment ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:  # a replaced consumer, closing late
+            return
         started = time.monotonic()
         positions = self._take_over(partitions)
         # Assigned here, with the offsets the state was restored for: librdkafka must
         # not look the committed offsets up again after the restore (see _take_over).
         consumer.assign(positions)
+        self.watch.reset()  # in the group (the statistics said otherwise while it restored)
         if self._stop.is_set():
             return  # stopping: nothing is decided any more
         restored = [self.state[tp.partition] for tp in positions if tp.partition in self.state]
@@ -262,6 +350,8 @@ class Ledger:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:  # a replaced consumer, closing late
+            return
         for tp in partitions:
             self.state.pop(tp.partition, None)
 
@@ -286,8 +376,24 @@ class Ledger:
         repeated proposal for the same time is decided a second time.
         """
         wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-        committed = committed_or(self.consumer, wanted, OFFSET_BEGINNING, self._stop)
-        restored = self._restore_all([tp.partition for tp in committed])
+        failures = 0
+        while True:
+            committed = committed_or(self.consumer, wanted, OFFSET_BEGINNING, self._stop)
+            try:
+                restored = self._restore_all([tp.partition for tp in committed])
+                break
+            except KafkaException as exc:
+                # The broker down, or a restore that stalled: both steps again, in order.
+                failures += 1
+                if failures == 1 or failures % 10 == 0:
+                    log.warning(
+                        "ledger %s: takeover of %s failed (%s); retrying",
+                        self.node_id,
+                        sorted(tp.partition for tp in wanted),
+                        exc,
+                    )
+                if self._stop.wait(RETRY_SLEEP_S):
+                    return committed
         if not self._stop.is_set():  # a restore cut short by stop() is never used
             self.state.update(restored)
         return committed
@@ -390,6 +496,17 @@ class Ledger:
         except KafkaException as exc:
             log.error("transaction failed (%s): aborting and recovering", exc)
             self._recover()
+        except Hung as exc:
+            # Never touch that producer again: it is inside a call that may still return.
+            self._abandoned += 1
+            log.error(
+                "ledger %s: %s; abandoning the producer (%d so far) and recovering through "
+                "the fenced path",
+                self.node_id,
+                exc,
+                self._abandoned,
+            )
+            self._recover(abort=False)
 
     def _transact(self, records: list[Message]) -> None:
         """One transaction over a prefix of `records` (all of them unless the budget cuts
@@ -407,12 +524,16 @@ class Ledger:
                 time.monotonic() - started >= self.txn_max_s
             ):
                 break
-        self.producer.send_offsets_to_transaction(
-            [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-            self.consumer.consumer_group_metadata(),
-            30,
+        producer, metadata = self.producer, self.consumer.consumer_group_metadata()
+        positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        bounded(
+            lambda: producer.send_offsets_to_transaction(positions, metadata, TXN_CALL_S),
+            TXN_WATCHDOG_S,
+            "send_offsets_to_transaction",
         )
-        self.producer.commit_transaction(30)
+        bounded(
+            lambda: producer.commit_transaction(TXN_CALL_S), TXN_WATCHDOG_S, "commit_transaction"
+        )
         took = time.monotonic() - started
         self._transactions += 1
         self._produced += self._in_txn
@@ -536,14 +657,18 @@ class Ledger:
         for request in decision.dispatch:
             produce(self.topics["dispatch"], request.run_id.encode(), DISPATCH.encode(request))
 
-    def _recover(self) -> None:
-        """Abort, recreate the producer, and take the assigned partitions over again:
-        committed offsets, then state, then seek (`_take_over` says why that order)."""
+    def _recover(self, abort: bool = True) -> None:
+        """Abort (unless the producer is abandoned), recreate the producer, and take the
+        assigned partitions over again: committed offsets, then state, then seek
+        (`_take_over` says why that order). The new producer's init_transactions fences
+        the old one and aborts its open transaction either way."""
         self._recoveries += 1
-        try:
-            self.producer.abort_transaction(10)
-        except KafkaException as exc:
-            log.warning("abort failed (%s); the producer is replaced anyway", exc)
+        if abort:
+            producer = self.producer
+            try:
+                bounded(lambda: producer.abort_transaction(TXN_CALL_S), TXN_WATCHDOG_S, "abort")
+            except (KafkaException, Hung) as exc:
+                log.warning("abort failed (%s); the producer is replaced anyway", exc)
         self.producer = self._new_producer()
         for tp in self._take_over(self.consumer.assignment()):
             self.consumer.seek(tp)

@@ -9,13 +9,19 @@ that lifts the node's throughput (see docs/performance.md). The child dies with 
 dies with the child. Any loop that dies takes the whole node down with it: a half-alive
 node that holds partitions without serving them would stall its jobs until its session
 expired, while a dead one loses them in seconds.
+
+A broker outage is not a loop dying: a node started while the broker is down waits for
+it (saying so every few seconds), and once running every loop keeps retrying while the
+broker is down and resumes by itself when it is back (Faust's aiokafka clients reconnect;
+the confluent-kafka loops treat client errors as transient and retry; the ledger bounds
+its transactional calls with a watchdog, streams/ledger.py). Only a loop that fails for
+another reason takes the node down, and the supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import faulthandler
 import logging
 import multiprocessing
 import multiprocessing.process
@@ -31,7 +37,9 @@ from streams.core.ledger import LedgerConfig
 from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
 from streams.ingress import build_app
+from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
+from streams.lifecycle import die_with_parent as _die_with_parent
 from streams.scheduler import Scheduler, SchedulerConfig
 from streams.settings import Settings
 
@@ -50,17 +58,17 @@ def _guarded(name: str, target: Callable[[], None]) -> threading.Thread:
     return threading.Thread(target=body, name=name, daemon=True)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent died before the line above ran
-        os._exit(70)
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1` prints every thread's stack to stderr: what a stuck loop waits on.
+    (In the node's own process Faust later installs its own SIGUSR1 dump, which lists the
+    threads' stacks too.)"""
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _ledger_main(settings: Settings, config: LedgerConfig, node_id: str, loglevel: str) -> None:
     _die_with_parent()
+    _dump_stacks_on_sigusr1()
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -89,11 +97,15 @@ def run_node(
     ledger_process: bool = True,
 ) -> None:
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
+    _dump_stacks_on_sigusr1()
     if lookahead_ms >= ledger_config.max_lead_ms:
         raise ValueError(
             f"the look-ahead ({lookahead_ms} ms) must be below the ledger's max lead "
             f"({ledger_config.max_lead_ms} ms), which rejects earlier proposals"
         )
+    # Faust cannot start without the broker (it exits at once), so the node waits for it
+    # first; once running, every loop rides out an outage by itself (module docstring).
+    wait_for_broker(settings, f"scheduler node {node_id}")
     policy = ProposalPolicy(
         lead_ms=lead_ms,
         horizon_ms=lookahead_ms if lead_ms > 0 else 0,  # pre-dispatch off: no look-ahead

@@ -13,6 +13,12 @@ run's deadline passed. Proposals are only proposals: a duplicate, a stale one or
 zombie's is rejected by the ledger, so a proposal that has not been answered by a state
 change is simply repeated after `repeat_ms`.
 
+A broker outage. The loop never stops for it: the consumers return errors (ignored; they
+reconnect by themselves, and on the way back the group gives the partitions again, which
+rebuilds the timers from the committed state), proposals wait in the producer's queue
+and are delivered when the broker is back (stale ones are decided by the ledger by the
+misfire policy), and a proposal the full queue refuses is dropped, to be repeated.
+
 One clock: "due" means due by the broker's time, not this node's wall clock (a node 10
 minutes ahead would propose everything 10 minutes early, wasted on the ledger's "too
 early"; one behind would propose late: misfires). The clock is a `BrokerClock`
@@ -61,7 +67,7 @@ from streams.core.proposals import (
     may_look_ahead,
 )
 from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, JobState, RunState
-from streams.kafka import consumer_config, producer_config
+from streams.kafka import GroupWatch, abandon_consumer, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.scheduler")
@@ -112,8 +118,10 @@ class Scheduler:
         self.early = Allowance(config.proposals.early_per_s, self.clock())
         self._turn = 0
         self.proposed = 0
+        self.dropped = 0  # proposals the full local queue refused (broker down)
         self._stop = threading.Event()
-        self.consumer = Consumer(consumer_config(settings, settings.group("scheduler")))
+        self.watch = GroupWatch(settings, f"scheduler {node_id}")
+        self.consumer = self._new_consumer()
         self.producer = Producer(producer_config(settings))
         # Heartbeats, from their end, only for their broker stamps: the clock's samples
         # while this node has nothing to propose.
@@ -124,13 +132,31 @@ class Scheduler:
     def stop(self) -> None:
         self._stop.set()
 
-    def run(self) -> None:
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
+            consumer_config(self.settings, self.settings.group("scheduler"), **self.watch.config())
+        )
+
+    def _subscribe(self) -> None:
         self.consumer.subscribe(
             [self.jobs_topic, self.runs_topic],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+
+    def _replace_consumer(self) -> None:
+        """A consumer stuck out of its group (GroupWatch): a new member in its place. The
+        timers go with the old one and are rebuilt from the committed state on the new
+        assignment, as after any rebalance."""
+        old = self.consumer
+        abandon_consumer(old, "scheduler")
+        self.timers.clear()
+        self.consumer = self._new_consumer()
+        self._subscribe()
+
+    def run(self) -> None:
+        self._subscribe()
         beats = self.settings.topic("heartbeats")
         self.beats.assign(
             [TopicPartition(beats, p, OFFSET_END) for p in range(self.settings.partitions)]
@@ -140,6 +166,8 @@ class Scheduler:
                 for msg in self.consumer.consume(2000, timeout=self.config.tick_s):
                     if msg.error() is None:
                         self._follow(msg)
+                if self.watch.stuck():
+                    self._replace_consumer()
                 self._read_beats()
                 self.producer.poll(0)  # delivery reports: samples of the broker's time
                 self._resync()
@@ -209,10 +237,13 @@ class Scheduler:
 
     # -- assignment: rebuild from the beginning of the committed state --------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:  # a replaced consumer, closing late
+            return
         for tp in partitions:
             self.timers.setdefault(tp.partition, PartitionTimers(FireTimers(self.config.proposals)))
             tp.offset = OFFSET_BEGINNING
         consumer.assign(partitions)
+        self.watch.reset()
         log.info(
             "scheduler %s owns partitions %s",
             self.node_id,
@@ -220,6 +251,8 @@ class Scheduler:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:  # a replaced consumer, closing late
+            return
         for tp in partitions:
             self.timers.pop(tp.partition, None)
 
@@ -282,10 +315,23 @@ class Scheduler:
     def _send(self, job_id: str, record: FireProposed | DeadlineReached) -> None:
         if self._own_clock and not self.broker.synced:
             self._unsynced = True
-        self.producer.produce(
-            self.job_log,
-            key=job_id.encode(),
-            value=JOB_LOG.encode(record),
-            on_delivery=self._delivered,
-        )
+        try:
+            self.producer.produce(
+                self.job_log,
+                key=job_id.encode(),
+                value=JOB_LOG.encode(record),
+                on_delivery=self._delivered,
+            )
+        except BufferError:
+            # The local queue is full: the broker has been unreachable for a while. Drop
+            # it: an unanswered proposal is repeated after `repeat_ms` anyway.
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                log.warning(
+                    "scheduler %s: producer queue full (broker down?): %d proposals "
+                    "dropped so far, each is repeated later",
+                    self.node_id,
+                    self.dropped,
+                )
+            return
         self.proposed += 1

@@ -22,6 +22,10 @@ DEFAULT_DATABASE_URL = "postgresql://cronlog:cronlog@127.0.0.1:15432/cronlog"
 MAX_PARTITIONS = 1024
 
 
+# Kafka allows more, but no cronlog installation needs more copies than this.
+MAX_REPLICATION = 16
+
+
 class SettingsError(ValueError):
     """A configuration value is malformed. Not retryable: fix the environment."""
 
@@ -32,6 +36,11 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     partitions: int = DEFAULT_PARTITIONS
+    # Copies of each topic partition and how many must have a write before it is
+    # acknowledged (CRONLOG_REPLICATION, CRONLOG_MIN_ISR). None: chosen from the cluster
+    # at topic creation (streams/topics.py): 3 and 2 on three or more brokers, 1 and 1 on one.
+    replication: int | None = None
+    min_isr: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -44,6 +53,8 @@ class Settings:
                 f"CRONLOG_PARTITIONS must be an integer, got {raw_partitions!r}"
             ) from None
         settings = cls(
+            replication=_optional_count(env, "CRONLOG_REPLICATION"),
+            min_isr=_optional_count(env, "CRONLOG_MIN_ISR"),
             kafka=env.get("CRONLOG_KAFKA", DEFAULT_KAFKA).strip() or DEFAULT_KAFKA,
             database_url=env.get("CRONLOG_DATABASE_URL", DEFAULT_DATABASE_URL).strip()
             or DEFAULT_DATABASE_URL,
@@ -68,6 +79,21 @@ class Settings:
             )
         if len(self.topic_prefix) > 200:
             raise SettingsError("CRONLOG_TOPIC_PREFIX is longer than 200 characters")
+        for name, value in (
+            ("CRONLOG_REPLICATION", self.replication),
+            ("CRONLOG_MIN_ISR", self.min_isr),
+        ):
+            if value is not None and not 1 <= value <= MAX_REPLICATION:
+                raise SettingsError(f"{name} must be between 1 and {MAX_REPLICATION}, got {value}")
+        if (
+            self.replication is not None
+            and self.min_isr is not None
+            and self.min_isr > self.replication
+        ):
+            raise SettingsError(
+                f"CRONLOG_MIN_ISR ({self.min_isr}) cannot exceed CRONLOG_REPLICATION "
+                f"({self.replication}): no write could ever be acknowledged"
+            )
 
     def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed (tests give each module its own prefix)."""
@@ -81,3 +107,13 @@ class Settings:
     def group(self, name: str) -> str:
         """Consumer group ids share the prefix so installations never collide."""
         return f"{self.topic_prefix}{name}"
+
+
+def _optional_count(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None

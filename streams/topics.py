@@ -6,6 +6,12 @@ co-partitioned by job_id, and the dispatch/worker topics shard by the same count
 count is fixed at creation: changing it would move keys to other partitions and break
 the per-job ordering the ledger relies on, so :func:`ensure_topics` refuses a mismatch
 instead of "fixing" it.
+
+Replication: ``CRONLOG_REPLICATION`` copies of every partition and
+``min.insync.replicas`` = ``CRONLOG_MIN_ISR``. By default 3 and 2 on a cluster of three
+or more brokers (an acknowledged write is on two brokers, and one broker may fail without
+stopping writes), 1 and 1 on one broker (2 and 1 on two). Producers use acks=all, so
+min ISR is what an acknowledgement means.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
+    ClusterMetadata,
     ConfigEntry,
     ConfigResource,
     ResourceType,
+    TopicMetadata,
 )
 from confluent_kafka.cimpl import NewTopic
 
@@ -103,6 +111,47 @@ class TopicOutcome:
     topic: str
     created: bool
     partitions: int
+    replication: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    factor: int
+    min_isr: int
+
+
+def default_replication(brokers: int) -> Replication:
+    """Three copies and two in sync once the cluster has three brokers; otherwise a copy
+    per broker and one in sync (a min ISR of 2 on two brokers would stop every write
+    when either fails). The local stack configures its internal topics the same way."""
+    factor = min(brokers, 3)
+    return Replication(factor, 2 if factor >= 3 else 1)
+
+
+def choose_replication(
+    settings: Settings, live_brokers: int, broker_default_factor: int = 1
+) -> Replication:
+    """The replication to create topics with: CRONLOG_REPLICATION / CRONLOG_MIN_ISR when
+    set, else :func:`default_replication` of the cluster's size. The size is the larger
+    of the live brokers and the broker's own default.replication.factor, so a 3-broker
+    cluster with one broker down still asks for 3 copies (and fails clearly) instead of
+    silently creating unreplicated topics."""
+    default = default_replication(max(live_brokers, broker_default_factor))
+    factor = settings.replication if settings.replication is not None else default.factor
+    default_min_isr = 2 if factor >= 3 else 1
+    min_isr = settings.min_isr if settings.min_isr is not None else default_min_isr
+    if factor > live_brokers:
+        raise TopicError(
+            f"replication factor {factor} needs {factor} brokers but the cluster has "
+            f"{live_brokers} running: start the missing brokers, or set CRONLOG_REPLICATION "
+            f"to at most {live_brokers}"
+        )
+    if min_isr > factor:
+        raise TopicError(
+            f"CRONLOG_MIN_ISR is {min_isr} but topics get {factor} replicas: no write "
+            "could ever be acknowledged"
+        )
+    return Replication(factor, min_isr)
 
 
 def _admin(settings: Settings) -> AdminClient:
@@ -123,9 +172,17 @@ def ensure_topics(
     admin = admin or _admin(settings)
     specs = list(specs)
     metadata = admin.list_topics(timeout=timeout_s)
+    replication = (
+        choose_replication(
+            settings, len(metadata.brokers), _broker_default_factor(admin, metadata, timeout_s)
+        )
+        if specs
+        else Replication(1, 1)
+    )
     outcomes: list[TopicOutcome] = []
     missing: list[NewTopic] = []
     mismatched: list[str] = []
+    under_replicated: list[str] = []
     for spec in specs:
         name = settings.topic(spec.name)
         existing = metadata.topics.get(name)
@@ -133,14 +190,17 @@ def ensure_topics(
             count = len(existing.partitions)
             if count != settings.partitions:
                 mismatched.append(f"{name} has {count} partitions")
-            outcomes.append(TopicOutcome(name, False, count))
+            copies = _replicas(existing)
+            if copies < replication.factor:
+                under_replicated.append(f"{name} has {copies}")
+            outcomes.append(TopicOutcome(name, False, count, copies))
         else:
             missing.append(
                 NewTopic(
                     name,
                     num_partitions=settings.partitions,
-                    replication_factor=-1,
-                    config=dict(spec.config),
+                    replication_factor=replication.factor,
+                    config={**spec.config, _MIN_ISR: str(replication.min_isr)},
                 )
             )
     if mismatched:
@@ -150,13 +210,20 @@ def ensure_topics(
             + ". Partition counts are fixed at creation (keys would move between "
             "partitions); use the existing count or a new CRONLOG_TOPIC_PREFIX."
         )
+    if under_replicated:
+        raise TopicError(
+            f"topics should have {replication.factor} replicas but "
+            + "; ".join(under_replicated)
+            + ". Add replicas with kafka-reassign-partitions, set CRONLOG_REPLICATION to "
+            "what they have, or use a new CRONLOG_TOPIC_PREFIX."
+        )
     raced: list[str] = []
     if missing:
         futures = admin.create_topics(missing, request_timeout=timeout_s)
         for name, future in futures.items():
             try:
                 future.result(timeout=timeout_s)
-                outcomes.append(TopicOutcome(name, True, settings.partitions))
+                outcomes.append(TopicOutcome(name, True, settings.partitions, replication.factor))
             except KafkaException as exc:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
@@ -170,16 +237,72 @@ def ensure_topics(
                     f"{name} was created concurrently with {count} partitions, "
                     f"CRONLOG_PARTITIONS is {settings.partitions}"
                 )
-            outcomes.append(TopicOutcome(name, False, count))
+            outcomes.append(TopicOutcome(name, False, count, _replicas(fresh[name])))
+    # Topics created just now have their configs; check the others (made by an older
+    # cronlog or a concurrent creator). Asking about a new topic at once can also fail on
+    # a cluster: the broker asked may not know it yet.
+    created = {o.topic for o in outcomes if o.created}
+    older = [spec for spec in specs if settings.topic(spec.name) not in created]
     _require_broker_time(
-        admin, [settings.topic(s.name) for s in specs if s.config.get(_TIMESTAMP_TYPE)], timeout_s
+        admin, [settings.topic(s.name) for s in older if s.config.get(_TIMESTAMP_TYPE)], timeout_s
     )
+    _require_min_isr(admin, [settings.topic(s.name) for s in older], replication, timeout_s)
     order = {settings.topic(spec.name): i for i, spec in enumerate(specs)}
     return sorted(outcomes, key=lambda o: order[o.topic])
 
 
 _TIMESTAMP_TYPE = "message.timestamp.type"
 _LOG_APPEND_TIME = "LogAppendTime"
+_MIN_ISR = "min.insync.replicas"
+
+
+def _replicas(topic: TopicMetadata) -> int:
+    return min((len(p.replicas) for p in topic.partitions.values()), default=0)
+
+
+def _broker_default_factor(admin: AdminClient, metadata: ClusterMetadata, timeout_s: float) -> int:
+    """The cluster's default.replication.factor (any broker's; 1 when unreadable)."""
+    if not metadata.brokers:
+        return 1
+    broker = str(min(metadata.brokers))
+    resource = ConfigResource(ResourceType.BROKER, broker)
+    try:
+        configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
+        return int(configs.result(timeout=timeout_s)["default.replication.factor"].value)
+    except (KafkaException, KeyError, ValueError):
+        return 1  # no permission to describe broker configs: size by live brokers
+
+
+def _require_min_isr(
+    admin: AdminClient, names: list[str], replication: Replication, timeout_s: float
+) -> None:
+    """Set min.insync.replicas on existing topics that differ (created before it was
+    configured, or with another CRONLOG_MIN_ISR). Safe online: it changes only which
+    acknowledgements the brokers give from now on."""
+    if not names:
+        return
+    wanted = str(replication.min_isr)
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, name) for name in names], request_timeout=timeout_s
+    )
+    lagging = [
+        resource.name
+        for resource, future in futures.items()
+        if future.result(timeout=timeout_s)[_MIN_ISR].value != wanted
+    ]
+    if not lagging:
+        return
+    entry = ConfigEntry(_MIN_ISR, wanted, incremental_operation=AlterConfigOpType.SET)
+    resources = [
+        ConfigResource(ResourceType.TOPIC, name, incremental_configs=[entry]) for name in lagging
+    ]
+    for resource, future in admin.incremental_alter_configs(
+        resources, request_timeout=timeout_s
+    ).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            raise TopicError(f"could not set {_MIN_ISR} on {resource.name}: {exc}") from exc
 
 
 def _require_broker_time(admin: AdminClient, names: list[str], timeout_s: float) -> None:

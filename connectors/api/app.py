@@ -52,6 +52,8 @@ OBJECT_BODY = {
 def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
     body = {"error": {"status": status, "message": message, "field": field}}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 503:
+        headers = {"Retry-After": "5"}  # a backing service (Kafka, PostgreSQL) is down
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -11,6 +11,7 @@ admin everything.
 from __future__ import annotations
 
 import base64
+import logging
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from typing import Any, Literal
 
 import orjson
 import psycopg
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -40,7 +41,10 @@ from streams.core.spec import JobSpec
 from streams.kafka import producer_config
 from streams.settings import Settings
 
+log = logging.getLogger("cronlog.api")
 MAX_PAGE = 1000
+# How long a write waits for the broker's acknowledgement before answering 503.
+PRODUCE_TIMEOUT_S = 5.0
 LOG_TAIL_CHUNKS = 20
 
 
@@ -150,14 +154,45 @@ class Service:
             kwargs={"autocommit": True, "row_factory": dict_row},
             open=False,
         )
-        self.producer = Producer(producer_config(settings, **{"linger.ms": 1}))
-        self._produce_lock = threading.Lock()
+        self.producer = self._new_producer()
+        self._producer_lock = threading.Lock()
+        self._kafka_down_logged = 0.0
+
+    def _new_producer(self) -> Producer:
+        return Producer(
+            producer_config(
+                self.settings,
+                **{
+                    "linger.ms": 1,
+                    # A command not acknowledged within this fails for good (delivery
+                    # report _MSG_TIMED_OUT) rather than stay queued: a write answered
+                    # 503 must not be applied later, when the broker is back.
+                    "message.timeout.ms": int(PRODUCE_TIMEOUT_S * 1000),
+                    # Retry a broker that is down every second, not up to every 10 s
+                    # (librdkafka's default backoff): writes resume soon after it is back.
+                    "reconnect.backoff.max.ms": 1000,
+                    "error_cb": self._kafka_error,
+                },
+            )
+        )
+
+    def _kafka_error(self, err: KafkaError) -> None:
+        """librdkafka's client-level errors: the broker down, or a fatal producer error
+        (after which the producer is replaced at the next write)."""
+        if err.fatal():
+            log.error("Kafka producer failed for good (%s): replacing it", err)
+            self._fatal = True
+        elif time.monotonic() - self._kafka_down_logged > 10:
+            self._kafka_down_logged = time.monotonic()
+            log.warning("Kafka unreachable (%s); writes answer 503 until it is back", err)
+
+    _fatal = False
 
     def open(self) -> None:
         self.pool.open(wait=False)
 
     def close(self) -> None:
-        self.producer.flush(10)
+        self.producer.flush(PRODUCE_TIMEOUT_S)
         self.pool.close()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -184,21 +219,45 @@ class Service:
         return key
 
     def produce(self, topic: str, key: str, value: bytes) -> None:
-        """Produce one record and wait for the broker's acknowledgement."""
-        errors: list[object] = []
+        """Produce one record and wait for the broker's acknowledgement, at most
+        PRODUCE_TIMEOUT_S (and a little): a broker that is down is a prompt 503, and the
+        record is then never delivered. Requests wait in parallel, each for its own
+        record (no lock around the wait: one slow write must not queue the others)."""
+        done = threading.Event()
+        errors: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                errors.append(err)
+            done.set()
+
+        with self._producer_lock:
+            if self._fatal:
+                self._fatal = False
+                self.producer = self._new_producer()
+            producer = self.producer
         try:
-            with self._produce_lock:
-                self.producer.produce(
-                    self.settings.topic(topic),
-                    key=key.encode(),
-                    value=value,
-                    on_delivery=lambda err, _msg: errors.append(err) if err else None,
-                )
-                left = self.producer.flush(10)
+            producer.produce(
+                self.settings.topic(topic), key=key.encode(), value=value, on_delivery=delivered
+            )
         except (KafkaException, BufferError) as exc:
-            raise ServiceError(503, f"Kafka is unavailable: {exc}") from exc
-        if left or errors:
-            raise ServiceError(503, f"Kafka did not acknowledge the record: {errors or 'timeout'}")
+            raise ServiceError(503, f"Kafka is unavailable, nothing was written: {exc}") from exc
+        deadline = time.monotonic() + PRODUCE_TIMEOUT_S + 2
+        while not done.is_set() and time.monotonic() < deadline:
+            producer.poll(0.1)  # serves every pending delivery report, this one's too
+        if errors and errors[0].code() == KafkaError._MSG_TIMED_OUT:
+            raise ServiceError(
+                503,
+                f"Kafka is unavailable: the broker did not acknowledge the command within "
+                f"{PRODUCE_TIMEOUT_S:.0f} s; retry later (a command sent again is "
+                "harmless: commands are idempotent)",
+            )
+        if errors or not done.is_set():
+            raise ServiceError(
+                503,
+                f"Kafka did not acknowledge the command ({errors[0] if errors else 'timeout'});"
+                " it may or may not be applied: retry later (a command sent again is harmless)",
+            )
 
     def _wait(self, check: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.wait_s

@@ -185,15 +185,23 @@ class WorkerGateway:
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._follow, name="worker-inbox", daemon=True)
+        self.follows = threading.Event()  # set once the follower's start is fixed
 
     def start(self) -> None:
         """Fix where worker-inbox ends now (read_committed) before any heartbeat is
         served: the follower starts there, so that a message written once this returns
         reaches the mailboxes however late the follower's first fetch is."""
         self.starts = self._ends()
+        if self.starts:
+            self._following()
+        # Otherwise Kafka is down: the follower asks again until it answers, and until
+        # then heartbeats answer 503 (a message written meanwhile must not be missed).
+        self.thread.start()
+
+    def _following(self) -> None:
         with self.lock:
             self.positions.update(self.starts)
-        self.thread.start()
+        self.follows.set()
 
     def _ends(self) -> dict[int, int]:
         topic = self.settings.topic("worker-inbox")
@@ -207,7 +215,7 @@ class WorkerGateway:
             )
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as exc:
-            log.warning("could not find where worker-inbox ends (%s): following its end", exc)
+            log.warning("Kafka unreachable: cannot find where worker-inbox ends (%s)", exc)
             return {}
 
     def stop(self) -> None:
@@ -216,7 +224,18 @@ class WorkerGateway:
 
     # -- following worker-inbox -------------------------------------------------------------
     def _follow(self) -> None:
-        consumer = Consumer(consumer_config(self.settings, None))
+        while not self.starts:
+            log.warning("waiting for Kafka before following worker-inbox")
+            if self._stop.wait(2.0):
+                return
+            self.starts = self._ends()
+        if not self.follows.is_set():
+            log.warning("Kafka is back: following worker-inbox")
+            self._following()
+        # Reconnect to a broker that is down every second, not up to every 10 s.
+        consumer = Consumer(
+            consumer_config(self.settings, None, **{"reconnect.backoff.max.ms": 1000})
+        )
         topic = self.settings.topic("worker-inbox")
         consumer.assign(
             [
@@ -414,6 +433,8 @@ class WorkerGateway:
         ):
             raise ServiceError(422, "running must be a list of {run_id, attempt}", "running")
         ack = _ack(body)
+        if not self.follows.is_set():
+            raise ServiceError(503, "Kafka is unavailable: the API is waiting for the broker")
         beat = {
             "worker_id": worker_id,
             "at_ms": int(time.time() * 1000),

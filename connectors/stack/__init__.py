@@ -1,4 +1,5 @@
-"""The native local stack: a real Kafka broker and PostgreSQL on loopback, no Docker.
+"""The native local stack: a real Kafka broker (or a three-broker cluster) and PostgreSQL on
+loopback, no Docker.
 
 ``cronlog stack up|down|status`` drives it; ``make run`` and ``make test`` call ``up``.
 Docker users have compose/docker-compose.yml instead.
@@ -34,6 +35,10 @@ class StackStatus:
             "kafka": self.kafka.bootstrap,
             "database_url": self.postgres.database_url,
             "kafka_running": self.kafka.running,
+            "kafka_brokers": [
+                {"node_id": n.node_id, "bootstrap": n.bootstrap, "running": n.running}
+                for n in self.kafka.nodes
+            ],
             "postgres_running": self.postgres.running,
             "state_dir": self.state_dir,
         }
@@ -47,13 +52,18 @@ class StackPorts:
 
 
 class Stack:
-    def __init__(self, paths: StackPaths, ports: StackPorts = StackPorts()):
+    def __init__(
+        self, paths: StackPaths, ports: StackPorts = StackPorts(), brokers: int | None = None
+    ):
+        """``brokers``: None means what the state folder already holds (one if new)."""
         self.paths = paths
-        self.kafka = KafkaStack(paths, ports.kafka, ports.controller)
+        self.kafka = KafkaStack(paths, ports.kafka, ports.controller, brokers)
         self.postgres = PostgresStack(paths, ports.postgres)
 
     def up(self, log: Log = print) -> StackStatus:
-        # Check every port before touching anything, so a taken port fails fast.
+        # Check the broker count and every port before touching anything, so a mistake
+        # fails fast.
+        self.kafka.check_count()
         self.kafka.check_ports()
         self.postgres.check_port()
         self.paths.state.mkdir(parents=True, exist_ok=True)

@@ -1,25 +1,37 @@
-"""A real Apache Kafka 4.x broker in KRaft mode, run from Maven Central jars on local Java.
+"""A real Apache Kafka 4.x cluster in KRaft mode, run from Maven Central jars on local Java.
 
 The jars come from ``compose/kafka/pom.xml`` via ``mvn dependency:copy-dependencies``
 (cached in ~/.m2, so later runs are offline-fast). Storage is formatted once; the log
 dirs live under the state folder and survive ``down``/``up``.
+
+One broker by default; ``brokers=3`` runs three nodes, each a combined broker and
+controller, the three together the controller quorum (static voters), so any one node
+may die and the cluster keeps a quorum and a leader for every partition. Node i (from 0)
+listens on ``port + 2i`` (clients) and ``controller_port + 2i`` (quorum): with the
+defaults 9092/9094/9096 and 9093/9095/9097. A one-broker state folder keeps its
+historical layout (``kafka/``); a cluster gets ``kafka/node-1`` ... ``kafka/node-N`` and
+``kafka/cluster.json`` (broker count and cluster id). The broker count of a state folder
+is fixed once formatted.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import shutil
 import subprocess
+import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
 from confluent_kafka.admin import AdminClient
 
-from connectors.stack.paths import COMPOSE_DIR, StackPaths
+from connectors.stack.paths import KAFKA_ASSETS, StackPaths
 from connectors.stack.process import (
     Log,
     StackError,
@@ -34,44 +46,73 @@ from connectors.stack.process import (
 
 PORT = 9092
 CONTROLLER_PORT = 9093
-JVM_OPTS = ("-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true")
+# Three JVMs on a small machine: a modest heap each; a single broker gets more room.
+SINGLE_HEAP = ("-Xms256m", "-Xmx1g")
+CLUSTER_HEAP = ("-Xms256m", "-Xmx512m")
+JVM_OPTS = ("-XX:+UseG1GC", "-Djava.awt.headless=true")
 MIN_JAVA = 17
-LOG4J_CONFIG = COMPOSE_DIR / "kafka" / "log4j2.properties"
+MAX_BROKERS = 9
+LOG4J_CONFIG = KAFKA_ASSETS / "log4j2.properties"
+
+
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for a cluster of this many brokers:
+    three copies and two in sync once there are three brokers (one may fail without
+    losing an acknowledged write or blocking producers); otherwise one copy per broker
+    and one in sync, since a min ISR of 2 on two brokers would stop writes as soon as
+    either fails."""
+    replication = min(brokers, 3)
+    return replication, 2 if replication >= 3 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    node_id: int
+    bootstrap: str
+    pid: int | None
+    running: bool
 
 
 @dataclass(frozen=True, slots=True)
 class KafkaStatus:
     running: bool
-    bootstrap: str
-    pid: int | None
+    bootstrap: str  # every node, comma-separated: the value for CRONLOG_KAFKA
+    pid: int | None  # the first node's (one-broker stacks: the broker's)
+    nodes: tuple[NodeStatus, ...] = ()
+
+    @property
+    def brokers(self) -> int:
+        return len(self.nodes)
 
 
-class KafkaStack:
-    def __init__(self, paths: StackPaths, port: int = PORT, controller_port: int = CONTROLLER_PORT):
-        self.paths = paths
+class KafkaNode:
+    """One KRaft process (broker and controller) of the local cluster."""
+
+    def __init__(self, node_id: int, directory: Path, port: int, controller_port: int):
+        self.node_id = node_id
+        self.dir = directory
         self.port = port
         self.controller_port = controller_port
-        self.dir = paths.kafka
-        self.config = self.dir / "server.properties"
-        self.pid_file = self.dir / "kafka.pid"
+        self.config = directory / "server.properties"
+        self.pid_file = directory / "kafka.pid"
+        self.logs = directory / "logs"
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    # -- state -------------------------------------------------------------------------
-    def _our_pid(self) -> int | None:
+    def pid(self) -> int | None:
         """The pid of the broker this state folder started, if it still runs."""
         pid = read_pid(self.pid_file)
         if pid and pid_alive(pid) and str(self.config) in cmdline(pid):
             return pid
         return None
 
-    def status(self) -> KafkaStatus:
-        pid = self._our_pid()
-        return KafkaStatus(pid is not None and self._answers(1.0), self.bootstrap, pid)
+    def formatted(self) -> bool:
+        return (self.dir / "data" / "meta.properties").exists()
 
-    def _answers(self, timeout_s: float) -> bool:
+    def answers(self, timeout_s: float, brokers: int) -> bool:
+        """This node serves metadata that lists the whole cluster."""
         if not port_open(self.port):
             return False
         try:
@@ -79,65 +120,183 @@ class KafkaStack:
             metadata = admin.list_topics(timeout=timeout_s)
         except Exception:  # noqa: BLE001 - any failure means "not ready yet"
             return False
-        return bool(metadata.brokers)
+        return len(metadata.brokers) >= brokers
+
+
+class KafkaStack:
+    def __init__(
+        self,
+        paths: StackPaths,
+        port: int = PORT,
+        controller_port: int = CONTROLLER_PORT,
+        brokers: int | None = None,
+        node_ports: Sequence[tuple[int, int]] | None = None,
+    ):
+        """``brokers``: None means what the state folder holds (one if it is new).
+        ``node_ports``: explicit (client, controller) ports per node (tests use free
+        ports); otherwise the +2 scheme from ``port`` and ``controller_port``."""
+        self.paths = paths
+        self.dir = paths.kafka
+        self.cluster_file = self.dir / "cluster.json"
+        self.requested = brokers
+        recorded = self.recorded_brokers()
+        count = recorded or brokers or (len(node_ports) if node_ports else 1)
+        if not 1 <= count <= MAX_BROKERS:
+            raise StackError(f"the broker count must be between 1 and {MAX_BROKERS}, got {count}")
+        if node_ports is None:
+            node_ports = [(port + 2 * i, controller_port + 2 * i) for i in range(count)]
+        if len(node_ports) != count:
+            raise StackError(f"{count} brokers need {count} port pairs, got {len(node_ports)}")
+        flat = [p for pair in node_ports for p in pair]
+        if len(set(flat)) != len(flat):
+            raise StackError(
+                f"the Kafka ports overlap ({', '.join(map(str, flat))}): node i listens on "
+                "CRONLOG_STACK_KAFKA_PORT + 2i and CRONLOG_STACK_CONTROLLER_PORT + 2i, so "
+                "give the two ports different parities (e.g. 9092 and 9093)"
+            )
+        if count == 1:  # the historical one-broker layout, kept for existing state folders
+            self.nodes = [KafkaNode(1, self.dir, *node_ports[0])]
+        else:
+            self.nodes = [
+                KafkaNode(i + 1, self.dir / f"node-{i + 1}", *ports)
+                for i, ports in enumerate(node_ports)
+            ]
+        self.replication, self.min_isr = replication_for(count)
+
+    @property
+    def brokers(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def port(self) -> int:
+        return self.nodes[0].port
+
+    @property
+    def controller_port(self) -> int:
+        return self.nodes[0].controller_port
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    # -- state -------------------------------------------------------------------------
+    def recorded_brokers(self) -> int | None:
+        """How many brokers this state folder's cluster was formatted with (None: new)."""
+        if self.cluster_file.exists():
+            return int(json.loads(self.cluster_file.read_text())["brokers"])
+        if (self.dir / "data" / "meta.properties").exists():
+            return 1  # formatted before cluster.json existed: the one-broker layout
+        return None
+
+    def check_count(self) -> None:
+        recorded = self.recorded_brokers()
+        if self.requested is not None and recorded is not None and recorded != self.requested:
+            raise StackError(
+                f"the state folder {self.paths.state} holds a {recorded}-broker Kafka "
+                f"cluster; it cannot become a {self.requested}-broker one (topics, "
+                "replicas and the controller quorum are fixed when it is formatted). Use "
+                f"--brokers {recorded}, another CRONLOG_STATE_DIR, or stop it and remove "
+                f"{self.dir} (losing its topics)."
+            )
+
+    def status(self) -> KafkaStatus:
+        nodes = tuple(
+            NodeStatus(
+                node.node_id,
+                node.bootstrap,
+                pid := node.pid(),
+                pid is not None and node.answers(1.0, 1),
+            )
+            for node in self.nodes
+        )
+        return KafkaStatus(all(n.running for n in nodes), self.bootstrap, nodes[0].pid, nodes)
 
     # -- up ----------------------------------------------------------------------------
     def up(self, log: Log = print) -> KafkaStatus:
-        if self._our_pid() is not None:
-            wait_until(lambda: self._answers(2.0), 60, f"Kafka on {self.bootstrap}")
-            return self.status()
-        self.check_ports()
-        java = _check_java()
-        libs = self._ensure_jars(log)
-        self._render_config()
-        self._format_storage(java, libs, log)
-        log(f"starting Kafka on {self.bootstrap} (logs: {self.dir / 'logs'})")
-        logs = self.dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "kafka.out", "ab") as out:
+        """Start every node that is not running (all of them, or one a test killed) and
+        wait until each serves metadata listing the whole cluster."""
+        self.check_count()
+        stopped = [node for node in self.nodes if node.pid() is None]
+        if stopped:
+            self.check_ports()
+            java = _check_java()
+            libs = self._ensure_jars(log)
+            cluster_id = self._cluster_id()
+            for node in stopped:
+                self._render_config(node)
+                self._format_storage(node, java, libs, cluster_id, log)
+            # Start them all before waiting: a node of a 3-voter quorum is not ready
+            # until a majority of the voters runs.
+            procs = [(node, self._launch(node, java, libs, log)) for node in stopped]
+        else:
+            procs = []
+
+        def ready() -> bool:
+            for node, proc in procs:
+                if proc.poll() is not None:
+                    raise StackError(
+                        f"Kafka node {node.node_id} exited with code {proc.returncode} during "
+                        f"start-up; see {node.dir / 'kafka.out'} and {node.logs / 'server.log'}"
+                    )
+            return all(node.answers(2.0, self.brokers) for node in self.nodes)
+
+        wait_until(ready, 180, f"Kafka on {self.bootstrap}")
+        return self.status()
+
+    def start_node(self, node_id: int, log: Log = print) -> KafkaStatus:
+        """Start one node (tests restart a killed broker); the others must be formatted."""
+        node = self.node(node_id)
+        if node.pid() is None:
+            return self.up(log)  # starts exactly the stopped nodes
+        return self.status()
+
+    def node(self, node_id: int) -> KafkaNode:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise StackError(f"no Kafka node {node_id} (the cluster has {self.brokers})")
+
+    def _launch(self, node: KafkaNode, java: str, libs: Path, log: Log) -> subprocess.Popen[bytes]:
+        log(f"starting Kafka node {node.node_id} on {node.bootstrap} (logs: {node.logs})")
+        node.logs.mkdir(parents=True, exist_ok=True)
+        heap = SINGLE_HEAP if self.brokers == 1 else CLUSTER_HEAP
+        with open(node.dir / "kafka.out", "ab") as out:
             proc = subprocess.Popen(
                 [
                     java,
+                    *heap,
                     *JVM_OPTS,
-                    f"-Dkafka.logs.dir={logs}",
+                    f"-Dkafka.logs.dir={node.logs}",
                     f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
                     "-cp",
                     f"{libs}/*",
                     "kafka.Kafka",
-                    str(self.config),
+                    str(node.config),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives `cronlog stack up`
             )
-        self.pid_file.write_text(f"{proc.pid}\n")
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise StackError(
-                    f"Kafka exited with code {proc.returncode} during start-up; see "
-                    f"{self.dir / 'kafka.out'} and {logs / 'server.log'}"
-                )
-            return self._answers(2.0)
-
-        wait_until(ready, 120, f"Kafka on {self.bootstrap}")
-        return self.status()
+        node.pid_file.write_text(f"{proc.pid}\n")
+        return proc
 
     def check_ports(self) -> None:
         """Refuse to start when another process holds our ports (ours may hold them)."""
-        if self._our_pid() is not None:
-            return
-        for port in (self.port, self.controller_port):
-            if port_open(port):
-                raise StackError(
-                    f"port {port} is taken by another process, so the local Kafka cannot "
-                    "start. Stop that process (another cronlog checkout: `cronlog stack "
-                    "down` there), or point cronlog at an existing broker with CRONLOG_KAFKA."
-                )
+        for node in self.nodes:
+            if node.pid() is not None:
+                continue
+            for port in (node.port, node.controller_port):
+                if port_open(port):
+                    raise StackError(
+                        f"port {port} is taken by another process, so the local Kafka cannot "
+                        "start. Stop that process (another cronlog checkout: `cronlog stack "
+                        "down` there), or point cronlog at an existing broker with "
+                        "CRONLOG_KAFKA."
+                    )
 
     def _ensure_jars(self, log: Log) -> Path:
-        pom = COMPOSE_DIR / "kafka" / "pom.xml"
+        pom = KAFKA_ASSETS / "pom.xml"
         stamp = self.paths.kafka_libs / ".complete"
         digest = hashlib.sha256(pom.read_bytes()).hexdigest()
         if stamp.exists() and stamp.read_text().strip() == digest:
@@ -171,29 +330,51 @@ class KafkaStack:
         stamp.write_text(digest + "\n")
         return self.paths.kafka_libs
 
-    def _render_config(self) -> None:
+    def _cluster_id(self) -> str | None:
+        """The one cluster id every node is formatted with, chosen once and recorded
+        (None for a one-broker folder formatted before the record existed)."""
+        if self.cluster_file.exists():
+            return str(json.loads(self.cluster_file.read_text())["cluster_id"])
+        if self.recorded_brokers() is not None:
+            return None
+        # A cluster id is a base64url UUID without padding (what `random-uuid` prints).
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         self.dir.mkdir(parents=True, exist_ok=True)
-        template = Template((COMPOSE_DIR / "kafka" / "server.properties.in").read_text())
-        self.config.write_text(
+        self.cluster_file.write_text(
+            json.dumps({"brokers": self.brokers, "cluster_id": cluster_id}) + "\n"
+        )
+        return cluster_id
+
+    def _render_config(self, node: KafkaNode) -> None:
+        node.dir.mkdir(parents=True, exist_ok=True)
+        template = Template((KAFKA_ASSETS / "server.properties.in").read_text())
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        node.config.write_text(
             template.substitute(
-                port=self.port,
-                controller_port=self.controller_port,
-                log_dirs=self.dir / "data",
+                node_id=node.node_id,
+                voters=voters,
+                port=node.port,
+                controller_port=node.controller_port,
+                log_dirs=node.dir / "data",
+                replication=self.replication,
+                min_isr=self.min_isr,
             )
         )
 
-    def _format_storage(self, java: str, libs: Path, log: Log) -> None:
-        if (self.dir / "data" / "meta.properties").exists():
+    def _format_storage(
+        self, node: KafkaNode, java: str, libs: Path, cluster_id: str | None, log: Log
+    ) -> None:
+        if node.formatted():
             return
-        # A cluster id is a base64url UUID without padding (what `random-uuid` prints).
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        log(f"formatting Kafka storage (cluster {cluster_id})")
+        if cluster_id is None:
+            raise StackError(f"{node.dir} is not formatted but its cluster id is unknown")
+        log(f"formatting Kafka storage of node {node.node_id} (cluster {cluster_id})")
         run(
             [
                 java,
                 "-Xmx256m",
                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-                f"-Dkafka.logs.dir={self.dir / 'logs'}",
+                f"-Dkafka.logs.dir={node.logs}",
                 "-cp",
                 f"{libs}/*",
                 "kafka.tools.StorageTool",
@@ -201,7 +382,7 @@ class KafkaStack:
                 "-t",
                 cluster_id,
                 "-c",
-                str(self.config),
+                str(node.config),
             ],
             "formatting Kafka storage",
             timeout_s=120,
@@ -209,15 +390,40 @@ class KafkaStack:
 
     # -- down --------------------------------------------------------------------------
     def down(self) -> bool:
-        """Stop the broker cleanly (controlled shutdown). Returns True if one ran."""
-        pid = self._our_pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
+        """Stop every node cleanly (controlled shutdown). Returns True if one ran.
+
+        SIGTERM goes to all nodes at once: stopped one by one, the last nodes of a
+        quorum would wait for a controller majority that is already gone."""
+        running = [(node, pid) for node in self.nodes if (pid := node.pid()) is not None]
+        for node in self.nodes:
+            if node.pid() is None:
+                node.pid_file.unlink(missing_ok=True)
+        if not running:
             return False
-        if stop_pid(pid, grace_s=60):
-            raise StackError(f"Kafka (pid {pid}) did not stop within 60 s and was killed")
-        self.pid_file.unlink(missing_ok=True)
+        killed = _stop_all([pid for _, pid in running], grace_s=60)
+        for node, _ in running:
+            node.pid_file.unlink(missing_ok=True)
+        if killed:
+            raise StackError(
+                f"Kafka (pid {', '.join(map(str, killed))}) did not stop within 60 s and was killed"
+            )
         return True
+
+
+def _stop_all(pids: list[int], grace_s: float) -> list[int]:
+    """SIGTERM every pid together; those still alive after grace_s are killed."""
+    killed: list[int] = []
+
+    def stop(pid: int) -> None:
+        if stop_pid(pid, grace_s):
+            killed.append(pid)
+
+    threads = [threading.Thread(target=stop, args=(pid,)) for pid in pids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return killed
 
 
 def _check_java() -> str:

@@ -325,7 +325,9 @@ class ProcessExecutor:
 
 
 def _pythonpath() -> str:
-    """The executor imports this package: pass on where it was imported from."""
+    """The executor imports this package: pass on where it was imported from (the folder
+    holding ``connectors/``: site-packages for a wheel, the checkout for an editable
+    install or a bench's copy of the sources), not the repository."""
     root = str(Path(__file__).resolve().parents[2])
     existing = os.environ.get("PYTHONPATH", "")
     return f"{root}{os.pathsep}{existing}" if existing else root

@@ -36,6 +36,7 @@ from streams.core.clock import broker_stamp
 from streams.core.placement import Capacity
 
 log = logging.getLogger("cronlog.worker")
+UNACKED_LOG_S = 10.0  # while Kafka is unreachable, say so this often
 
 View = tuple[Capacity, tuple[tuple[str, int], ...]]
 
@@ -72,6 +73,8 @@ class Heartbeat:
         self.observe = observe  # gets the broker's time of each acknowledged beat
         self.now_ms = now_ms
         self.acknowledged = 0  # beats acknowledged so far
+        self.unacked_since: float | None = None  # monotonic: first beat left unacknowledged
+        self.unacked_logged = 0.0
 
     def beat(self) -> bool:
         """Send one heartbeat; renew the lease if Kafka acknowledged it in time."""
@@ -107,8 +110,14 @@ class Heartbeat:
         )
         self.producer.flush(self.heartbeat_s)
         took = time.monotonic() - started
-        if took > self.heartbeat_s / 2:
+        if delivered and delivered[0] and took > self.heartbeat_s / 2:
             log.warning("slow heartbeat: acknowledged after %.2f s", took)
+        if delivered and delivered[0] and self.unacked_since is not None:
+            log.warning(
+                "heartbeats acknowledged again, after %.1f s without: Kafka is back",
+                started - self.unacked_since,
+            )
+            self.unacked_since = None
         if delivered and delivered[0] and not self.loop_alive():
             # Beats alone do not make a worker: a main loop stuck this long reads no
             # orders and sends no reports, so its jobs must be fenced, not kept alive.
@@ -118,8 +127,26 @@ class Heartbeat:
             write_atomic(self.lease_file(), lease_text(started + self.lease_s))
             self.acknowledged += 1
             return True
-        log.warning("heartbeat not acknowledged; the lease is not renewed")
+        self._unacknowledged(started, delivered[0] if delivered else None)
         return False
+
+    def _unacknowledged(self, started: float, delivered: bool | None) -> None:
+        """Say that the worker waits for Kafka: at the first beat left unacknowledged,
+        then every UNACKED_LOG_S (an outage of any length is waited out, beat by beat;
+        the beats not delivered yet stay queued and go once the broker is back)."""
+        if self.unacked_since is None:
+            self.unacked_since = started
+        elif time.monotonic() - self.unacked_logged < UNACKED_LOG_S:
+            return
+        self.unacked_logged = time.monotonic()
+        log.warning(
+            "heartbeat %s within %.1f s: Kafka unreachable for %.0f s; the lease is not "
+            "renewed (running jobs are fenced when it ends); retrying every %.1f s",
+            "refused" if delivered is False else "not acknowledged",
+            self.heartbeat_s,
+            time.monotonic() - self.unacked_since,
+            self.heartbeat_s,
+        )
 
     def loop(self) -> None:
         while not self.stop.is_set():

@@ -55,6 +55,7 @@ from connectors.worker.executor import (
     StartSpec,
 )
 from connectors.worker.heartbeat import Heartbeat
+from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
 from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runlogs import LogTail
@@ -84,6 +85,9 @@ HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming min
 TAIL_EVERY_S = 1.0
 CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
+# Retry a broker that is down every second (librdkafka's default backs off up to 10 s):
+# heartbeats, claims and reports resume within about a second of its return.
+RECONNECT = {"reconnect.backoff.max.ms": 1000}
 LOOP_STUCK_S = 20.0  # a main loop without a pass for this long stops the lease renewals
 
 
@@ -104,6 +108,9 @@ class WorkerConfig:
     # may have declared the worker dead meanwhile (verdict 10 s - lease 7 s = 3 s, less
     # a margin).
     max_gap_s: float = 2.5
+    # Finished attempts (report acknowledged) are forgotten, their run directories
+    # removed, this long after (connectors/worker/housekeeping.py).
+    keep_s: float = DEFAULT_KEEP_S
 
 
 @dataclass
@@ -136,6 +143,13 @@ class Worker:
         self.dir = config.state_dir / config.worker_id
         self.dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.dir / "journal.jsonl")
+        self.housekeeping = Housekeeping(
+            self.dir,
+            self.journal,
+            config.keep_s,
+            in_use=lambda: [a.run_dir for a in self.attempts.values() if a.run_dir],
+            current_log=lambda: self.executor.log_path,
+        )
         self.attempts: dict[Key, Attempt] = {}
         self.timeline = Timeline(config.capacity)
         self.durations = DurationEstimates()
@@ -145,7 +159,7 @@ class Worker:
         self.view: tuple[Capacity, tuple[Key, ...]] = (config.capacity, ())
         self.stop_event = threading.Event()
         self.broker = BrokerClock()
-        self.producer = Producer(producer_config(settings))
+        self.producer = Producer(producer_config(settings, **RECONNECT))
         self.topics = {
             n: settings.topic(n)
             for n in ("job-log", "heartbeats", "worker-inbox", "run-logs", "dispatch")
@@ -160,6 +174,7 @@ class Worker:
         self.base_env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
         self.tailed = 0.0
         self.published = 0.0
+        self.consume_error_logged = 0.0
 
     # -- the executor ----------------------------------------------------------------------
     def _new_executor(self) -> Executor:
@@ -220,9 +235,10 @@ class Worker:
     def run(self) -> None:
         self._recover()
         self.executor = self._new_executor()
+        self.housekeeping.run(at_start=True)
         self._publish()
         heartbeat = Heartbeat(
-            Producer(producer_config(self.settings, **{"linger.ms": 0})),
+            Producer(producer_config(self.settings, **{"linger.ms": 0}, **RECONNECT)),
             self.topics["heartbeats"],
             self.config.worker_id,
             self.config.capacity,
@@ -238,7 +254,9 @@ class Worker:
         )
         threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
         consumer = Consumer(
-            consumer_config(self.settings, self.settings.group(f"worker-{self.config.worker_id}"))
+            consumer_config(
+                self.settings, self.settings.group(f"worker-{self.config.worker_id}"), **RECONNECT
+            )
         )
         partition = inbox_partition(self.config.worker_id, self.settings.partitions)
         inbox = [TopicPartition(self.topics["worker-inbox"], partition)]
@@ -249,7 +267,9 @@ class Worker:
                 self.loop_seen = time.monotonic()
                 messages = consumer.consume(500, timeout=0.05)
                 for msg in messages:
-                    if msg.error() is None and msg.key() == self.config.worker_id.encode():
+                    if (error := msg.error()) is not None:
+                        self._consume_error(error)
+                    elif msg.key() == self.config.worker_id.encode():
                         self._handle(msg.value() or b"")
                 self._start_granted()
                 if messages:
@@ -268,6 +288,13 @@ class Worker:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def _consume_error(self, error: KafkaError) -> None:
+        """librdkafka reconnects by itself, for ever: say that the worker waits (what it
+        cannot report meanwhile stays queued, and is sent again if it ever fails)."""
+        if time.monotonic() - self.consume_error_logged >= 10:
+            self.consume_error_logged = time.monotonic()
+            log.warning("reading worker-inbox: %s; waiting for Kafka", error)
 
     def _publish(self) -> None:
         if time.monotonic() - self.published < 0.2:
@@ -477,6 +504,7 @@ class Worker:
                     attempt.tail.send_new(
                         self.producer, self.topics["run-logs"], self.config.worker_id
                     )
+        self.housekeeping.maybe()
         if now - self.checked_adopted >= 0.5:
             self.checked_adopted = now
             self._check_adopted()

@@ -1,0 +1,206 @@
+"""Process lifecycle: no cronlog process outlives its supervisor or hangs on its way out.
+
+Three helpers, used by the scheduler node (its ledger child), by `cronlog run` (its
+components) and by every long-running command:
+
+- `die_with_parent` / `die_with_parent_preexec`: Linux sends this process SIGKILL when
+  its parent dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan.
+  The signal fires when the *thread* that forked the child ends, so children must be
+  started from a thread that lives as long as the parent (the main thread).
+- `install_stop_watchdog`: once a stop signal has arrived, the process exits within a
+  bound even when a client call ignores its timeout (librdkafka can hang in
+  `send_offsets_to_transaction` or `close` when it loses its coordinator).
+- `hold_instance_lock`: one `cronlog run` per state folder. An flock dies with the
+  process that holds it, so a SIGKILLed supervisor leaves no stale lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+_PR_SET_PDEATHSIG = 1
+STOP_TIMEOUT_ENV = "CRONLOG_STOP_TIMEOUT_S"
+DEFAULT_STOP_TIMEOUT_S = 20.0
+WATCHDOG_EXIT = 70  # EX_SOFTWARE: the process did not stop by itself
+
+# Resolved once, in the parent: after a fork in a threaded parent the child must not
+# take locks (dlopen's included) before it execs, so `die_with_parent_preexec` only calls.
+_prctl: Callable[..., int] | None
+try:
+    _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: nothing to ask, the supervisor still stops
+    _prctl = None
+
+
+def _set_pdeathsig() -> None:
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere).
+
+    `parent_pid` is who started us; without it, the parent of a multiprocessing child,
+    else whether we were re-parented to init. If the parent died before the request was
+    made, nobody will send the signal: exit now.
+    """
+    if parent_pid is None:
+        parent = multiprocessing.parent_process()
+        parent_pid = parent.pid if parent is not None else None
+    _set_pdeathsig()
+    ppid = os.getppid()
+    if ppid == 1 or (parent_pid is not None and ppid != parent_pid):
+        os._exit(WATCHDOG_EXIT)
+
+
+def die_with_parent_preexec() -> Callable[[], None]:
+    """A `subprocess.Popen(preexec_fn=...)` that makes the child die with this process.
+
+    It runs in the child between fork and exec; the request survives the exec."""
+    parent_pid = os.getpid()
+
+    def preexec() -> None:
+        _set_pdeathsig()
+        if os.getppid() != parent_pid:  # the parent died before the request was made
+            os._exit(WATCHDOG_EXIT)
+
+    return preexec
+
+
+def stop_timeout_s(default: float = DEFAULT_STOP_TIMEOUT_S) -> float:
+    """The bound on a stop, from CRONLOG_STOP_TIMEOUT_S (seconds) or `default`."""
+    raw = os.environ.get(STOP_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{STOP_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from exc
+    if value <= 0:
+        raise ValueError(f"{STOP_TIMEOUT_ENV} must be positive, got {raw!r}")
+    return value
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class _Watchdog:
+    def __init__(self, bound_s: float) -> None:
+        self.bound_s = bound_s
+        self.armed = False
+        self.lock = threading.Lock()
+
+    def arm(self, signum: int) -> None:
+        with self.lock:
+            if self.armed:
+                return
+            self.armed = True
+        name = signal.Signals(signum).name
+        timer = threading.Timer(self.bound_s, self._fire, args=(name,))
+        timer.daemon = True
+        timer.start()
+        # The timer thread needs the GIL; a C call that hangs holding it would starve
+        # it. The kernel's alarm (SIGALRM, default action: terminate) does not.
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+                signal.setitimer(signal.ITIMER_REAL, self.bound_s + 5)
+
+    def _fire(self, name: str) -> None:
+        message = (
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} CRITICAL cronlog.lifecycle "
+            f"pid {os.getpid()} did not stop within {self.bound_s:g} s of {name}: "
+            "exiting hard (a call that ignored its timeout?)\n"
+        )
+        with contextlib.suppress(OSError):  # not logging: its lock may be held by the hang
+            os.write(2, message.encode())
+        os._exit(WATCHDOG_EXIT)
+
+    def wrap(self, handler: _Handler) -> _Handler:
+        """A handler that arms the watchdog, then does what `handler` did."""
+        if not callable(handler) or getattr(handler, "_cronlog_watchdog", False):
+            return handler  # SIG_DFL ends the process anyway; SIG_IGN means no stop
+
+        def armed(signum: int, frame: FrameType | None) -> Any:
+            self.arm(signum)
+            return handler(signum, frame)
+
+        armed._cronlog_watchdog = True  # type: ignore[attr-defined]
+        armed.__wrapped__ = handler  # type: ignore[attr-defined]
+        return armed
+
+
+_installed: _Watchdog | None = None
+
+
+def install_stop_watchdog(bound_s: float | None = None) -> float:
+    """Exit hard `bound_s` after the first SIGTERM/SIGINT/SIGHUP that has a handler.
+
+    Whoever handles the signal: the handlers in place now and every handler installed
+    later through `signal.signal` (asyncio's `add_signal_handler`, which Faust and mode
+    use, installs one that way; so does uvicorn) are wrapped so that they arm the
+    watchdog first. Call it from the main thread before the command sets up its own
+    handlers. Returns the bound. Idempotent.
+
+    A Python handler runs only when the main thread gets back to the interpreter, so a
+    signal that arrives while the main thread is already stuck in a C call does not arm
+    it; a supervisor's SIGKILL (or systemd's) covers that case.
+    """
+    global _installed
+    if _installed is not None:
+        return _installed.bound_s
+    watchdog = _Watchdog(stop_timeout_s() if bound_s is None else bound_s)
+    _installed = watchdog
+    original = signal.signal
+
+    def wrapping_signal(signalnum: int, handler: _Handler) -> _Handler:
+        if signalnum in STOP_SIGNALS:
+            handler = watchdog.wrap(handler)
+        return original(signalnum, handler)
+
+    signal.signal = wrapping_signal
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if callable(current):
+            original(signum, watchdog.wrap(current))
+    return watchdog.bound_s
+
+
+class InstanceRunning(Exception):
+    """Another process holds the lock; `pid` is its pid when it wrote it (else None)."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        super().__init__(f"{path} is held by pid {pid}")
+        self.path = path
+        self.pid = pid
+
+
+def hold_instance_lock(path: Path) -> IO[str]:
+    """Take an exclusive lock on `path` for the life of this process (keep the returned
+    file open) and write our pid in it, or raise InstanceRunning."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the process's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        text = handle.read().strip()
+        handle.close()
+        raise InstanceRunning(path, int(text) if text.isdigit() else None) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

@@ -1,0 +1,144 @@
+"""A private three-broker Kafka cluster for tests and benchmarks that kill brokers.
+
+Like tests/support/broker.py, but three KRaft nodes (each broker and controller, the
+three the controller quorum) from ``KafkaStack(brokers=3)`` on free loopback ports in a
+temporary state folder, reusing the shared stack's jars. ``kill(n)`` is a crash
+(SIGKILL), ``stop(n)`` a controlled shutdown, ``start(n)`` brings that node back on the
+same log dirs. The shared broker of the suite is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from connectors.stack import StackPaths
+from connectors.stack.kafka import KafkaStack
+from connectors.stack.process import pid_alive, stop_pid
+
+BROKERS = 3
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (all held open until every one is chosen)."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
+class PrivateCluster:
+    def __init__(self, state: Path, brokers: int = BROKERS):
+        shared = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))
+        ports = free_ports(2 * brokers)
+        self.kafka = KafkaStack(
+            StackPaths(state, libs=shared.kafka_libs),
+            brokers=brokers,
+            node_ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)],
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.bootstrap
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [node.node_id for node in self.kafka.nodes]
+
+    def up(self) -> None:
+        """Start every node that is not running and wait for the whole cluster."""
+        self.kafka.up(log=lambda _: None)
+
+    def start(self, node_id: int) -> None:
+        self.kafka.start_node(node_id, log=lambda _: None)
+
+    def pid(self, node_id: int) -> int | None:
+        return self.kafka.node(node_id).pid()
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL: no controlled shutdown, no flush; the log dirs stay for a restart."""
+        pid = self.pid(node_id)
+        assert pid is not None, f"broker {node_id} is not running"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(pid), f"broker {node_id} (pid {pid}) survived SIGKILL"
+
+    def stop(self, node_id: int) -> None:
+        """A controlled shutdown (SIGTERM): leadership moves away before the node exits."""
+        pid = self.pid(node_id)
+        assert pid is not None, f"broker {node_id} is not running"
+        assert not stop_pid(pid, grace_s=60), f"broker {node_id} ignored SIGTERM for 60 s"
+
+    def down(self) -> None:
+        self.kafka.down()
+
+    # -- who leads what ------------------------------------------------------------------
+    def _admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 3000})
+
+    def leaders(self, prefix: str) -> Counter[int]:
+        """How many partitions of the topics under this prefix each broker leads."""
+        metadata = self._admin().list_topics(timeout=15)
+        led: Counter[int] = Counter()
+        for name, topic in metadata.topics.items():
+            if name.startswith(prefix):
+                for partition in topic.partitions.values():
+                    if partition.leader >= 0:
+                        led[partition.leader] += 1
+        return led
+
+    def busiest_leader(self, prefix: str, among: list[int] | None = None) -> int:
+        """The broker leading the most partitions under the prefix (of `among`)."""
+        led = self.leaders(prefix)
+        candidates = among or self.node_ids
+        return max(candidates, key=lambda n: (led[n], -n))
+
+    def under_replicated(self, prefix: str = "") -> list[str]:
+        """Partitions (under the prefix, and the internal topics) missing an in-sync
+        replica or a leader."""
+        metadata = self._admin().list_topics(timeout=15)
+        found = []
+        for name, topic in metadata.topics.items():
+            if not (name.startswith(prefix) or name.startswith("__")):
+                continue
+            for p in topic.partitions.values():
+                if p.leader < 0 or len(p.isrs) < len(p.replicas):
+                    found.append(f"{name}[{p.id}]")
+        return found
+
+    def wait_in_sync(self, prefix: str, timeout_s: float = 120) -> float:
+        """Wait until every replica is back in sync; returns the seconds it took."""
+        started = time.monotonic()
+        while True:
+            try:
+                lagging = self.under_replicated(prefix)
+            except Exception:  # noqa: BLE001 - a broker in mid-start: ask again
+                lagging = ["?"]
+            if not lagging:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise AssertionError(f"replicas not in sync after {timeout_s:.0f} s: {lagging}")
+            time.sleep(0.5)
+
+
+@contextmanager
+def private_cluster(tmp: Path, brokers: int = BROKERS) -> Iterator[PrivateCluster]:
+    cluster = PrivateCluster(tmp / "cluster", brokers)
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()

@@ -93,6 +93,8 @@ bench-full: topics
 # Then 10 minutes of random faults (brokers, nodes, ledgers, workers, the projector) on a
 # private three-broker cluster: no duplicate, no missed firing, every run final.
 chaos: topics
+	CRONLOG_LONG_TESTS=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \
+		tests/integration/test_broker_outage.py tests/integration/test_cluster_failover.py
 	$(BIN)/python -m bench.outage --jobs 2000 --outage-s 1200
 	$(BIN)/python -m bench.chaos --duration-s 600
 

@@ -107,6 +107,10 @@ def build_app(settings: Settings) -> faust.App:
         broker_session_timeout=6.0,
         broker_heartbeat_interval=1.5,
         producer_linger=0.005,
+        # acks=all (Faust's default, said explicitly): an acknowledged command is on every
+        # in-sync replica. Not idempotent outside transactions (aiokafka), so a retry after
+        # a leader change may write a command twice: commands are idempotent for the ledger.
+        producer_acks=-1,
         consumer_auto_offset_reset="earliest",  # a new group must not skip commands
         datadir=os.path.join("/tmp", f"{settings.group('ingress')}-{os.getpid()}"),
     )

@@ -379,8 +379,9 @@ class KafkaStack:
                 f"{libs}/*",
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # One argument: a base64url id may begin with "-", which a separate
+                # argument would have parsed as an option (1 start in 64 failed).
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(node.config),
             ],

@@ -290,11 +290,18 @@ def _require_min_isr(
         for resource, future in futures.items()
         if future.result(timeout=timeout_s)[_MIN_ISR].value != wanted
     ]
-    if not lagging:
+    _set_config(admin, lagging, _MIN_ISR, wanted, timeout_s)
+
+
+def _set_config(
+    admin: AdminClient, names: list[str], key: str, value: str, timeout_s: float
+) -> None:
+    """Set one config on these topics (incrementally: their other configs stay)."""
+    if not names:
         return
-    entry = ConfigEntry(_MIN_ISR, wanted, incremental_operation=AlterConfigOpType.SET)
+    entry = ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
     resources = [
-        ConfigResource(ResourceType.TOPIC, name, incremental_configs=[entry]) for name in lagging
+        ConfigResource(ResourceType.TOPIC, name, incremental_configs=[entry]) for name in names
     ]
     for resource, future in admin.incremental_alter_configs(
         resources, request_timeout=timeout_s
@@ -302,7 +309,7 @@ def _require_min_isr(
         try:
             future.result(timeout=timeout_s)
         except KafkaException as exc:
-            raise TopicError(f"could not set {_MIN_ISR} on {resource.name}: {exc}") from exc
+            raise TopicError(f"could not set {key} on {resource.name}: {exc}") from exc
 
 
 def _require_broker_time(admin: AdminClient, names: list[str], timeout_s: float) -> None:
@@ -315,19 +322,7 @@ def _require_broker_time(admin: AdminClient, names: list[str], timeout_s: float)
     lagging = _not_broker_time(admin, names, timeout_s)
     if not lagging:
         return
-    entry = ConfigEntry(
-        _TIMESTAMP_TYPE, _LOG_APPEND_TIME, incremental_operation=AlterConfigOpType.SET
-    )
-    resources = [
-        ConfigResource(ResourceType.TOPIC, name, incremental_configs=[entry]) for name in lagging
-    ]
-    for resource, future in admin.incremental_alter_configs(
-        resources, request_timeout=timeout_s
-    ).items():
-        try:
-            future.result(timeout=timeout_s)
-        except KafkaException as exc:
-            raise TopicError(f"could not set {_TIMESTAMP_TYPE} on {resource.name}: {exc}") from exc
+    _set_config(admin, lagging, _TIMESTAMP_TYPE, _LOG_APPEND_TIME, timeout_s)
     while lagging := _not_broker_time(admin, lagging, timeout_s):
         if time.monotonic() > deadline:
             raise TopicError(f"{_TIMESTAMP_TYPE} not applied in time on {', '.join(lagging)}")

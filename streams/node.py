@@ -21,6 +21,8 @@ another reason takes the node down, and the supervisor restarts it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import faulthandler
 import logging
 import multiprocessing
@@ -46,8 +48,18 @@ from streams.settings import Settings
 log = logging.getLogger("cronlog.node")
 
 
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread its OS name (Python 3.11 names only its own Thread
+    object), so /proc/<pid>/task/<tid>/comm tells the loops apart: bench.costs reads
+    CPU per loop from there. Best effort: Linux only, never fatal."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(15, name[:15].encode(), 0, 0, 0)  # PR_SET_NAME
+
+
 def _guarded(name: str, target: Callable[[], None]) -> threading.Thread:
     def body() -> None:
+        _name_os_thread(name)
         try:
             target()
         except BaseException:

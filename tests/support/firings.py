@@ -8,12 +8,17 @@ the runs' own events (the broker's append time of `running` against the schedule
 
 from __future__ import annotations
 
+import io
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from projections.audit import format_report
+from projections.audit_replay import replay
 from streams.core.records import RunEvent
 from streams.core.schedule import fires_between
 from streams.core.spec import EverySchedule
+from streams.settings import Settings
 from tests.support.nodes import EventReader, runs_by_id
 
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
@@ -149,3 +154,13 @@ def start_lateness(events: EventReader, from_ms: int, to_ms: int) -> Lateness:
         late[min(len(late) - 1, int(0.99 * len(late)))],
         late[-1],
     )
+
+
+def assert_audit_clean(settings: Settings) -> None:
+    """The audit of the whole log, with "now" well after the scenario (every firing up to
+    it is checked, none is in flight), finds firings and no violation."""
+    report, _ = replay(settings, now_ms=int(time.time() * 1000) + 5 * 60_000)
+    assert report.expected_firings > 0
+    text = io.StringIO()
+    format_report(report, text)
+    assert report.clean, text.getvalue()

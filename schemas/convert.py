@@ -172,8 +172,13 @@ def job_upserted_from_avro(d: AvroDict) -> JobUpserted:
 
 
 def job_state_to_avro(s: JobState) -> AvroDict:
+    return {"spec": spec_to_avro(s.spec), **job_state_rest_to_avro(s)}
+
+
+def job_state_rest_to_avro(s: JobState) -> AvroDict:
+    """Every field of a job state but its spec (the spec is encoded apart, once per
+    version: schemas.codec.JobStateCodec)."""
     return {
-        "spec": spec_to_avro(s.spec),
         "paused": s.paused,
         "deleted": s.deleted,
         "created_ms": s.created_ms,

@@ -14,8 +14,9 @@ Commit cycle (why a crash at any point is safe):
  2. `begin_transaction`.
  3. For each record in log order: decode (an undecodable one goes to commands.dlq),
     `decide` against the in-memory state, apply the decision in memory, and produce its
-    outputs: run-events, dispatch, and the new job and run states (tombstones for
-    forgotten runs), all to the record's partition number.
+    outputs: run-events, dispatch (to the record's partition number). The new job and run
+    states (tombstones for forgotten runs) are produced once per transaction, before its
+    offsets: each changed job and run as it stands after the transaction's last input.
  4. The transaction's budget: when the records it produced reach `txn_max_records`
     (20,000) or it has run `txn_max_s` (2.5 s, well under transaction.timeout.ms = 7 s,
     leaving room for the last input and the commit's flush), the batch is cut after the
@@ -217,6 +218,9 @@ class Ledger:
         self._transactions = self._cut = self._produced = self._queue_full = 0
         self._longest_txn_s = 0.0
         self._in_txn = 0  # records produced in the open transaction
+        # States changed in the open transaction, written at its end (`_write_states`).
+        self._dirty_jobs: dict[tuple[int, str], JobState] = {}
+        self._dirty_runs: dict[tuple[int, str], RunState | None] = {}
         self._abandoned = 0  # producers left inside a hung call (module docstring)
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
@@ -513,6 +517,8 @@ class Ledger:
         it); the consumer is sought back to the first record left out."""
         self.producer.begin_transaction()
         self._in_txn = 0
+        self._dirty_jobs.clear()  # a failed transaction's, thrown away with its state
+        self._dirty_runs.clear()
         started = time.monotonic()
         offsets: dict[tuple[str, int], int] = {}
         done = 0
@@ -520,10 +526,10 @@ class Ledger:
             self._process(msg)
             offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
             done += 1
-            if self._in_txn >= self.txn_max_records or (
-                time.monotonic() - started >= self.txn_max_s
-            ):
+            pending = self._in_txn + len(self._dirty_jobs) + len(self._dirty_runs)
+            if pending >= self.txn_max_records or time.monotonic() - started >= self.txn_max_s:
                 break
+        self._write_states()
         producer, metadata = self.producer, self.consumer.consumer_group_metadata()
         positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         bounded(
@@ -630,16 +636,18 @@ class Ledger:
 
     def _apply(self, partition: int, state: PartitionState, decision: Decision) -> None:
         produce = self._produce
+        # State changes apply in memory now (the next input is decided against them) and
+        # are written once per transaction (`_write_states`).
         if decision.job is not None:
             job = decision.job
             state.jobs[job.spec.job_id] = job
-            produce(self.topics["jobs"], job.spec.job_id.encode(), JOB_STATE.encode(job), partition)
+            self._dirty_jobs[(partition, job.spec.job_id)] = job
         for run in decision.runs:
             state.runs[run.run_id] = run
-            produce(self.topics["runs"], run.run_id.encode(), RUN_STATE.encode(run), partition)
+            self._dirty_runs[(partition, run.run_id)] = run
         for run_id in decision.forget:
             state.runs.pop(run_id, None)
-            produce(self.topics["runs"], run_id.encode(), None, partition)
+            self._dirty_runs[(partition, run_id)] = None
         for event in decision.events:
             produce(
                 self.topics["run-events"],
@@ -656,6 +664,22 @@ class Ledger:
             produce(self.topics["job-log"], notice.job_id.encode(), JOB_LOG.encode(notice))
         for request in decision.dispatch:
             produce(self.topics["dispatch"], request.run_id.encode(), DISPATCH.encode(request))
+
+    def _write_states(self) -> None:
+        """The transaction's state records: each job and run changed by its inputs, once,
+        as it stands after the last of them (a tombstone for a forgotten run). `jobs`
+        and `runs` are compacted and read only for their latest value per key (the
+        takeover's restore, the scheduler, the projector), and the transaction makes all
+        of it visible at once, so the intermediate values a batch went through carry
+        nothing anyone reads: writing them cost an encoding, a record and a decode each."""
+        jobs, runs = self.topics["jobs"], self.topics["runs"]
+        for (partition, job_id), job in self._dirty_jobs.items():
+            self._produce(jobs, job_id.encode(), JOB_STATE.encode(job), partition)
+        for (partition, run_id), run in self._dirty_runs.items():
+            value = None if run is None else RUN_STATE.encode(run)
+            self._produce(runs, run_id.encode(), value, partition)
+        self._dirty_jobs.clear()
+        self._dirty_runs.clear()
 
     def _recover(self, abort: bool = True) -> None:
         """Abort (unless the producer is abandoned), recreate the producer, and take the

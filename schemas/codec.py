@@ -41,7 +41,6 @@ from schemas.convert import (
 from schemas.registry import HEADER_LENGTH, MARKER, SchemaVersion, TopicSchema, shipped
 from streams.core.records import (
     DispatchRequest,
-    JobSpec,
     JobEvent,
     JobState,
     LedgerInput,
@@ -49,6 +48,7 @@ from streams.core.records import (
     RunState,
     WorkerMessage,
 )
+from streams.core.spec import JobSpec
 
 T = TypeVar("T")
 

@@ -54,7 +54,7 @@ from streams.core.records import (
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.ingress")
-BATCH = 200
+BATCH = 1000
 
 
 def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
@@ -126,13 +126,13 @@ def build_app(settings: Settings) -> faust.App:
         )
 
     commands = raw_topic("commands")
-    job_log = raw_topic("job-log")
-    dlq = raw_topic("commands.dlq")
+    job_log = settings.topic("job-log")
+    dlq = settings.topic("commands.dlq")
 
     @app.agent(commands, concurrency=1)
     async def ingress(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(BATCH, within=0.05):  # type: ignore[attr-defined]
-            outputs: list[tuple[faust.TopicT, bytes | None, bytes]] = []
+            outputs: list[tuple[str, bytes | None, bytes]] = []
             now = int(time.time() * 1000)
             for event in events:
                 raw = event.value
@@ -150,15 +150,21 @@ def build_app(settings: Settings) -> faust.App:
                     outputs.append((dlq, event.key, record))
             await deliver(outputs)
 
-    async def deliver(outputs: list[tuple[faust.TopicT, bytes | None, bytes]]) -> None:
+    async def deliver(outputs: list[tuple[str, bytes | None, bytes]]) -> None:
         """Send the batch and await every delivery; until all are delivered, send the
         whole batch again (the broker down: retried for as long as it takes). Resending
-        in order keeps each job's last command last, and duplicates are harmless."""
+        in order keeps each job's last command last, and duplicates are harmless.
+
+        Straight to the app's producer (the one Faust's topics use, with its default
+        partitioner), not through `Topic.send`: the topic layer's per-message work
+        (channels, FutureMessage, callbacks) cost more than the validation itself."""
+        producer = app.producer
         tries = 0
         while True:
             try:
                 pending: list[Awaitable[Any]] = [
-                    await topic.send(key=key, value=value) for topic, key, value in outputs
+                    await producer.send(topic, key, value, None, None, None)
+                    for topic, key, value in outputs
                 ]
                 for future in pending:
                     await future

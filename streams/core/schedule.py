@@ -149,10 +149,16 @@ def _parse_cron(value: object, timezone: str) -> CronSchedule:
         )
     expr = " ".join(value.split())
     _zone(timezone)
-    cron = _cron(expr)
-    if cron.next_wall(0) is None:
+    if not _fires(expr):
         raise ScheduleError(f"invalid cron expression {value!r}: it never fires")
     return CronSchedule(expr=expr, timezone=timezone)
+
+
+@lru_cache(maxsize=4096)
+def _fires(expr: str) -> bool:
+    """Whether a cron expression ever matches (`0 0 31 2 *` does not). Asked of every
+    job registered, from ingress and the API: one search per distinct expression."""
+    return _cron(expr).next_wall(0) is not None
 
 
 def _parse_every(value: object) -> EverySchedule:

@@ -65,6 +65,7 @@ bench: topics
 	$(BIN)/python -m bench.realjobs --quick --rates 100,250,400 --compare-noop
 	$(BIN)/python -m bench.sustained --quick
 	$(BIN)/python -m bench.costs --quick
+	$(BIN)/python -m bench.ingress --quick
 	$(BIN)/python -m bench.registry --quick
 	$(BIN)/python -m bench.failover --quick
 	$(BIN)/python -m bench.projector --quick

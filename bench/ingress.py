@@ -19,10 +19,10 @@ import subprocess
 import sys
 import time
 
-import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.common import bench_settings, report
+from bench.registry import upsert
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 
@@ -32,14 +32,7 @@ def fill(settings: Settings, jobs: int) -> None:
     topic = settings.topic("commands")
     for i in range(jobs):
         job_id = f"ing-{i:07d}"
-        command = {
-            "type": "job.upsert",
-            "job_id": job_id,
-            "owner": f"o{i % 100}",
-            "schedule": {"cron": f"{i % 60} {i % 24} 1 1 *", "timezone": "UTC"},
-            "command": ["true"],
-        }
-        producer.produce(topic, key=job_id.encode(), value=orjson.dumps(command))
+        producer.produce(topic, key=job_id.encode(), value=upsert(job_id, i))
         if i % 10_000 == 0:
             while len(producer) > 100_000:
                 producer.poll(0.05)

@@ -44,6 +44,18 @@ def lag(settings: Settings, group: str, topic: str) -> int:
         probe.close()
 
 
+def upsert(job_id: str, i: int) -> bytes:
+    """The i-th registration: a yearly cron (nothing fires), 1,440 distinct expressions."""
+    command = {
+        "type": "job.upsert",
+        "job_id": job_id,
+        "owner": f"o{i % 100}",
+        "schedule": {"cron": f"{i % 60} {i % 24} 1 1 *", "timezone": "UTC"},
+        "command": ["true"],
+    }
+    return orjson.dumps(command)
+
+
 def node(settings: Settings, name: str, logs: Path) -> CronlogProcess:
     return CronlogProcess(
         settings, name, logs, ["scheduler", "--node-id", name, "--loglevel", "info"]
@@ -65,14 +77,7 @@ def main() -> None:
             started = time.monotonic()
             for i in range(jobs):
                 job_id = f"reg-{i:07d}"
-                command = {
-                    "type": "job.upsert",
-                    "job_id": job_id,
-                    "owner": f"o{i % 100}",
-                    "schedule": {"cron": f"{i % 60} {i % 24} 1 1 *", "timezone": "UTC"},
-                    "command": ["true"],
-                }
-                producer.produce(topic, key=job_id.encode(), value=orjson.dumps(command))
+                producer.produce(topic, key=job_id.encode(), value=upsert(job_id, i))
                 if i % 10_000 == 0:
                     producer.poll(0)
                     while len(producer) > 200_000:

@@ -57,6 +57,10 @@ class CodecError(ValueError):
     """Bytes that are not a record of this topic (or a record that cannot be written)."""
 
 
+# What fastavro raises for a record that does not fit the writer schema.
+ENCODE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+
 class Codec(Generic[T]):
     """Encodes and decodes the values of one topic. Thread-safe; build once and reuse."""
 
@@ -92,12 +96,15 @@ class Codec(Generic[T]):
         buffer.write(self.header)
         try:
             schemaless_writer(buffer, self._writer, self.to_avro(record))
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
-            raise CodecError(
-                f"cannot encode {type(record).__name__} as {self.schema.name} "
-                f"v{self.current.version}: {type(err).__name__}: {err}"
-            ) from err
+        except ENCODE_ERRORS as err:
+            raise self._unwritable(record, err) from err
         return buffer.getvalue()
+
+    def _unwritable(self, record: Any, err: Exception) -> CodecError:
+        return CodecError(
+            f"cannot encode {type(record).__name__} as {self.schema.name} "
+            f"v{self.current.version}: {type(err).__name__}: {err}"
+        )
 
     def version_of(self, data: bytes) -> SchemaVersion:
         """The schema version that wrote `data`; CodecError if not one of this topic's."""
@@ -201,11 +208,8 @@ class JobStateCodec(Codec[JobState]):
         try:
             buffer.write(self._spec_bytes(record.spec))
             schemaless_writer(buffer, self._rest_writer, job_state_rest_to_avro(record))
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
-            raise CodecError(
-                f"cannot encode {type(record).__name__} as {self.schema.name} "
-                f"v{self.current.version}: {type(err).__name__}: {err}"
-            ) from err
+        except ENCODE_ERRORS as err:
+            raise self._unwritable(record, err) from err
         return buffer.getvalue()
 
 

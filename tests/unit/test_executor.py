@@ -248,10 +248,14 @@ def test_a_run_waits_for_room_at_its_start(make: Callable[..., Harness]) -> None
     h = make(capacity=(1.0, 1e9, 10.0))
     h.renew()
     first = h.start("first", ["sleep", "0.8"], need=(1.0, 0, 0))
-    second = h.start("second", ["true"], need=(0.6, 0, 0))
+    # Due 100 ms later: two runs due in the same millisecond may start in either order
+    # (the start heap compares their times converted to the monotonic clock).
+    second = h.start("second", ["true"], at_ms=now_ms() + 100, need=(0.6, 0, 0))
     a, b = h.finished(first), h.finished(second)
     assert a.outcome == b.outcome == "exited"
+    assert a.started_ms is not None
     assert b.started_ms is not None
+    assert a.started_ms <= b.started_ms
     assert b.started_ms >= a.finished_ms - 50
 
 

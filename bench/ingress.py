@@ -87,7 +87,7 @@ def ingress(settings: Settings, jobs: int) -> float:
     )
     try:
         first_at: float | None = None
-        first = 0
+        first = done = 0
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             done = end_offsets(settings, "job-log")
@@ -107,9 +107,8 @@ def run_child(kind: str) -> None:
     import faust
 
     from streams.ingress import build_app
-    from streams.settings import Settings as S
 
-    settings = S.from_env()
+    settings = Settings.from_env()
     jobs = int(os.environ["BENCH_JOBS"])
     if kind == "ingress":
         app = build_app(settings)

@@ -18,6 +18,7 @@ Undecodable bytes raise CodecError (a ValueError): send the record to a dead let
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
@@ -187,7 +188,7 @@ class JobStateCodec(Codec[JobState]):
         self._spec_writer = parse_schema(first["type"])
         self._rest_writer = parse_schema({**full, "name": f"{full['name']}Rest", "fields": rest})
         # id(spec) -> (spec, its bytes); the spec held so that its id is never reused
-        # while the entry lives. Dict operations are atomic: safe across threads.
+        # while the entry lives, and a hit checked by identity.
         self._specs: dict[int, tuple[JobSpec, bytes]] = {}
 
     def _spec_bytes(self, spec: JobSpec) -> bytes:
@@ -198,7 +199,10 @@ class JobStateCodec(Codec[JobState]):
         schemaless_writer(buffer, self._spec_writer, spec_to_avro(spec))
         data = buffer.getvalue()
         if len(self._specs) >= self.SPEC_CACHE:
-            self._specs.pop(next(iter(self._specs)), None)  # the oldest entry
+            # The oldest entry; another thread writing at the same moment may make the
+            # iteration fail, and then the cache is one entry over for a while.
+            with contextlib.suppress(StopIteration, RuntimeError):
+                self._specs.pop(next(iter(self._specs)), None)
         self._specs[id(spec)] = (spec, data)
         return data
 

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from schemas.codec import DISPATCH, HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
+from streams.core.ids import job_of
 from streams.core.placement import (
     Capacity,
     FairQueue,
@@ -607,7 +608,7 @@ class Dispatcher:
                 len(held),
             )
             for run_id, attempt in sorted(held):
-                job_id = run_id.split("@", 1)[0]
+                job_id = job_of(run_id)
                 self._send(job_id, WorkerLost(job_id, run_id, attempt, info.worker_id, now))
             for key in list(info.reserved):
                 info.release(key)

@@ -8,9 +8,12 @@ outcome from that executor's log) and which reports Kafka acknowledged.
 Durability by group commit: a "started" line must be on disk before the attempt is handed
 to the executor (that is what prevents a second start after a crash), so the worker
 writes the lines of a whole batch of grants and calls `sync` once before starting any of
-them: one fsync for many starts. Other lines are not fsynced: a lost "claiming" line
-loses only a claim (the ledger re-dispatches), a lost "reported" line repeats a report,
-which the ledger ignores.
+them: one fsync for many starts. Other lines are not fsynced (the worker flushes them to
+the OS after each batch of its inbox, so a kill -9 keeps them; a machine crash may not):
+a lost "claiming" line loses only the worker's memory of a claim (should the claim have
+been granted, the reply, not yet committed in the inbox, is read again after the restart
+and the worker gives the attempt back), a lost "reported" line repeats a report, which
+the ledger ignores.
 
 Bounded: an attempt is finished once Kafka acknowledged its report (or its release, or
 the claim was dropped). A finished attempt is remembered for a while (repeated
@@ -96,7 +99,7 @@ class Journal:
             self.finished.append((at, (run_id, attempt)))
 
     def record(self, run_id: str, attempt: int, job_id: str, phase: str, **info: Any) -> None:
-        """Append a line (written to the OS, not yet fsynced: see `sync`)."""
+        """Append a line (buffered: `flush` hands it to the OS, `sync` makes it durable)."""
         at = self.clock()
         line = orjson.dumps(
             {

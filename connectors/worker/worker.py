@@ -62,7 +62,7 @@ from connectors.worker.runlogs import LogTail
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
 from streams.core.clock import BrokerClock, broker_stamp
-from streams.core.ids import iso_utc
+from streams.core.ids import iso_utc, job_of
 from streams.core.placement import Capacity, labels_match
 from streams.core.records import (
     CancelOrder,
@@ -272,6 +272,7 @@ class Worker:
                     elif msg.key() == self.config.worker_id.encode():
                         self._handle(msg.value() or b"")
                 self._start_granted()
+                self.journal.flush()  # this batch's lines to the OS: a kill -9 keeps them
                 if messages:
                     # Replays after a crash are harmless (the journal and the attempt
                     # table ignore repeats); committing keeps them short.
@@ -387,21 +388,8 @@ class Worker:
         key = (reply.run_id, reply.attempt)
         attempt = self.attempts.get(key)
         if attempt is None or attempt.phase != "claiming":
-            if reply.granted and attempt is None and self.journal.phase(*key) == "dropped":
-                # Granted after this worker gave the claim up: give it back at once
-                # rather than leave the run dispatched to nobody until its timeout.
-                entry = self.journal.entries[key]
-                at = self._now_ms()
-                self._send(
-                    RunReleased(
-                        entry.job_id,
-                        reply.run_id,
-                        reply.attempt,
-                        self.config.worker_id,
-                        "the claim was given up before its reply came",
-                        at,
-                    )
-                )
+            if reply.granted and attempt is None:
+                self._unwanted_grant(reply)
             return
         if reply.at_ms != attempt.claimed_ms:
             # The reply to an earlier claim of this attempt (replayed from the inbox after
@@ -413,6 +401,28 @@ class Worker:
             return
         attempt.phase = "granted"
         self.granted.append(attempt)
+
+    def _unwanted_grant(self, reply: ClaimReply) -> None:
+        """A grant for an attempt this worker does not hold: give it back at once rather
+        than leave the run dispatched to nobody until its timeout. Either the claim was
+        given up before the reply came ("dropped"), or an earlier incarnation claimed it
+        and was killed before its "claiming" line reached the disk: the journal does not
+        know it, and the reply, not yet committed in the inbox, is read again. (A
+        "started" line is fsynced before any start, so an attempt unknown here never
+        started on this worker.) The ledger refuses a release of an attempt that is not
+        dispatched to this worker, so a late reply to an attempt long over changes
+        nothing."""
+        key = (reply.run_id, reply.attempt)
+        phase = self.journal.phase(*key)
+        if phase == "dropped":
+            why = "the claim was given up before its reply came"
+        elif phase is None:
+            why = "claimed by an earlier incarnation of this worker that forgot it"
+        else:
+            return
+        job_id = self.journal.entries[key].job_id if phase else job_of(reply.run_id)
+        at = self._now_ms()
+        self._send(RunReleased(job_id, reply.run_id, reply.attempt, self.config.worker_id, why, at))
 
     def _drop(self, attempt: Attempt) -> None:
         d = attempt.dispatch

@@ -19,3 +19,8 @@ def scheduled_run_id(job_id: str, scheduled_ms: int) -> str:
 
 def manual_run_id(job_id: str, request_id: str) -> str:
     return f"{job_id}@manual:{request_id}"
+
+
+def job_of(run_id: str) -> str:
+    """The job id of a run id: the part before the first `@` (a job id has none)."""
+    return run_id.partition("@")[0]

@@ -5,6 +5,7 @@ SIGCONT its stale report is rejected; no (run, attempt) ran twice)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
+from connectors.worker.worker import Worker, WorkerConfig
+from schemas.codec import JOB_LOG, WORKER_INBOX
+from streams.core.placement import Capacity
+from streams.core.records import ClaimReply, RunReleased
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
@@ -189,6 +195,23 @@ def claimed_ahead(
     return run_id, victim
 
 
+def wait_handed_to_executor(worker: WorkerProc, run_id: str, timeout_s: float = 30) -> None:
+    """Until `worker` journaled `run_id` as handed to its executor ("started", fsynced
+    before the hand-over): a kill after that leaves it to the executor, not to the claim
+    (a kill between the grant and its processing is test_a_grant_the_journal_forgot...)."""
+    journal = worker.log.parent / "state" / "workers" / worker.worker_id / "journal.jsonl"
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        lines = journal.read_bytes().splitlines() if journal.exists() else []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry["run_id"] == run_id and entry["phase"] == "started":
+                    return
+        time.sleep(0.1)
+    raise AssertionError(f"{worker.worker_id} never handed {run_id} to its executor")
+
+
 def _run(events: EventReader, job_id: str) -> str:
     return next(
         (run_id for run_id, evs in runs_by_id(events).items() if evs[0].job_id == job_id), ""
@@ -207,6 +230,7 @@ def test_restart_gives_back_runs_claimed_ahead_that_never_started(
     _, workers = cluster
     marks = tmp_path / "starts.txt"
     run_id, victim = claimed_ahead(topics, events, "ahead1", marks, in_s=30)
+    wait_handed_to_executor(workers[victim], run_id)
     workers[victim].kill()
     workers[victim].start()
     done = wait_state(events, run_id, "succeeded", timeout_s=90)
@@ -282,3 +306,54 @@ def test_a_killed_executor_is_replaced_and_its_jobs_killed(
     time.sleep(1)
     send_commands(topics, [{"type": "job.run_now", "job_id": "after", "request_id": "x2"}])
     wait_state(events, "after@manual:x2", "succeeded", timeout_s=60)
+
+
+def _released_on_job_log(topics: Settings, worker: Worker) -> list[RunReleased]:
+    """The releases `worker` produced to job-log (read to its end)."""
+    assert worker.producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": topics.kafka,
+            "group.id": topics.group("forgot-check"),
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    found: list[RunReleased] = []
+    try:
+        topic = topics.topic("job-log")
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(topics.partitions)])
+        empty = 0
+        while empty < 2:  # everything was acknowledged before: two idle seconds = the end
+            batch = consumer.consume(1000, timeout=1.0)
+            empty = 0 if batch else empty + 1
+            for msg in batch:
+                if msg.error() is None:
+                    record = JOB_LOG.decode(msg.value() or b"")
+                    if isinstance(record, RunReleased) and record.worker_id == "wforgot":
+                        found.append(record)
+    finally:
+        consumer.close()
+    return found
+
+
+def test_a_grant_the_journal_forgot_is_given_back(topics: Settings, tmp_path: Path) -> None:
+    """A worker killed after its claim left but before the claim's "claiming" line reached
+    its journal comes back knowing nothing of the attempt; the grant, not yet committed in
+    its inbox, is read again. The worker must give the attempt back (the ledger would
+    otherwise hold it dispatched to this worker until the run's timeout), and must not give
+    back an attempt it reported, nor act on a refusal."""
+    config = WorkerConfig("wforgot", Capacity(1, 512, 0), state_dir=tmp_path, executor="noop")
+    worker = Worker(topics, config)
+    worker.journal.record("done@2026-12-01T00:00:00Z", 1, "done", "reported")
+    for reply in (
+        ClaimReply("wforgot", "forgot@2026-12-01T10:00:09Z", 1, True, "", 1),  # unknown
+        ClaimReply("wforgot", "done@2026-12-01T00:00:00Z", 1, True, "", 2),  # reported
+        ClaimReply("wforgot", "refused@2026-12-01T10:00:09Z", 1, False, "taken", 3),
+    ):
+        worker._handle(WORKER_INBOX.encode(reply))
+    released = _released_on_job_log(topics, worker)
+    assert [(r.job_id, r.run_id, r.attempt) for r in released] == [
+        ("forgot", "forgot@2026-12-01T10:00:09Z", 1)
+    ]
+    assert "earlier incarnation" in released[0].reason

@@ -9,6 +9,11 @@ transaction markers included), the machine's idle share, and where the ledger's 
 spends its wall time (py-spy samples of the ledger process, classified by the innermost
 frame of ours on the stack).
 `python -m bench.costs --rate 250 --seconds 40` (`--quick`: 250 runs/s for 20 s).
+
+Scale-out: `--nodes N` runs N scheduler nodes over the same partitions (each owns its
+share of job-log and dispatch); node rows are summed over the nodes. Before any job is
+registered the bench measures the nodes' idle CPU (`--idle-s`) so that the table can
+tell a cost per run from a fixed cost per node (Faust's event loop, consumers polling).
 """
 
 from __future__ import annotations
@@ -167,6 +172,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--warmup-s", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle baseline window")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -174,7 +181,7 @@ def main() -> None:
     broker_pid = Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))).status().kafka.pid
     with bench_settings("costs") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        node = Node(settings, "cost-node", logs).start()
+        nodes = [Node(settings, f"cost-node-{i}", logs).start() for i in range(args.nodes)]
         # The projector gets a database of its own: one database serves one deployment.
         db_name = unique_name("bench_costs")
         db_url, db_kind = create_database(settings.database_url, db_name)
@@ -191,6 +198,25 @@ def main() -> None:
         events = EventReader(settings, "bench-costs")
         spy: subprocess.Popen[bytes] | None = None
         try:
+            events.poll_for(args.warmup_s)  # every node up and assigned, nothing to do
+            node_pids = [n.proc.pid for n in nodes if n.proc]
+            ledgers = {pid: ledger_pid(pid) for pid in node_pids}
+
+            def node_sample() -> Counter[str]:
+                ticks: Counter[str] = Counter()
+                for pid in node_pids:
+                    ticks.update({f"node {k}": v for k, v in node_threads(pid).items()})
+                    ledger = ledgers[pid]
+                    ticks["ledger"] += _ticks(f"/proc/{ledger}/stat") if ledger else 0
+                return ticks
+
+            idle_before = node_sample()
+            time.sleep(args.idle_s)
+            idle_after = node_sample()
+            idle_cores = {
+                name: (idle_after[name] - idle_before[name]) / TICK / args.idle_s
+                for name in idle_after
+            }
             send_commands(
                 settings,
                 [
@@ -205,19 +231,16 @@ def main() -> None:
                 ],
             )
             events.poll_for(args.warmup_s)
-            assert node.proc
             assert projector.proc
-            node_pid = node.proc.pid
-            ledger = ledger_pid(node_pid)
+            ledger = ledgers[node_pids[0]]  # py-spy samples the first node's ledger
             pids = {
-                "ledger": ledger,
                 "projector": projector.proc.pid,
                 "broker": broker_pid,
                 **{w.name: w.proc.pid for w in workers if w.proc},
             }
 
             def sample() -> Counter[str]:
-                ticks = Counter({f"node {k}": v for k, v in node_threads(node_pid).items()})
+                ticks = node_sample()
                 for name, pid in pids.items():
                     ticks[name] = _ticks(f"/proc/{pid}/stat") if pid else 0
                 ticks["postgres"] = postgres_ticks()
@@ -234,13 +257,13 @@ def main() -> None:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                 )
-            before, idle_before, offsets_before = sample(), machine_ticks(), end_offsets(settings)
+            before, free_before, offsets_before = sample(), machine_ticks(), end_offsets(settings)
             window_start_ms = int(time.time() * 1000)
             events.poll_for(args.seconds)
             window_end_ms = int(time.time() * 1000)
-            after, idle_after, offsets_after = sample(), machine_ticks(), end_offsets(settings)
+            after, free_after, offsets_after = sample(), machine_ticks(), end_offsets(settings)
             # A process that died in the window would show 0 ms per run: say so.
-            dead = [p.name for p in [node, projector, *workers] if not p.alive]
+            dead = [p.name for p in [*nodes, projector, *workers] if not p.alive]
             for name in dead:
                 print(f"{name} exited:", (logs / f"{name}.log").read_text()[-2000:])
             spy_note = "py-spy not installed"
@@ -255,7 +278,8 @@ def main() -> None:
             for worker in workers:
                 worker.stop()
             projector.stop()
-            node.stop()
+            for node in nodes:
+                node.stop()
             drop_database(settings.database_url, db_name, db_kind)
         # Runs started in the window: first attempts whose `running` event is in it.
         started = sum(
@@ -266,20 +290,26 @@ def main() -> None:
         due, on_time, late = window_lateness(events, window_start_ms, window_end_ms - 2000)
         per_run = max(started, 1)
         seconds = (window_end_ms - window_start_ms) / 1000
-        cpu_rows: list[dict[str, object]] = [
-            {
-                "process": name,
-                "cores": (after[name] - before[name]) / TICK / seconds,
-                "cpu_ms_per_run": (after[name] - before[name]) / TICK * 1000 / per_run,
-            }
-            for name in after
-        ]
+        cpu_rows: list[dict[str, object]] = []
+        for name in after:
+            cores = (after[name] - before[name]) / TICK / seconds
+            idle_share = idle_cores.get(name, 0.0)
+            cpu_rows.append(
+                {
+                    "process": name,
+                    "cores": cores,
+                    "cpu_ms_per_run": cores * seconds * 1000 / per_run,
+                    # The nodes' CPU with nothing to do, and what is left per run.
+                    "idle_cores": idle_share,
+                    "net_ms_per_run": (cores - idle_share) * seconds * 1000 / per_run,
+                }
+            )
         cpu_rows.append(
             {
-                "process": "TOTAL",
-                "cores": sum(float(str(r["cores"])) for r in cpu_rows),
-                "cpu_ms_per_run": sum(float(str(r["cpu_ms_per_run"])) for r in cpu_rows),
+                key: sum(float(str(r[key])) for r in cpu_rows)
+                for key in ("cores", "cpu_ms_per_run", "idle_cores", "net_ms_per_run")
             }
+            | {"process": "TOTAL"}
         )
         record_rows: list[dict[str, object]] = [
             {
@@ -290,11 +320,13 @@ def main() -> None:
             for topic in sorted(offsets_after)
             if offsets_after[topic] != offsets_before.get(topic, 0)
         ]
-        idle = (idle_after[0] - idle_before[0]) / max(1, idle_after[1] - idle_before[1])
+        idle = (free_after[0] - free_before[0]) / max(1, free_after[1] - free_before[1])
         phases = ledger_phases(raw) if spy_note == "ok" else {}
         code, audit_text = audit(settings)
     table(
-        f"CPU per run at {args.rate} runs/s ({started} runs started in {seconds:.0f} s)", cpu_rows
+        f"CPU per run at {args.rate} runs/s, {args.nodes} node(s) ({started} runs started in "
+        f"{seconds:.0f} s; idle_cores: the nodes with no job, over {args.idle_s:.0f} s)",
+        cpu_rows,
     )
     table("records per run (end offsets; transaction markers count as offsets)", record_rows)
     table(
@@ -305,6 +337,7 @@ def main() -> None:
         "costs",
         {
             "rate_per_s": args.rate,
+            "nodes": args.nodes,
             "window_s": seconds,
             "runs_started": started,
             **step_figures(due, on_time, window_start_ms, window_end_ms - 2000, late),

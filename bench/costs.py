@@ -91,6 +91,11 @@ def ledger_pid(node_pid: int) -> int | None:
     return None
 
 
+def process_ticks(pid: int | None) -> float:
+    """CPU seconds of one process (0 if unknown or gone)."""
+    return _ticks(f"/proc/{pid}/stat") / TICK if pid else 0.0
+
+
 def postgres_ticks() -> int:
     total = 0
     for proc in Path("/proc").iterdir():

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import bench_settings, lateness, report
+from bench.common import audit, bench_settings, lateness, report, verdict
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
 
 
@@ -70,6 +70,7 @@ def main() -> None:
                 worker.stop()
             for n in nodes:
                 n.stop()
+        code, audit_text = audit(settings)
     starts = {e.run_id: e for e, _ in events.run_events() if e.state == "running"}
     window = [
         (starts[e.run_id].at_ms - e.scheduled_ms) / 1000
@@ -101,8 +102,11 @@ def main() -> None:
             **lateness(window, "window_start_lateness"),
             "all_jobs_fired_again_after_s": max(refire, default=float("nan")),
             "jobs_fired_again": len(first_after),
+            "audit": verdict(code),
         },
     )
+    print(audit_text.strip())
+    print(f"audit: {verdict(code)}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import orjson
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench.common import bench_settings, report, tree_stats
+from bench.common import audit, bench_settings, report, tree_stats, verdict
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess
@@ -111,6 +111,7 @@ def main() -> None:
             second_rss = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
         finally:
             second.stop()
+        code, audit_text = audit(settings)
     report(
         "registry",
         {
@@ -124,8 +125,11 @@ def main() -> None:
             "takeover_restore_s": float(restored.group(3)) if restored else float("nan"),
             "takeover_ready_s": ready_s,
             "takeover_node_rss_mb": second_rss,
+            "audit": verdict(code),
         },
     )
+    print(audit_text.strip())
+    print(f"audit: {verdict(code)}")
 
 
 if __name__ == "__main__":

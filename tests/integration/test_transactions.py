@@ -4,15 +4,16 @@ and offsets become visible together; aborted ones never do; a zombie is fenced."
 
 from __future__ import annotations
 
+import gc
 import threading
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from schemas.codec import JOB_STATE
+from schemas.codec import JOB_STATE, RUN_STATE
 from streams.core.commands import UpsertJob, validate_command
-from streams.core.records import JobState
+from streams.core.records import JobState, RunState
 from streams.ledger import Ledger, PartitionState
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
@@ -103,12 +104,12 @@ def test_a_zombie_producer_is_fenced(topics: Settings) -> None:
     txn_id = topics.group(f"zombie-{uuid.uuid4().hex[:6]}")
     zombie = _transactional(topics, txn_id)
     zombie.begin_transaction()
-    zombie.produce(topics.topic("runs"), key=b"r", value=b"from-zombie")
+    zombie.produce(topics.topic("runs"), key=b"r", value=b"from-zombie", partition=2)
     zombie.flush(10)
 
     successor = _transactional(topics, txn_id)  # bumps the epoch, aborts the zombie's txn
     successor.begin_transaction()
-    successor.produce(topics.topic("runs"), key=b"r", value=b"from-successor")
+    successor.produce(topics.topic("runs"), key=b"r", value=b"from-successor", partition=2)
     successor.commit_transaction(30)
 
     with pytest.raises(KafkaException) as caught:
@@ -158,3 +159,51 @@ def test_ledger_restore_waits_for_a_transaction_still_open(topics: Settings) -> 
     thread.join(60)
     assert not thread.is_alive()
     assert restored[0].jobs["job-a"].fired_ms == 123_000
+
+
+def test_a_restore_holds_the_newest_value_of_each_key(topics: Settings) -> None:
+    """The compacted topics still hold superseded values and tombstones (the active
+    segment is never compacted): a restore must end with each key's newest value,
+    without a key whose newest record is a tombstone, and leave the cyclic collector
+    as it found it, with what it restored frozen (not scanned by full collections)."""
+    spec = validate_command(
+        {
+            "type": "job.upsert",
+            "job_id": "job-v",
+            "owner": "o",
+            "schedule": {"every": "1s"},
+            "command": ["true"],
+        }
+    )
+    assert isinstance(spec, UpsertJob)
+    mine = 1  # the zombie test leaves raw (non-Avro) records in 2, the open-transaction test uses 0
+    producer = Producer({"bootstrap.servers": topics.kafka})
+    jobs, runs = topics.topic("jobs"), topics.topic("runs")
+    for fired in (1_000, 2_000, 3_000):  # the newest last
+        state = JobState(spec.spec, False, False, 0, 0, fired, None, (), (), (), fired)
+        producer.produce(jobs, key=b"job-v", value=JOB_STATE.encode(state), partition=mine)
+    gone = JobState(spec.spec, False, False, 0, 0, 5, None, (), (), (), 5)
+    producer.produce(jobs, key=b"job-gone", value=JOB_STATE.encode(gone), partition=mine)
+    producer.produce(jobs, key=b"job-gone", value=None, partition=mine)  # then deleted
+    back = JobState(spec.spec, False, False, 0, 0, 9, None, (), (), (), 9)
+    producer.produce(jobs, key=b"job-back", value=None, partition=mine)  # deleted, re-created
+    producer.produce(jobs, key=b"job-back", value=JOB_STATE.encode(back), partition=mine)
+    for attempt in (1, 2):
+        run = RunState(
+            "job-v@x", "job-v", 1, "schedule", "due", attempt, "", 1, 1, None, None, None,
+            None, None, "", attempt,
+        )  # fmt: skip
+        producer.produce(runs, key=b"job-v@x", value=RUN_STATE.encode(run), partition=mine)
+    assert producer.flush(30) == 0
+    ledger = Ledger(topics, node_id="restore-newest")
+    frozen_before = gc.get_freeze_count()
+    try:
+        restored = ledger._restore(mine)
+    finally:
+        ledger.consumer.close()
+    assert sorted(restored.jobs) == ["job-back", "job-v"]
+    assert restored.jobs["job-v"].fired_ms == 3_000
+    assert restored.jobs["job-back"].fired_ms == 9
+    assert {k: r.attempt for k, r in restored.runs.items()} == {"job-v@x": 2}
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > frozen_before

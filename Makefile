@@ -67,6 +67,7 @@ bench: topics
 	$(BIN)/python -m bench.costs --quick
 	$(BIN)/python -m bench.ingress --quick
 	$(BIN)/python -m bench.registry --quick
+	$(BIN)/python -m bench.restore --quick
 	$(BIN)/python -m bench.failover --quick
 	$(BIN)/python -m bench.projector --quick
 	$(BIN)/python -m bench.prune --quick
@@ -82,8 +83,13 @@ bench-full: topics
 	$(BIN)/python -m bench.realjobs
 	$(BIN)/python -m bench.realjobs --kill-worker-at 120
 	$(BIN)/python -m bench.realjobs --rates 100,250,400,600 --compare-noop
+	$(BIN)/python -m bench.sustained --rates 1000 --step-s 300
 	$(BIN)/python -m bench.sustained
 	$(BIN)/python -m bench.registry
+	$(BIN)/python -m bench.restore --jobs 100000 --versions 1,5
+	$(BIN)/python -m bench.costs --nodes 1
+	$(BIN)/python -m bench.costs --nodes 2
+	$(BIN)/python -m bench.costs --nodes 4
 	$(BIN)/python -m bench.failover
 	$(BIN)/python -m bench.projector
 	$(BIN)/python -m bench.prune

@@ -4,7 +4,12 @@ It follows the ledger's committed state: the compacted `jobs` and `runs` topics
 (read_committed). When the group gives it partition p it reads partition p of both from
 the beginning, which rebuilds that partition's heaps from the committed state, and then
 keeps following new writes; on revocation it drops them. The range assignor hands one
-member the same partition number of both topics.
+member the same partition number of both topics. Catching up, it decodes only the newest
+value of each key: until a topic-partition's end is first reached (partition EOF), or
+for `CATCH_UP_MAX_S` at most, it keeps the raw bytes of the newest value per key and
+decodes those at the end. The compacted topics still hold every value written since
+their last compaction (the active segment is never compacted), and decoding each made a
+takeover grow with that history.
 
 Every tick it proposes to `job-log` what is due: `FireProposed(job, next_due)` up to
 `lead_ms` early (pre-dispatch), earlier within a look-ahead horizon at a bounded rate
@@ -76,6 +81,9 @@ Clock = Callable[[], int]
 # A wall clock this far off the broker's makes the proposals made by it before the first
 # broker sample worth redoing (their repeats would come that much late).
 RESYNC_SKEW_MS = 1000
+# A catch-up that has not reached the end by then decodes what it kept and goes on
+# record by record: it is only a shortcut, and a partition must never wait on it.
+CATCH_UP_MAX_S = 10.0
 
 
 def wall_clock_ms() -> int:
@@ -87,6 +95,10 @@ class PartitionTimers:
     fires: FireTimers
     deadlines: DueQueue[str] = field(default_factory=DueQueue)  # run_id -> deadline
     runs: dict[str, tuple[str, int, DeadlineKind]] = field(default_factory=dict)
+    # Catching up: topic -> key -> the newest value read so far (None: a tombstone),
+    # for the topics whose end has not been reached yet (module docstring).
+    backlog: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +146,18 @@ class Scheduler:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            consumer_config(self.settings, self.settings.group("scheduler"), **self.watch.config())
+            consumer_config(
+                self.settings,
+                self.settings.group("scheduler"),
+                # The end of a catch-up (module docstring).
+                **{"enable.partition.eof": True, **self.watch.config()},
+            )
+        )
+
+    def _fresh_timers(self) -> PartitionTimers:
+        """A partition's timers before its catch-up: both topics' backlogs open."""
+        return PartitionTimers(
+            FireTimers(self.config.proposals), backlog={self.jobs_topic: {}, self.runs_topic: {}}
         )
 
     def _subscribe(self) -> None:
@@ -164,8 +187,12 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 for msg in self.consumer.consume(2000, timeout=self.config.tick_s):
-                    if msg.error() is None:
+                    error = msg.error()
+                    if error is None:
                         self._follow(msg)
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        self._caught_up(msg.partition() or 0, msg.topic() or "")
+                self._cap_catch_ups()
                 if self.watch.stuck():
                     self._replace_consumer()
                 self._read_beats()
@@ -232,7 +259,7 @@ class Scheduler:
             except KafkaException as exc:  # keep the timers it has: late, not lost
                 log.error("cannot reread %s[%d] (%s)", tp.topic, tp.partition, exc)
                 continue
-            self.timers[tp.partition] = PartitionTimers(FireTimers(self.config.proposals))
+            self.timers[tp.partition] = self._fresh_timers()
         self.early = Allowance(self.config.proposals.early_per_s, self._broker_now())
 
     # -- assignment: rebuild from the beginning of the committed state --------------------
@@ -240,7 +267,7 @@ class Scheduler:
         if consumer is not self.consumer:  # a replaced consumer, closing late
             return
         for tp in partitions:
-            self.timers.setdefault(tp.partition, PartitionTimers(FireTimers(self.config.proposals)))
+            self.timers.setdefault(tp.partition, self._fresh_timers())
             tp.offset = OFFSET_BEGINNING
         consumer.assign(partitions)
         self.watch.reset()
@@ -261,9 +288,48 @@ class Scheduler:
         if timers is None:
             return
         key = (msg.key() or b"").decode()
-        value = msg.value()
+        backlog = timers.backlog.get(msg.topic() or "")
+        if backlog is not None:
+            backlog[key] = msg.value()  # catching up: decoded once the end is reached
+            return
+        self._learn(timers, msg.topic() or "", key, msg.value(), msg.partition(), msg.offset())
+
+    def _caught_up(self, partition: int, topic: str) -> None:
+        """The end of `topic` in `partition` reached: learn the newest value of each key
+        kept meanwhile, and follow record by record from now on."""
+        timers = self.timers.get(partition)
+        backlog = None if timers is None else timers.backlog.pop(topic, None)
+        if timers is None or backlog is None:
+            return
+        for key, value in backlog.items():
+            self._learn(timers, topic, key, value, partition, None)
+        if not timers.backlog:
+            log.info(
+                "scheduler %s caught up with partition %d in %.2f s: %d jobs",
+                self.node_id,
+                partition,
+                time.monotonic() - timers.since,
+                len(timers.fires),
+            )
+
+    def _cap_catch_ups(self) -> None:
+        now = time.monotonic()
+        for partition, timers in list(self.timers.items()):
+            if timers.backlog and now - timers.since > CATCH_UP_MAX_S:
+                for topic in list(timers.backlog):
+                    self._caught_up(partition, topic)
+
+    def _learn(
+        self,
+        timers: PartitionTimers,
+        topic: str,
+        key: str,
+        value: bytes | None,
+        partition: int | None,
+        offset: int | None,
+    ) -> None:
         try:
-            if msg.topic() == self.jobs_topic:
+            if topic == self.jobs_topic:
                 job: JobState | None = JOB_STATE.decode(value) if value else None
                 if job is None:
                     timers.fires.learn(key, None)
@@ -281,13 +347,7 @@ class Scheduler:
                     timers.runs[key] = (run.job_id, run.attempt, run.deadline_kind)
                     timers.deadlines.set(key, run.deadline_ms)
         except CodecError as exc:  # the ledger wrote it; log, never stop proposing
-            log.error(
-                "undecodable state record %s[%s]@%s: %s",
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                exc,
-            )
+            log.error("undecodable state record %s[%s]@%s: %s", topic, partition, offset, exc)
 
     # -- proposing ------------------------------------------------------------------------
     def _propose(self, now: int) -> None:

@@ -1,0 +1,99 @@
+"""The scheduler's catch-up on assignment: it rebuilds its timers from the newest value
+of each key in `jobs` and `runs` (however many superseded values and tombstones the
+compacted topics still hold), then follows new writes record by record."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Producer
+
+from schemas.codec import JOB_STATE, RUN_STATE
+from streams.core.commands import UpsertJob, validate_command
+from streams.core.records import JobState, RunState
+from streams.scheduler import Scheduler
+from streams.settings import Settings
+
+pytestmark = pytest.mark.integration
+NOW = 1_800_000_000_000  # the scheduler's clock: before every due time below
+PARTITION = 1
+
+
+def state(job_id: str, next_due: int) -> bytes:
+    command = validate_command(
+        {
+            "type": "job.upsert",
+            "job_id": job_id,
+            "owner": "o",
+            "schedule": {"every": "1h"},
+            "command": ["true"],
+        }
+    )
+    assert isinstance(command, UpsertJob)
+    job = JobState(command.spec, False, False, 0, 0, 0, next_due, (), (), (), 1)
+    return JOB_STATE.encode(job)
+
+
+def run(run_id: str, deadline: int) -> bytes:
+    record = RunState(
+        run_id, "a", NOW, "schedule", "dispatched", 1, "w", 0, 0, deadline, "timeout", None,
+        None, None, "", 1,
+    )  # fmt: skip
+    return RUN_STATE.encode(record)
+
+
+def write(settings: Settings, records: list[tuple[str, bytes, bytes | None]]) -> None:
+    producer = Producer({"bootstrap.servers": settings.kafka})
+    for topic, key, value in records:
+        producer.produce(settings.topic(topic), key=key, value=value, partition=PARTITION)
+    assert producer.flush(30) == 0
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_catch_up_keeps_the_newest_value_then_follows(topics: Settings) -> None:
+    due = NOW + 3_600_000
+    write(
+        topics,
+        [
+            *[("jobs", b"a", state("a", due - 1000 * k)) for k in (5, 4, 3, 2, 1)],
+            ("jobs", b"a", state("a", due)),  # the newest value of a
+            ("jobs", b"gone", state("gone", due)),
+            ("jobs", b"gone", None),  # deleted since
+            ("runs", b"a@x", run("a@x", due + 5)),
+            ("runs", b"a@x", run("a@x", due + 9)),
+            ("runs", b"a@y", run("a@y", due)),
+            ("runs", b"a@y", None),  # forgotten since
+        ],
+    )
+    node = Scheduler(topics, "catchup-test", clock=lambda: NOW)
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+
+        def caught_up() -> bool:
+            timers = node.timers.get(PARTITION)
+            return timers is not None and not timers.backlog and bool(timers.fires.due)
+
+        until(caught_up, "the catch-up of partition 1")
+        timers = node.timers[PARTITION]
+        assert timers.fires.due == {"a": due}
+        assert set(timers.runs) == {"a@x"}
+        assert timers.deadlines.get("a@x") == due + 9
+        # From now on record by record: a new value is learned as it comes.
+        write(topics, [("jobs", b"a", state("a", due + 60_000))])
+        until(lambda: timers.fires.due.get("a") == due + 60_000, "the new value of a")
+    finally:
+        node.stop()
+        thread.join(30)
+    assert not thread.is_alive()

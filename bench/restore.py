@@ -5,7 +5,9 @@ J jobs, each with V successive job states on `jobs`, and R live runs with V succ
 states each on `runs` (real encodings, as the ledger writes them; min.compaction.lag keeps
 them all in the log). Then a real `Ledger` restores every partition with the code of a
 takeover (`_restore_all`), timed, with the number of jobs and runs it ends up holding
-checked against what was written, and the process's peak resident memory.
+checked against what was written, and the process's peak resident memory. Then a real
+`Scheduler` takes the same partitions over: the time until it holds every job's timer
+with its newest due time (its catch-up).
 `python -m bench.restore --jobs 20000 --versions 1,10` (`--quick`: the same).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import threading
 import time
 
 import orjson
@@ -24,6 +27,7 @@ from streams.core.commands import UpsertJob, parse_command
 from streams.core.records import JobState, RunState
 from streams.kafka import producer_config
 from streams.ledger import Ledger
+from streams.scheduler import Scheduler
 from streams.settings import Settings
 
 
@@ -43,6 +47,10 @@ def spec_of(job_id: str) -> UpsertJob:
     return command
 
 
+def due_of(version: int) -> int:
+    return 3_600_000 + version
+
+
 def fill(settings: Settings, jobs: int, runs_per_job: int, versions: int) -> None:
     """Write every job's and run's `versions` successive states (the last one wins)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 50}))
@@ -52,7 +60,8 @@ def fill(settings: Settings, jobs: int, runs_per_job: int, versions: int) -> Non
         spec = spec_of(job_id).spec
         run_ids = [f"{job_id}@2026-12-01T10:{k:02d}:00Z" for k in range(runs_per_job)]
         for v in range(versions):
-            state = JobState(spec, False, False, 1, v, v, 3_600_000, tuple(run_ids), (), (), v)
+            # Each value its own next due time: the newest one tells a complete catch-up.
+            state = JobState(spec, False, False, 1, v, v, due_of(v), tuple(run_ids), (), (), v)
             producer.produce(jobs_topic, key=job_id.encode(), value=JOB_STATE.encode(state))
             for run_id in run_ids:
                 run = RunState(
@@ -65,6 +74,35 @@ def fill(settings: Settings, jobs: int, runs_per_job: int, versions: int) -> Non
             while len(producer) > 100_000:
                 producer.poll(0.05)
     assert producer.flush(120) == 0
+
+
+def scheduler_catch_up(settings: Settings, jobs: int, versions: int) -> tuple[float, float]:
+    """(seconds until the group assigned every partition to a fresh scheduler, seconds
+    from then until it holds every one of the `jobs` with its newest due time: its
+    catch-up, whatever way it reads)."""
+    node = Scheduler(settings, "bench-restore", clock=lambda: 0)
+    started = time.monotonic()
+    assigned = 0.0
+    newest = due_of(versions - 1)
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+        while time.monotonic() - started < 600:
+            timers = list(node.timers.values())
+            if not assigned and len(timers) == settings.partitions:
+                assigned = time.monotonic()
+            held = sum(len(t.fires) for t in timers)
+            if (
+                assigned
+                and held == jobs
+                and all(d == newest for t in timers for d in t.fires.due.values())
+            ):
+                return assigned - started, time.monotonic() - assigned
+            time.sleep(0.05)
+        raise AssertionError("the scheduler never caught up")
+    finally:
+        node.stop()
+        thread.join(30)
 
 
 def main() -> None:
@@ -87,6 +125,7 @@ def main() -> None:
                 restore_s = time.monotonic() - started
             finally:
                 ledger.consumer.close()
+            join_s, catch_up_s = scheduler_catch_up(settings, args.jobs, versions)
             held_jobs = sum(len(s.jobs) for s in states.values())
             held_runs = sum(len(s.runs) for s in states.values())
             assert held_jobs == args.jobs, (held_jobs, args.jobs)
@@ -101,6 +140,8 @@ def main() -> None:
                     "fill_s": filled_s,
                     "restore_s": restore_s,
                     "records_per_s": records / restore_s,
+                    "scheduler_join_s": join_s,
+                    "scheduler_catch_up_s": catch_up_s,
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 }
             )

@@ -81,8 +81,8 @@ from streams.core.placement import (
     FairQueue,
     Item,
     WorkerView,
-    best_fit,
     could_ever_fit,
+    spread_fit,
 )
 from streams.core.records import DispatchFailed, DispatchRequest, WorkerAssignment, WorkerLost
 from streams.core.spec import Resources
@@ -112,6 +112,10 @@ class DispatcherConfig:
     reservation_ms: int = 35_000
     settle_s: float = 10.0  # know the workers this long before failing a run as unplaceable
     history_s: float = 30.0  # heartbeats read back at start-up
+    # Runs placed on one worker to start in the same second before the next fitting
+    # worker is preferred (placement.spread_fit): a burst is spread over the workers'
+    # start loops instead of queueing behind the tightest fit's.
+    spread_starts_above: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +243,9 @@ class Dispatcher:
         self.workers: dict[str, WorkerInfo] = {}
         self.queue = FairQueue()
         self.pending: dict[str, DispatchRequest] = {}
+        # second -> worker_id -> runs this dispatcher placed there to start in it (the
+        # last minute's): what spreads a burst (DispatcherConfig.spread_starts_above).
+        self.placed: dict[int, dict[str, int]] = {}
         self.origin: dict[str, tuple[int, int]] = {}  # pending key -> (partition, offset)
         self.progress = Progress()
         self.committed: dict[int, int] = {}
@@ -513,7 +520,13 @@ class Dispatcher:
             # holds the booking of that placement: not there again until its next
             # heartbeat says what it has free.
             candidates = [w.view(start) for w in alive if key not in w.reserved]
-            chosen = best_fit(item.need, candidates)
+            second = start // 1000
+            chosen = spread_fit(
+                item.need,
+                candidates,
+                self.placed.get(second, {}),
+                self.config.spread_starts_above,
+            )
             if chosen is None:
                 return False
             self._assign(
@@ -547,6 +560,8 @@ class Dispatcher:
         self, request: DispatchRequest, worker_id: str, now: int, where: tuple[int, int] | None
     ) -> None:
         info = self.workers[worker_id]
+        placed = self.placed.setdefault(request.not_before_ms // 1000, {})
+        placed[worker_id] = placed.get(worker_id, 0) + 1
         info.reserve(
             (request.run_id, request.attempt),
             request.resources,
@@ -562,6 +577,8 @@ class Dispatcher:
         )
 
     def _expire(self, now: int) -> None:
+        for second in [s for s in self.placed if s < now // 1000 - 60]:
+            del self.placed[second]
         for info in self.workers.values():
             for key, (_, until, _) in list(info.reserved.items()):
                 if until <= now:

@@ -17,6 +17,14 @@ Vocabulary:
   it uses up most tightly. Smaller is a better (tighter) fit; ties go to the smallest
   worker_id.
 
+- **Spreading starts** (`spread_fit`, what the dispatcher uses): best fit packs runs onto
+  the tightest worker, which is right for resources but not for a burst whose runs all fit
+  one worker: that worker's one loop starts them one after another (some 750 process
+  starts a second per executor) while the others idle. So a worker that already has
+  `spread_above` runs placed to start in the run's second is passed over while a fitting
+  worker has fewer; when every fitting worker has that many, the one with the fewest takes
+  it (then the best fit): the burst is dealt out evenly.
+
 - **Item size** (`item_size`, used to order batches): the dominant share
   ``max(cpu / scale.cpu, memory_mb / scale.memory_mb, gpu / scale.gpu)`` where `scale` is the
   componentwise maximum of the workers' total capacities (a term whose scale is 0 counts 0).
@@ -115,6 +123,25 @@ def best_fit(need: Resources, workers: Iterable[WorkerView]) -> WorkerView | Non
         if best_key is None or key < best_key:
             best, best_key = worker, key
     return best
+
+
+def spread_fit(
+    need: Resources, workers: Iterable[WorkerView], starts: Mapping[str, int], spread_above: int
+) -> WorkerView | None:
+    """`best_fit` among the fitting workers with fewer than `spread_above` runs placed to
+    start in the run's second (`starts`: worker_id -> that count); when none has fewer,
+    the fitting worker with the fewest, ties by leftover score then worker_id (module
+    docstring). None when no worker fits now."""
+    fitting = [w for w in workers if w.admits(need)]
+    under = [w for w in fitting if starts.get(w.worker_id, 0) < spread_above]
+    if under:
+        return best_fit(need, under)
+    if not fitting:
+        return None
+    return min(
+        fitting,
+        key=lambda w: (starts.get(w.worker_id, 0), *leftover_score(need, w), w.worker_id),
+    )
 
 
 def could_ever_fit(need: Resources, workers: Iterable[WorkerView]) -> bool:

@@ -22,6 +22,7 @@ from streams.core.placement import (
     labels_match,
     leftover_score,
     place_batch,
+    spread_fit,
 )
 from streams.core.spec import Resources
 
@@ -693,3 +694,49 @@ def test_fair_queue_weights_share_turns_proportionally(wa: int, wb: int) -> None
     counts = Counter(i.owner for i in first)
     assert abs(counts["A"] - 10 * wa) <= 1
     assert abs(counts["B"] - 10 * wb) <= 1
+
+
+# -- spreading a burst's starts ------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    resources_st,
+    workers_st(),
+    st.lists(st.integers(min_value=0, max_value=8), min_size=8, max_size=8),
+    st.integers(min_value=0, max_value=6),
+)
+def test_spread_fit_is_best_fit_below_the_threshold_and_never_piles_on(
+    n: Resources, workers: list[WorkerView], counts: list[int], spread_above: int
+) -> None:
+    starts = {w.worker_id: counts[i % len(counts)] for i, w in enumerate(workers)}
+    chosen = spread_fit(n, workers, starts, spread_above)
+    fitting = [w for w in workers if w.admits(n)]
+    assert (chosen is None) == (best_fit(n, workers) is None)
+    if chosen is None:
+        return
+    assert chosen.admits(n)
+    under = [w for w in fitting if starts[w.worker_id] < spread_above]
+    if under:
+        assert chosen == best_fit(n, under)
+    else:  # every fitting worker at the threshold: one of the least loaded
+        assert starts[chosen.worker_id] == min(starts[w.worker_id] for w in fitting)
+    if all(c < spread_above for c in starts.values()):
+        assert chosen == best_fit(n, workers)
+
+
+@given(st.integers(min_value=1, max_value=5), st.integers(min_value=1, max_value=400))
+def test_a_burst_that_fits_one_worker_is_dealt_out_evenly(workers: int, runs: int) -> None:
+    """Every run fits the first worker; past the threshold the others take their turns, and
+    no worker ends more than one start above another's (beyond the threshold)."""
+    fleet = [worker(f"w{i}", 1000, 10**6) for i in range(workers)]
+    starts: dict[str, int] = {}
+    for _ in range(runs):
+        chosen = spread_fit(need(0.01, 1), fleet, starts, 10)
+        assert chosen is not None
+        starts[chosen.worker_id] = starts.get(chosen.worker_id, 0) + 1
+    assert sum(starts.values()) == runs
+    if runs > 10 * workers:
+        assert max(starts.values()) - min(starts.values()) <= 1
+    else:
+        assert max(starts.values()) <= 10

@@ -26,7 +26,6 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from projections.audit_replay import run_audit
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE
-from streams.core.commands import UpsertJob, validate_command
 from streams.core.records import FireProposed, JobState, JobUpserted, LedgerInput, RunState
 from streams.kafka import (
     TRANSACTION_TIMEOUT_MS,
@@ -38,6 +37,7 @@ from streams.ledger import Ledger, LedgerStats
 from streams.settings import Settings
 from streams.topics import delete_topics, ensure_topics
 from tests.support.nodes import EventReader
+from tests.support.specs import upsert
 
 pytestmark = pytest.mark.integration
 
@@ -53,21 +53,6 @@ def fresh(settings: Settings) -> Iterator[Settings]:
     ensure_topics(own)
     yield own
     delete_topics(own)
-
-
-def _spec(job_id: str, **extra: object) -> UpsertJob:
-    command = validate_command(
-        {
-            "type": "job.upsert",
-            "job_id": job_id,
-            "owner": "o",
-            "schedule": {"every": "1s"},
-            "command": ["true"],
-            **extra,
-        }
-    )
-    assert isinstance(command, UpsertJob)
-    return command
 
 
 def _produce(settings: Settings, inputs: list[tuple[str, LedgerInput]]) -> None:
@@ -104,7 +89,7 @@ def _backlog(settings: Settings, jobs: int, prefix: str) -> tuple[int, list[str]
     registered = (int(time.time()) - OUTAGE_S) * 1000
     ids = [f"{prefix}-{i:03d}" for i in range(jobs)]
     inputs: list[tuple[str, LedgerInput]] = [
-        (job_id, JobUpserted(_spec(job_id, misfire="run_all").spec, registered)) for job_id in ids
+        (job_id, JobUpserted(upsert(job_id, misfire="run_all").spec, registered)) for job_id in ids
     ]
     now = int(time.time() * 1000)
     inputs += [(job_id, FireProposed(job_id, registered + 1000, now, "test")) for job_id in ids]
@@ -204,7 +189,7 @@ def test_a_full_producer_queue_is_drained_not_fatal(fresh: Settings) -> None:
 
 
 def _job_state(job_id: str, fired_ms: int) -> JobState:
-    spec = _spec(job_id).spec
+    spec = upsert(job_id).spec
     return JobState(
         spec=spec,
         paused=False,

@@ -5,17 +5,16 @@ compacted topics still hold), then follows new writes record by record."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
-from streams.core.commands import UpsertJob, validate_command
 from streams.core.records import JobState, RunState
 from streams.scheduler import Scheduler
 from streams.settings import Settings
+from tests.support.specs import upsert
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 NOW = 1_800_000_000_000  # the scheduler's clock: before every due time below
@@ -23,16 +22,7 @@ PARTITION = 1
 
 
 def state(job_id: str, next_due: int) -> bytes:
-    command = validate_command(
-        {
-            "type": "job.upsert",
-            "job_id": job_id,
-            "owner": "o",
-            "schedule": {"every": "1h"},
-            "command": ["true"],
-        }
-    )
-    assert isinstance(command, UpsertJob)
+    command = upsert(job_id, schedule={"every": "1h"})
     job = JobState(command.spec, False, False, 0, 0, 0, next_due, (), (), (), 1)
     return JOB_STATE.encode(job)
 
@@ -50,15 +40,6 @@ def write(settings: Settings, records: list[tuple[str, bytes, bytes | None]]) ->
     for topic, key, value in records:
         producer.produce(settings.topic(topic), key=key, value=value, partition=PARTITION)
     assert producer.flush(30) == 0
-
-
-def until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_catch_up_keeps_the_newest_value_then_follows(topics: Settings) -> None:
@@ -85,14 +66,14 @@ def test_catch_up_keeps_the_newest_value_then_follows(topics: Settings) -> None:
             timers = node.timers.get(PARTITION)
             return timers is not None and not timers.backlog and bool(timers.fires.due)
 
-        until(caught_up, "the catch-up of partition 1")
+        eventually(caught_up, "the catch-up of partition 1", 30)
         timers = node.timers[PARTITION]
         assert timers.fires.due == {"a": due}
         assert set(timers.runs) == {"a@x"}
         assert timers.deadlines.get("a@x") == due + 9
         # From now on record by record: a new value is learned as it comes.
         write(topics, [("jobs", b"a", state("a", due + 60_000))])
-        until(lambda: timers.fires.due.get("a") == due + 60_000, "the new value of a")
+        eventually(lambda: timers.fires.due.get("a") == due + 60_000, "the new value of a", 30)
     finally:
         node.stop()
         thread.join(30)

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
-from streams.core.commands import UpsertJob, validate_command
 from streams.core.records import JobState, RunState
 from streams.ledger import Ledger, PartitionState
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
+from tests.support.specs import upsert
 
 pytestmark = pytest.mark.integration
 
@@ -134,16 +134,7 @@ def test_ledger_restore_waits_for_a_transaction_still_open(topics: Settings) -> 
     owner's transaction whose markers were still being written was left out while its
     offsets committed: the new owner re-created that batch's runs. The restore must
     include every transaction that began before it, once resolved."""
-    spec = validate_command(
-        {
-            "type": "job.upsert",
-            "job_id": "job-a",
-            "owner": "o",
-            "schedule": {"every": "1s"},
-            "command": ["true"],
-        }
-    )
-    assert isinstance(spec, UpsertJob)
+    spec = upsert("job-a")
     state = JobState(spec.spec, False, False, 0, 0, 123_000, None, (), (), (), 7)
     producer = _transactional(topics, f"restore-{uuid.uuid4().hex[:6]}")
     producer.begin_transaction()
@@ -166,16 +157,7 @@ def test_a_restore_holds_the_newest_value_of_each_key(topics: Settings) -> None:
     segment is never compacted): a restore must end with each key's newest value,
     without a key whose newest record is a tombstone, and leave the cyclic collector
     as it found it, with what it restored frozen (not scanned by full collections)."""
-    spec = validate_command(
-        {
-            "type": "job.upsert",
-            "job_id": "job-v",
-            "owner": "o",
-            "schedule": {"every": "1s"},
-            "command": ["true"],
-        }
-    )
-    assert isinstance(spec, UpsertJob)
+    spec = upsert("job-v")
     mine = 1  # the zombie test leaves raw (non-Avro) records in 2, the open-transaction test uses 0
     producer = Producer({"bootstrap.servers": topics.kafka})
     jobs, runs = topics.topic("jobs"), topics.topic("runs")

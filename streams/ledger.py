@@ -466,12 +466,10 @@ class Ledger:
     def _read_state_topics(self, partitions: list[int]) -> dict[tuple[str, int], dict[str, bytes]]:
         """(topic, partition) -> key -> the newest value's bytes, for `jobs` and `runs`,
         read to the log's real end (`_restore_all` says why and how long)."""
-        raw: dict[tuple[str, int], dict[str, bytes]] = {
-            (topic, p): {}
-            for topic in (self.topics["jobs"], self.topics["runs"])
-            for p in partitions
-        }
         jobs_topic, runs_topic = self.topics["jobs"], self.topics["runs"]
+        raw: dict[tuple[str, int], dict[str, bytes]] = {
+            (topic, p): {} for topic in (jobs_topic, runs_topic) for p in partitions
+        }
         probe = Consumer(
             consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
         )

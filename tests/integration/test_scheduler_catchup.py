@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
 from streams.core.records import JobState, RunState
-from streams.scheduler import Scheduler
+from streams.scheduler import CATCH_UP_MAX_S, Scheduler
 from streams.settings import Settings
 from tests.support.specs import upsert
 from tests.support.waiting import eventually
@@ -78,3 +78,25 @@ def test_catch_up_keeps_the_newest_value_then_follows(topics: Settings) -> None:
         node.stop()
         thread.join(30)
     assert not thread.is_alive()
+
+
+def test_a_catch_up_that_never_sees_the_end_goes_on_record_by_record(topics: Settings) -> None:
+    """Should the end of a partition never be reported, the catch-up still ends after
+    CATCH_UP_MAX_S: what it kept is learned, and later records are followed one by one."""
+    node = Scheduler(topics, "catchup-cap", clock=lambda: NOW)
+    try:
+        timers = node._fresh_timers()
+        node.timers[PARTITION] = timers
+        due = NOW + 3_600_000
+        timers.backlog[node.jobs_topic]["a"] = state("a", due)
+        timers.backlog[node.runs_topic]["a@x"] = run("a@x", due)
+        node._cap_catch_ups()
+        assert timers.backlog, "ended before its time"
+        timers.since -= CATCH_UP_MAX_S + 1
+        node._cap_catch_ups()
+        assert not timers.backlog
+        assert timers.fires.due == {"a": due}
+        assert timers.deadlines.get("a@x") == due
+    finally:
+        node.consumer.close()
+        node.beats.close()

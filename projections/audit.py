@@ -424,6 +424,10 @@ class _Job:
     # scheduled_ms -> (run_id, created at_ms, partition, offset) of non-manual runs
     fires: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)
     live: int = 0  # runs seen that are not final
+    # Of those, the runs claimed and not started (`dispatched`): the ledger cancels such a
+    # run only once its holder answers the stop order, so `replace` creates the new run
+    # beside them.
+    claimed: int = 0
     forbid: bool = False  # the newest spec's concurrency is `forbid`
     # (scheduled_ms, at_ms) of every final transition of a non-manual run, at_ms negated
     # minus one when not succeeded: the outcomes it notifies to its dependents.
@@ -695,6 +699,7 @@ class Auditor:
                     run.since_ms = e.at_ms  # a rerun, a revival: a new life
             elif state in FINAL_STATES:
                 job.live -= 1
+            job.claimed += (state == "dispatched") - (run.state == "dispatched")
             run.seq, run.state, run.attempt = seq, state, attempt
             run.partition, run.offset = partition, offset
 
@@ -720,9 +725,13 @@ class Auditor:
                 ok = e.state == "succeeded"
                 job.finals.extend((e.scheduled_ms, e.at_ms if ok else -e.at_ms - 1))
         else:
+            # `replace` stops the live runs first: cancelled at once, but for those claimed
+            # and not started, which the ledger cancels when their holder answers.
+            replace = job.spec is not None and job.spec.concurrency == "replace"
+            unstopped = job.live - job.claimed if replace else job.live
             if (
                 creation
-                and job.live
+                and unstopped
                 and e.trigger == "schedule"
                 and e.state in _LIVE_AT_CREATION
                 and job.spec is not None
@@ -734,10 +743,11 @@ class Auditor:
                     e.run_id,
                     partition,
                     offset,
-                    f"created while {job.live} other run(s) of the job were live "
+                    f"created while {unstopped} other run(s) of the job were live "
                     f"(concurrency {job.spec.concurrency})",
                 )
             job.live += 1
+            job.claimed += e.state == "dispatched"
         if e.state == "dispatched":
             run.claimed = _bit(e.attempt)
             self._grant(run, e.attempt, e.worker_id, _HELD)

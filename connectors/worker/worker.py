@@ -439,10 +439,11 @@ class Worker:
             self._drop(attempt)
         elif attempt.phase == "started" and attempt.executor is not None:
             attempt.executor.cancel(attempt.key)
-        # "granted": started this pass, then cancelled through the executor next time
         elif attempt.phase == "granted":
+            # Granted, not yet handed to the executor: given back, which is the answer the
+            # ledger waits for before it records the cancel.
             self.granted = [a for a in self.granted if a is not attempt]
-            self._drop(attempt)
+            self._release(attempt, "cancelled before the start")
 
     # -- execution -------------------------------------------------------------------------
     def _start_granted(self) -> None:

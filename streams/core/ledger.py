@@ -117,6 +117,10 @@ WITHDRAWN_BY_PAUSE = "job paused before the run was due"
 WITHDRAWN_BY_DELETE = "job deleted before the run was due"
 WITHDRAWN_BY_CHANGE = "schedule changed before the run was due"
 WITHDRAWN = frozenset({WITHDRAWN_BY_PAUSE, WITHDRAWN_BY_DELETE, WITHDRAWN_BY_CHANGE})
+# Said of a run cancelled while claimed whose holder started it (or may have) before the
+# stop order reached it: such a firing is never revived.
+STARTED = "it had started"
+MAY_HAVE_STARTED = "it may have started"
 
 
 def _withdrawn(run: RunState) -> bool:
@@ -349,6 +353,7 @@ class _Builder:
             exit_code=exit_code if exit_code is not None else run.exit_code,
             reason=reason,
             seq=run.seq + 1,
+            cancelling="",  # a transition settles a pending cancel (see `_cancel_run`)
         )
         self.runs[run.run_id] = moved
         self.events.append(
@@ -592,8 +597,7 @@ class _Builder:
             if run.state in ("waiting", "due") or (
                 run.state == "dispatched" and start is not None and start > self.at
             ):
-                self._stop_order(run, reason)
-                self._move(run, "cancelled", reason)
+                self._cancel_run(run, reason)
 
     def job_flag(self, inp: JobPaused | JobResumed | JobDeleted, at: int) -> None:
         job = self.job
@@ -641,6 +645,7 @@ class _Builder:
             and run.trigger == "schedule"
             and run.scheduled_ms > at
             and not _withdrawn(run)
+            and run.cancelling not in WITHDRAWN  # withdrawn once its holder answers
         ]
         return min(self.job.fired_ms, max([at, *kept]))
 
@@ -746,6 +751,12 @@ class _Builder:
         spec = self.job.spec
         run_id = scheduled_run_id(spec.job_id, scheduled)
         existing = self.run(run_id)
+        if existing is not None and existing.cancelling in WITHDRAWN:
+            # Withdrawn, but its holder has not answered yet: the firing is wanted after
+            # all, so the run stays. Should the stop order make the holder give the
+            # attempt back, it is dispatched again like any attempt given back.
+            self.runs[run_id] = replace(existing, cancelling="", updated_ms=self.at)
+            return None
         if existing is not None and not _withdrawn(existing):
             return None  # decided once already: one run per (job, scheduled time)
         live = [r for r in (self.run(x) for x in self.job.live_runs) if r and not r.final]
@@ -755,8 +766,7 @@ class _Builder:
             return self._skip(scheduled, "schedule", f"concurrency forbid: {live[0].run_id} live")
         if live and spec.concurrency == "replace":
             for old in live:
-                self._stop_order(old, f"replaced by {run_id}")
-                self._move(old, "cancelled", f"replaced by {run_id}")
+                self._cancel_run(old, f"replaced by {run_id}")
         if existing is not None:
             return self._revive(existing, period_start)
         self._create(scheduled, "schedule", run_id, period_start=period_start)
@@ -941,8 +951,36 @@ class _Builder:
         run = self.run(inp.run_id)
         if run is None or run.final:
             return self.reject("run is not live")
-        self._stop_order(run, "cancelled by request")
-        self._move(run, "cancelled", "cancelled by request")
+        self._cancel_run(run, "cancelled by request")
+
+    def _cancel_run(self, run: RunState, reason: str) -> None:
+        """Cancel a live run. A claimed attempt not reported started may start before the
+        stop order reaches its worker (the order travels through worker-inbox, the start
+        is the worker's own timer): were it cancelled now, that execution would be one the
+        record denies, and a revived firing could run beside it. So it stays `dispatched`
+        with the cancel pending, and the holder's answer settles it: given back (or
+        asking for the claim again, or declared lost) -> cancelled; started -> running,
+        then cancelled (the order stops it); finished -> its outcome. Every other run is
+        cancelled at once (a running one is stopped by the order)."""
+        if run.state == "dispatched" and run.worker_id:
+            if not run.cancelling:
+                self._stop_order(run, reason)
+            elif reason in WITHDRAWN or run.cancelling not in WITHDRAWN:
+                return  # pending already, for a reason as final (a withdrawal may be undone)
+            self.runs[run.run_id] = replace(run, cancelling=reason, updated_ms=self.at)
+            return
+        self._stop_order(run, reason)
+        self._move(run, "cancelled", reason)
+
+    def _settle_cancel(
+        self, run: RunState, started: str = "", exit_code: int | None = None
+    ) -> None:
+        """The holder of an attempt with a cancel pending answered, or was declared lost:
+        the run is cancelled. Given back unstarted, it keeps the cancel's own reason (a
+        withdrawn firing is known by it, and may be revived); if it started, or may have
+        (`started` says which), the reason says so and the firing is never revived."""
+        reason = f"{run.cancelling} ({started})" if started else run.cancelling
+        self._move(run, "cancelled", reason, exit_code=exit_code)
 
     # -- worker traffic ---------------------------------------------------------------
     def _current(self, run_id: str, attempt: int) -> RunState | None:
@@ -969,6 +1007,16 @@ class _Builder:
                 run, "dispatched", "", worker_id=inp.worker_id, deadline=(backstop, "timeout")
             )
             granted, reason = True, ""
+        elif (
+            run is not None
+            and run.worker_id == inp.worker_id
+            and run.state == "dispatched"
+            and run.cancelling
+        ):
+            # The holder asks again (a restarted worker re-asks the claims its journal
+            # holds unanswered): it has not started the attempt, which answers the order.
+            self._settle_cancel(run)
+            granted, reason = False, "cancelled"
         elif run is not None and run.worker_id == inp.worker_id and run.state == "dispatched":
             granted, reason = True, "already granted"  # a repeated claim: answer again
         else:
@@ -1004,7 +1052,13 @@ class _Builder:
             return None
         if run.worker_id != inp.worker_id or run.state != "dispatched":
             return self.reject(f"start by {inp.worker_id} while {run.state} on {run.worker_id}")
-        self._move(run, "running", deadline=(self._timeout_backstop(self.at), "timeout"))
+        pending = run.cancelling
+        running = self._move(run, "running", deadline=(self._timeout_backstop(self.at), "timeout"))
+        if pending:
+            # It started before the stop order reached it: recorded, then cancelled (the
+            # order, already on its way, stops it; sent again for a restarted worker).
+            self._stop_order(running, pending)
+            self._move(running, "cancelled", f"{pending} ({STARTED})")
 
     def _timeout_backstop(self, start: int) -> int:
         return start + int(self.job.spec.timeout_s * 1000) + self.config.timeout_grace_ms
@@ -1018,6 +1072,8 @@ class _Builder:
         if inp.exit_code == 0:
             self._move(run, "succeeded", exit_code=0)
             return None
+        if run.cancelling:  # it ran, and was stopped by the order (or failed): no retry
+            return self._settle_cancel(run, STARTED, exit_code=inp.exit_code)
         reason = inp.error or (
             f"exit code {inp.exit_code}" if inp.exit_code is not None else "killed"
         )
@@ -1067,6 +1123,8 @@ class _Builder:
         """A claimed attempt that never started goes back to `due`, the same attempt (no
         retry is consumed), unclaimed, with a fresh claim deadline and a new dispatch
         request that keeps its start time (as the claim deadline's re-dispatch does)."""
+        if run.cancelling:
+            return self._settle_cancel(run)
         start = self._not_before(run)
         not_before = self.at if start is None else max(start, self.at)
         self._due(run, run.attempt, not_before, reason)
@@ -1098,6 +1156,8 @@ class _Builder:
     def _fail_attempt(
         self, run: RunState, reason: str, *, retry_allowed: bool, exit_code: int | None = None
     ) -> None:
+        if run.cancelling:
+            return self._settle_cancel(run, MAY_HAVE_STARTED, exit_code=exit_code)
         retry = self.job.spec.retry
         if retry_allowed and run.attempt < retry.max_attempts:
             backoff_s = min(

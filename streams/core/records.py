@@ -316,6 +316,12 @@ class RunState:
     # The current attempt's start time (`not_before_ms` of its dispatch): no worker starts
     # it earlier. None in states written before this field existed.
     not_before_ms: int | None = None
+    # Why the run is to be cancelled, once its holder answers the stop order sent for the
+    # claimed attempt ("" when no cancel is pending). A claimed attempt that has not been
+    # reported started may still start before the order reaches its worker, so the ledger
+    # never ends it on its own word: the holder's answer (given back, started, finished)
+    # or the loss of the worker ends it, and so no execution escapes the record.
+    cancelling: str = ""
 
     @property
     def final(self) -> bool:

@@ -770,19 +770,54 @@ def test_the_worker_reports_of_a_clean_history_are_all_sanctioned() -> None:
     assert report.unjudged_reports == 0
 
 
+def forged_cancel(led: Ledger, run_id: str, at: int) -> None:
+    """What a ledger that cancelled a claimed attempt on its own word would have written
+    (this ledger waits for the holder's answer, so the audit's rule is tested on a forged
+    history: it is there for old logs and for a ledger that goes wrong)."""
+    last = [e for e in led.w.events if isinstance(e, RunEvent) and e.run_id == run_id][-1]
+    seq = int(last.event_id.rsplit("#", 1)[1]) + 1
+    led.w.events.append(
+        replace(last, event_id=f"{run_id}#{seq}", state="cancelled", at_ms=at, reason="forged")
+    )
+
+
 def test_a_start_after_the_ledger_cancelled_the_attempt_is_unsanctioned() -> None:
     t = T0 + HOUR
     led, run_id = one_run()
     claimed(led, run_id, "w1", t - 9_000)
-    led.w.apply(CancelRequested("j", run_id, t - 1_000))
-    assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))  # rejected
-    assert led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))  # rejected
+    forged_cancel(led, run_id, t - 1_000)
+    # The reports, not applied to the real ledger (which never cancelled the claim).
+    led.reports.append(RunStarted("j", run_id, 1, "w1", t + 300))
+    led.reports.append(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000))
     report = check_all(led.events(), led.reports, now_ms=t + MIN)
     assert kinds(report) == {"unsanctioned_execution": 1}  # one execution, two reports
     (v,) = report.violations
     assert (v.source, v.partition, v.offset, v.run_id) == ("job-log", 0, 1, run_id)
     assert "w1 started attempt 1: it held the attempt" in v.detail
     assert "the claim was cancelled at" in v.detail
+
+
+def test_a_cancel_of_a_claimed_attempt_waits_for_its_holder_and_audits_clean() -> None:
+    """The ledger's side of the rule above: a cancel of a claimed attempt is settled by
+    its holder's answer, so a start that raced the stop order is on the record."""
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    order = led.w.apply(CancelRequested("j", run_id, t - 1_000)).replies
+    assert [(type(o).__name__, o.worker_id) for o in order] == [("CancelOrder", "w1")]
+    assert (led.w.runs[run_id].state, led.w.runs[run_id].cancelling) == (
+        "dispatched",
+        "cancelled by request",
+    )
+    assert not led.report(RunStarted("j", run_id, 1, "w1", t + 300))  # before the order came
+    assert [e.state for e in led.w.events if isinstance(e, RunEvent)][-2:] == [
+        "running",
+        "cancelled",
+    ]
+    assert led.w.runs[run_id].reason == "cancelled by request (it had started)"
+    assert led.report(RunFinished("j", run_id, 1, "w1", None, "cancelled", t + 400))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert report.clean, report.violations
 
 
 @pytest.mark.parametrize("end", ["cancel", "lost"])
@@ -793,13 +828,18 @@ def test_an_execution_under_way_when_the_ledger_ended_the_claim_is_covered(end: 
     led, run_id = one_run()
     claimed(led, run_id, "w1", t - 9_000)
     if end == "cancel":
-        led.w.apply(CancelRequested("j", run_id, t + 5_000))
+        forged_cancel(led, run_id, t + 5_000)
+        led.reports.append(RunStarted("j", run_id, 1, "w1", t + 300))
     else:
         led.w.apply(WorkerLost("j", run_id, 1, "w1", t + 5_000))
-    assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+        assert led.report(RunStarted("j", run_id, 1, "w1", t + 300))
     code = 0 if end == "cancel" else None  # stopped by the cancel; fenced before the verdict
     error = "" if end == "cancel" else "fenced: the worker could not prove it was alive"
-    assert led.report(RunFinished("j", run_id, 1, "w1", code, error, t + 4_000 + 2 * SEC))
+    finished = RunFinished("j", run_id, 1, "w1", code, error, t + 4_000 + 2 * SEC)
+    if end == "cancel":
+        led.reports.append(finished)
+    else:
+        assert led.report(finished)
     report = check_all(led.events(), led.reports, now_ms=t + MIN)
     assert report.clean, report.violations
     # An exit after the verdict: it was still running when the ledger declared it lost.

@@ -124,6 +124,7 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "exit_code": exit_codes,
     "error": text,
     "reason": text,
+    "cancelling": text,
     "kind": st.sampled_from(get_args(DeadlineKind)),
     "trigger": st.sampled_from(get_args(Trigger)),
     "state": st.sampled_from(get_args(RunStateName)),
@@ -353,13 +354,26 @@ def test_a_run_state_keeps_its_start_time_and_old_states_read_without_it() -> No
     state = dataclasses.replace(RUN_STATE_SAMPLE, not_before_ms=1_500)
     assert RUN_STATE.decode(RUN_STATE.encode(state)) == state
     # A state written by the previous schema version (no not_before_ms) reads as None.
-    previous = RUN_STATE.schema.versions[-2]
+    previous = RUN_STATE.schema.versions[-3]
     assert "not_before_ms" not in [f["name"] for f in previous.schema["fields"]]
     buffer = io.BytesIO()
     buffer.write(previous.header)
-    old = {k: v for k, v in RUN_STATE.to_avro(RUN_STATE_SAMPLE).items() if k != "not_before_ms"}
+    newer = ("not_before_ms", "cancelling")
+    old = {k: v for k, v in RUN_STATE.to_avro(RUN_STATE_SAMPLE).items() if k not in newer}
     schemaless_writer(buffer, previous.parsed, old)
     assert RUN_STATE.decode(buffer.getvalue()) == RUN_STATE_SAMPLE
+
+
+def test_a_run_state_keeps_its_pending_cancel_and_older_states_have_none() -> None:
+    state = dataclasses.replace(RUN_STATE_SAMPLE, cancelling="job paused before the run was due")
+    assert RUN_STATE.decode(RUN_STATE.encode(state)) == state
+    previous = RUN_STATE.schema.versions[-2]
+    assert "cancelling" not in [f["name"] for f in previous.schema["fields"]]
+    buffer = io.BytesIO()
+    buffer.write(previous.header)
+    old = {k: v for k, v in RUN_STATE.to_avro(state).items() if k != "cancelling"}
+    schemaless_writer(buffer, previous.parsed, old)
+    assert RUN_STATE.decode(buffer.getvalue()) == dataclasses.replace(state, cancelling="")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from streams.core.ids import manual_run_id, scheduled_run_id
-from streams.core.ledger import LedgerConfig
+from streams.core.ledger import WITHDRAWN_BY_DELETE, WITHDRAWN_BY_PAUSE, LedgerConfig
 from streams.core.records import (
     CancelRequested,
     ClaimReply,
@@ -24,6 +24,7 @@ from streams.core.records import (
     RerunRequested,
     RunFinished,
     RunNowRequested,
+    RunReleased,
     RunStarted,
     WorkerLost,
 )
@@ -252,8 +253,13 @@ def test_pause_cancels_runs_created_ahead_for_after_the_pause() -> None:
     w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 10_000, "a"))  # pre-dispatched
     w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 9_000))
     decision = w.apply(JobPaused("j", T0 + MIN - 5_000))
-    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
     assert [r.worker_id for r in decision.replies] == ["w1"]  # told to drop it
+    # Cancelled when the holder answers: it gives the attempt back.
+    assert w.runs[rid(T0 + MIN)].cancelling == WITHDRAWN_BY_PAUSE
+    assert w.states(rid(T0 + MIN)) == ["due", "dispatched"]
+    w.apply(given_back(T0 + MIN - 4_990))
+    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
+    assert w.runs[rid(T0 + MIN)].reason == WITHDRAWN_BY_PAUSE
 
 
 def test_delete_cancels_waiting_runs_and_stops_the_job() -> None:
@@ -270,8 +276,97 @@ def test_delete_cancels_runs_claimed_ahead_of_their_time() -> None:
     w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 40_000, "a"))  # looked ahead
     w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 39_000))
     decision = w.apply(JobDeleted("j", T0 + MIN - 30_000))
-    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
     assert [r.worker_id for r in decision.replies] == ["w1"]  # told to drop it
+    assert w.runs[rid(T0 + MIN)].cancelling == WITHDRAWN_BY_DELETE
+    w.apply(given_back(T0 + MIN - 29_990))
+    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
+    assert w.runs[rid(T0 + MIN)].reason == WITHDRAWN_BY_DELETE
+
+
+def given_back(at: int) -> RunReleased:
+    """w1 gives run T0+MIN back, as a worker does on a stop order before the start."""
+    return RunReleased("j", rid(T0 + MIN), 1, "w1", "cancelled before the start", at)
+
+
+def paused_while_claimed() -> World:
+    """Run T0+MIN claimed by w1 45 s ahead, then the job paused: a cancel is pending."""
+    w = world()
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 45_000, "a"))
+    w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 44_000))
+    w.apply(JobPaused("j", T0 + MIN - 30_000))
+    assert w.runs[rid(T0 + MIN)].cancelling == WITHDRAWN_BY_PAUSE
+    return w
+
+
+def test_a_start_that_raced_the_stop_order_is_recorded_then_cancelled() -> None:
+    w = paused_while_claimed()
+    decision = w.apply(RunStarted("j", rid(T0 + MIN), 1, "w1", T0 + MIN))
+    assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "running", "cancelled"]
+    assert w.runs[rid(T0 + MIN)].reason == f"{WITHDRAWN_BY_PAUSE} (it had started)"
+    assert [type(r).__name__ for r in decision.replies] == ["CancelOrder"]  # again
+    # It ran: a resume does not revive it (one run per firing).
+    w.apply(JobResumed("j", T0 + MIN + 1_000))
+    assert not w.apply(FireProposed("j", T0 + MIN, T0 + MIN + 2_000, "a")).runs
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        RunFinished("j", rid(T0 + MIN), 1, "w1", 0, "", T0 + MIN + 500),
+        RunFinished("j", rid(T0 + MIN), 1, "w1", 3, "", T0 + MIN + 500),
+        RunFinished("j", rid(T0 + MIN), 1, "w1", None, "cancelled", T0 + MIN + 500),
+        WorkerLost("j", rid(T0 + MIN), 1, "w1", T0 + MIN + 20_000),
+    ],
+)
+def test_an_outcome_settles_a_pending_cancel_without_a_retry(answer: object) -> None:
+    w = paused_while_claimed()
+    w.apply(answer)  # type: ignore[arg-type]
+    run = w.runs[rid(T0 + MIN)]
+    if isinstance(answer, RunFinished) and answer.exit_code == 0:
+        assert run.state == "succeeded"  # it ran to its end before the order came
+    else:
+        assert run.state == "cancelled"
+        assert run.reason.startswith(WITHDRAWN_BY_PAUSE + " (it ")  # never revived
+    assert run.attempt == 1
+
+
+def test_a_verdict_before_the_start_time_settles_it_as_withdrawn() -> None:
+    w = paused_while_claimed()
+    w.apply(WorkerLost("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 20_000))
+    assert (w.runs[rid(T0 + MIN)].state, w.runs[rid(T0 + MIN)].reason) == (
+        "cancelled",
+        WITHDRAWN_BY_PAUSE,
+    )
+
+
+def test_the_holder_asking_again_settles_it_and_is_refused() -> None:
+    w = paused_while_claimed()
+    replies = w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 29_000)).replies
+    assert [(r.granted, r.reason) for r in replies if isinstance(r, ClaimReply)] == [
+        (False, "cancelled")
+    ]
+    assert w.runs[rid(T0 + MIN)].state == "cancelled"
+
+
+def test_a_resume_before_the_answer_keeps_the_run() -> None:
+    w = paused_while_claimed()
+    w.apply(JobResumed("j", T0 + MIN - 20_000))
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 15_000, "a"))
+    run = w.runs[rid(T0 + MIN)]
+    assert (run.state, run.attempt, run.cancelling) == ("dispatched", 1, "")
+    # The stop order still reaches the worker, which gives the attempt back: dispatched
+    # again, as any attempt given back.
+    w.apply(given_back(T0 + MIN - 14_000))
+    assert (w.runs[rid(T0 + MIN)].state, w.runs[rid(T0 + MIN)].attempt) == ("due", 1)
+
+
+def test_a_cancel_by_request_overrides_a_pending_withdrawal() -> None:
+    w = paused_while_claimed()
+    assert not w.apply(CancelRequested("j", rid(T0 + MIN), T0 + MIN - 25_000)).replies
+    assert w.runs[rid(T0 + MIN)].cancelling == "cancelled by request"
+    w.apply(JobResumed("j", T0 + MIN - 20_000))
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 15_000, "a"))
+    assert w.runs[rid(T0 + MIN)].cancelling == "cancelled by request"  # not undone
 
 
 def test_run_now_and_rerun_are_idempotent_on_request_id() -> None:

@@ -21,6 +21,7 @@ from streams.core.records import (
     JobUpserted,
     RunFinished,
     RunNowRequested,
+    RunReleased,
     RunStarted,
     UpstreamFinished,
 )
@@ -211,6 +212,7 @@ def test_pause_then_resume_before_the_firing_revives_it() -> None:
     run_id = scheduled_run_id("j", t)
     w.apply(ClaimRequested("j", run_id, 1, "w1", t - 9 * S))
     w.apply(JobPaused("j", t - 8 * S))
+    w.apply(RunReleased("j", run_id, 1, "w1", "cancelled before the start", t - 7 * S))
     assert (w.runs[run_id].state, w.runs[run_id].reason) == ("cancelled", WITHDRAWN_BY_PAUSE)
     w.apply(JobResumed("j", t - 5 * S))
     assert w.jobs["j"].next_due_ms == t

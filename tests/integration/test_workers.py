@@ -100,9 +100,9 @@ def test_one_run_per_firing_across_three_workers(
     cut_short = set(ran) - succeeded
     assert len(cut_short) <= 1
     for run_id in cut_short:
-        states = [e.state for e in runs_by_id(events)[run_id]]
+        path = [e.state for e in runs_by_id(events)[run_id]]
         last = runs_by_id(events)[run_id][-1]
-        assert states[-2:] == ["running", "cancelled"], states
+        assert path[-2:] == ["running", "cancelled"], path
         assert last.reason == "job paused before the run was due (it had started)"
     assert len(succeeded) >= 8
     workers = {

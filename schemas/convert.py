@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar, cast
 
 from streams.core.records import (
     BackfillRequested,
@@ -56,6 +56,7 @@ from streams.core.spec import (
 NAMESPACE = "dev.cronlog"
 AvroDict: TypeAlias = dict[str, Any]
 Named: TypeAlias = tuple[str, AvroDict]  # fastavro's union tuple notation
+T = TypeVar("T")
 
 CRON = f"{NAMESPACE}.CronSchedule"
 EVERY = f"{NAMESPACE}.EverySchedule"
@@ -77,14 +78,35 @@ def schedule_to_avro(schedule: Schedule) -> Named | None:
     return AT, {"at_ms": schedule.at_ms}
 
 
+# Decoded values that many jobs have in common (an owner, a cron expression and time
+# zone, a command, the default resources and retry policy) are kept once and shared by
+# every spec that has them: the ledger holds every registered job's spec in memory, and
+# a fresh copy of each part per job was more than half of a job's ~1.1 KB. All of them
+# are immutable (frozen records, tuples, strings). Bounded: beyond `_SHARED_MAX` distinct
+# values new ones are simply not shared.
+_SHARED_MAX: Final = 200_000
+_shared: dict[Any, Any] = {}
+
+
+def shared(value: T) -> T:
+    """The one kept object equal to `value` (`value` itself the first time)."""
+    key = (type(value), value)  # never 1.0 for a 1, nor one record type for another
+    kept = _shared.get(key)
+    if kept is not None:
+        return cast(T, kept)
+    if len(_shared) < _SHARED_MAX:
+        _shared[key] = value
+    return value
+
+
 def schedule_from_avro(value: Named | None) -> Schedule:
     if value is None:
         return None
     name, d = value
     if name == CRON:
-        return CronSchedule(d["expr"], d["timezone"])
+        return shared(CronSchedule(d["expr"], d["timezone"]))
     if name == EVERY:
-        return EverySchedule(d["every_ms"])
+        return shared(EverySchedule(d["every_ms"]))
     if name == AT:
         return AtSchedule(d["at_ms"])
     raise ValueError(f"unknown schedule type {name!r}")
@@ -95,7 +117,7 @@ def resources_to_avro(r: Resources) -> AvroDict:
 
 
 def resources_from_avro(d: AvroDict) -> Resources:
-    return Resources(float(d["cpu"]), d["memory_mb"], d["gpu"], pairs(d["labels"]))
+    return shared(Resources(float(d["cpu"]), d["memory_mb"], d["gpu"], pairs(d["labels"])))
 
 
 def spec_to_avro(s: JobSpec) -> AvroDict:
@@ -128,24 +150,26 @@ def spec_from_avro(d: AvroDict) -> JobSpec:
     retry = d["retry"]
     return JobSpec(
         job_id=d["job_id"],
-        owner=d["owner"],
+        owner=shared(d["owner"]),
         schedule=schedule_from_avro(d["schedule"]),
-        command=tuple(d["command"]),
-        env=pairs(d["env"]),
+        command=shared(tuple(d["command"])),
+        env=shared(pairs(d["env"])),
         resources=resources_from_avro(d["resources"]),
-        timeout_s=float(d["timeout_s"]),
-        retry=RetryPolicy(
-            retry["max_attempts"],
-            float(retry["backoff_s"]),
-            float(retry["backoff_multiplier"]),
-            float(retry["max_backoff_s"]),
+        timeout_s=shared(float(d["timeout_s"])),
+        retry=shared(
+            RetryPolicy(
+                retry["max_attempts"],
+                float(retry["backoff_s"]),
+                float(retry["backoff_multiplier"]),
+                float(retry["max_backoff_s"]),
+            )
         ),
         idempotent=d["idempotent"],
-        depends_on=tuple(d["depends_on"]),
+        depends_on=shared(tuple(d["depends_on"])),
         misfire=d["misfire"],
         concurrency=d["concurrency"],
         dst=d["dst"],
-        jitter_s=float(d["jitter_s"]),
+        jitter_s=shared(float(d["jitter_s"])),
         priority=d["priority"],
     )
 
@@ -286,7 +310,7 @@ def dispatch_from_avro(d: AvroDict) -> DispatchRequest:
         command=tuple(d["command"]),
         env=pairs(d["env"]),
         resources=resources_from_avro(d["resources"]),
-        timeout_s=float(d["timeout_s"]),
+        timeout_s=shared(float(d["timeout_s"])),
         priority=d["priority"],
         scheduled_ms=d["scheduled_ms"],
         not_before_ms=d["not_before_ms"],

@@ -77,11 +77,14 @@ def main() -> None:
             started = time.monotonic()
             for i in range(jobs):
                 job_id = f"reg-{i:07d}"
-                producer.produce(topic, key=job_id.encode(), value=upsert(job_id, i))
+                while True:
+                    try:
+                        producer.produce(topic, key=job_id.encode(), value=upsert(job_id, i))
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.05)
                 if i % 10_000 == 0:
                     producer.poll(0)
-                    while len(producer) > 200_000:
-                        producer.poll(0.05)
             producer.flush(300)
             produced_s = time.monotonic() - started
             peak_rss = 0.0

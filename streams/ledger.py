@@ -80,14 +80,11 @@ produce retried, so a catch-up can never crash the process.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -128,6 +125,7 @@ from streams.kafka import (
     transactional_producer_config,
 )
 from streams.settings import Settings
+from streams.state_table import COLD_AFTER_MS, StateTable
 
 log = logging.getLogger("cronlog.ledger")
 
@@ -147,27 +145,6 @@ POLL_EVERY = 1000
 UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic collector off while a restore builds the state, and what it built
-    frozen afterwards (`gc.freeze`). A restore allocates a few objects per job and run,
-    and the collector would scan the growing heap again and again (a quarter of the time
-    of decoding 300,000 job states, measured in process); afterwards every full
-    collection would scan the whole state (143 ms a pass with 200,000 jobs), though the
-    records hold no cycles: reference counting frees a state the moment a decision
-    replaces it, frozen or not. Objects frozen by an earlier restore are unfrozen first,
-    so whatever of them became garbage in cycles is collected again."""
-    gc.unfreeze()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
-
-
 def record_time(msg: Message) -> tuple[int | None, bool]:
     """(the record's timestamp, whether the broker stamped it): LogAppendTime on a
     migrated job-log; a CreateTime stamp (a topic not migrated) stands in for it; with
@@ -180,10 +157,27 @@ def record_time(msg: Message) -> tuple[int | None, bool]:
     return None, False
 
 
+def _cold(job: JobState) -> bool:
+    """Whether the ledger will not need this job state soon: nothing of it live, and no
+    firing within `COLD_AFTER_MS` of its last decision."""
+    due = job.next_due_ms
+    return not job.live_runs and (due is None or due - job.updated_ms > COLD_AFTER_MS)
+
+
+def _jobs() -> StateTable[JobState]:
+    return StateTable(JOB_STATE.decode)
+
+
+def _runs() -> StateTable[RunState]:
+    return StateTable(RUN_STATE.decode)
+
+
 @dataclass
 class PartitionState:
-    jobs: dict[str, JobState] = field(default_factory=dict)
-    runs: dict[str, RunState] = field(default_factory=dict)
+    """One job-log partition's jobs and runs (held decoded or encoded: `StateTable`)."""
+
+    jobs: StateTable[JobState] = field(default_factory=_jobs)
+    runs: StateTable[RunState] = field(default_factory=_runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,22 +439,23 @@ class Ledger:
         fixed limit would make every rebalance start it over): it fails only when no
         record arrived and no position moved for `restore_stall_s`.
 
-        Only the newest value of each key is decoded, once the end is reached: the
-        compacted topics still hold every value written since their last compaction
-        (the active segment is never compacted), so decoding each record as it came made
-        the restore grow with the history rather than with the state (`bench.restore`:
-        10 values per key took 5.2 times as long as one). The raw bytes of the newest
-        value per key are kept meanwhile; a tombstone drops the key.
+        Nothing is decoded here: the newest value's bytes of each key are kept (a
+        tombstone drops the key) and a state is decoded when the ledger first decides
+        about it (`StateTable`). The compacted topics still hold every value written
+        since their last compaction (the active segment is never compacted), so decoding
+        each record as it came made the restore grow with the history rather than with
+        the state (`bench.restore`: 10 values per key took 5.2 times as long as one), and
+        decoding every newest value made it grow with the registry, though few of its
+        jobs are due in the next minutes.
         """
-        with _collector_paused():
-            raw = self._read_state_topics(partitions)
-            states = {p: PartitionState() for p in partitions}
-            for (topic, partition), values in raw.items():
-                state = states[partition]
-                if topic == self.topics["jobs"]:
-                    state.jobs = {key: JOB_STATE.decode(v) for key, v in values.items()}
-                else:
-                    state.runs = {key: RUN_STATE.decode(v) for key, v in values.items()}
+        raw = self._read_state_topics(partitions)
+        states = {p: PartitionState() for p in partitions}
+        for (topic, partition), values in raw.items():
+            state = states[partition]
+            if topic == self.topics["jobs"]:
+                state.jobs = StateTable(JOB_STATE.decode, values)
+            else:
+                state.runs = StateTable(RUN_STATE.decode, values)
         return states
 
     def _read_state_topics(self, partitions: list[int]) -> dict[tuple[str, int], dict[str, bytes]]:
@@ -688,7 +683,7 @@ class Ledger:
             state.runs[run.run_id] = run
             self._dirty_runs[(partition, run.run_id)] = run
         for run_id in decision.forget:
-            state.runs.pop(run_id, None)
+            state.runs.pop(run_id)
             self._dirty_runs[(partition, run_id)] = None
         for event in decision.events:
             produce(
@@ -716,10 +711,17 @@ class Ledger:
         nothing anyone reads: writing them cost an encoding, a record and a decode each."""
         jobs, runs = self.topics["jobs"], self.topics["runs"]
         for (partition, job_id), job in self._dirty_jobs.items():
-            self._produce(jobs, job_id.encode(), JOB_STATE.encode(job), partition)
+            data = JOB_STATE.encode(job)
+            self._produce(jobs, job_id.encode(), data, partition)
+            state = self.state.get(partition)
+            if state is not None and _cold(job):
+                state.jobs.keep_encoded(job_id, job, data)  # decoded again when next needed
         for (partition, run_id), run in self._dirty_runs.items():
             value = None if run is None else RUN_STATE.encode(run)
             self._produce(runs, run_id.encode(), value, partition)
+            state = self.state.get(partition)
+            if state is not None and value is not None and run is not None and run.final:
+                state.runs.keep_encoded(run_id, run, value)
         self._dirty_jobs.clear()
         self._dirty_runs.clear()
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from projections.audit_replay import run_audit
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE
@@ -248,22 +248,20 @@ def test_offsets_are_fetched_before_state_is_restored(fresh: Settings) -> None:
     assert ledger.state[0].jobs["job-a"].fired_ms == 123_000
 
 
-class _SlowCodec:
-    """RUN_STATE.decode taking a millisecond: a restore that takes long but progresses."""
+class _SlowConsumer(Consumer):
+    """A consumer that hands over at most 50 records a call, ~1 ms each: a slow read."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def decode(self, raw: bytes) -> RunState:
-        time.sleep(0.001)
-        return self.inner.decode(raw)  # type: ignore[no-any-return]
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        messages = super().consume(min(num_messages, 50), timeout)
+        time.sleep(0.001 * len(messages))
+        return messages
 
 
 def test_a_long_restore_that_progresses_is_not_cut_off(
     fresh: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """4,000 run states restored at ~1 ms each (~4 s) with a 1 s stall limit: a fixed
-    limit on the total would fail (and on every rebalance again); progress keeps it."""
+    """4,000 run states read at ~1 ms each (~4 s) with a 1 s stall limit: a fixed limit
+    on the total would fail (and on every rebalance again); progress keeps it."""
     run = RunState(
         run_id="job-a@1000",
         job_id="job-a",
@@ -291,7 +289,7 @@ def test_a_long_restore_that_progresses_is_not_cut_off(
             partition=0,
         )
     assert producer.flush(30) == 0
-    monkeypatch.setattr("streams.ledger.RUN_STATE", _SlowCodec(RUN_STATE))
+    monkeypatch.setattr("streams.ledger.Consumer", _SlowConsumer)
     ledger = Ledger(fresh, node_id=f"slow-{uuid.uuid4().hex[:6]}", restore_stall_s=1.0)
     started = time.monotonic()
     state = ledger._restore(0)

@@ -110,6 +110,7 @@ from schemas.codec import (
     WORKER_INBOX,
     CodecError,
 )
+from schemas.headers import TIMERS_HEADER, encode_timers, job_timers
 from schemas.json import dlq_record
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
@@ -647,7 +648,12 @@ class Ledger:
         return stamp
 
     def _produce(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: int = UNASSIGNED
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int = UNASSIGNED,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
         """produce(), never failing on a full local queue: poll the delivery reports
         (which frees the delivered messages) and retry. If nothing drains within the
@@ -655,7 +661,9 @@ class Ledger:
         waited_until = 0.0
         while True:
             try:
-                self.producer.produce(topic, key=key, value=value, partition=partition)
+                self.producer.produce(
+                    topic, key=key, value=value, partition=partition, headers=headers
+                )
                 break
             except BufferError:
                 self._queue_full += 1
@@ -712,7 +720,10 @@ class Ledger:
         jobs, runs = self.topics["jobs"], self.topics["runs"]
         for (partition, job_id), job in self._dirty_jobs.items():
             data = JOB_STATE.encode(job)
-            self._produce(jobs, job_id.encode(), data, partition)
+            timers: list[tuple[str, str | bytes | None]] = [
+                (TIMERS_HEADER, encode_timers(job_timers(job)))  # for the scheduler
+            ]
+            self._produce(jobs, job_id.encode(), data, partition, timers)
             state = self.state.get(partition)
             if state is not None and _cold(job):
                 state.jobs.keep_encoded(job_id, job, data)  # decoded again when next needed

@@ -62,16 +62,15 @@ from confluent_kafka import (
 )
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
+from schemas.headers import Timers, job_timers, timers_of
 from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.duequeue import DueQueue
 from streams.core.proposals import (
     Allowance,
     FireTimers,
     ProposalPolicy,
-    may_lead,
-    may_look_ahead,
 )
-from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, JobState, RunState
+from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, RunState
 from streams.kafka import GroupWatch, abandon_consumer, consumer_config, producer_config
 from streams.settings import Settings
 
@@ -97,7 +96,7 @@ class PartitionTimers:
     runs: dict[str, tuple[str, int, DeadlineKind]] = field(default_factory=dict)
     # Catching up: topic -> key -> the newest value read so far (None: a tombstone),
     # for the topics whose end has not been reached yet (module docstring).
-    backlog: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
+    backlog: dict[str, dict[str, bytes | Timers | None]] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
 
 
@@ -290,11 +289,16 @@ class Scheduler:
         if timers is None:
             return
         key = (msg.key() or b"").decode()
-        backlog = timers.backlog.get(msg.topic() or "")
+        topic = msg.topic() or ""
+        value: bytes | Timers | None = msg.value()
+        if value is not None and topic == self.jobs_topic:
+            # A job state's timers are in its header (schemas/headers.py): no decoding.
+            value = timers_of(msg.headers()) or value
+        backlog = timers.backlog.get(topic)
         if backlog is not None:
-            backlog[key] = msg.value()  # catching up: decoded once the end is reached
+            backlog[key] = value  # catching up: learnt once the end is reached
             return
-        self._learn(timers, msg.topic() or "", key, msg.value(), msg.partition(), msg.offset())
+        self._learn(timers, topic, key, value, msg.partition(), msg.offset())
 
     def _caught_up(self, partition: int, topic: str) -> None:
         """The end of `topic` in `partition` reached: learn the newest value of each key
@@ -326,21 +330,22 @@ class Scheduler:
         timers: PartitionTimers,
         topic: str,
         key: str,
-        value: bytes | None,
+        value: bytes | Timers | None,
         partition: int | None,
         offset: int | None,
     ) -> None:
         try:
             if topic == self.jobs_topic:
-                job: JobState | None = JOB_STATE.decode(value) if value else None
-                if job is None:
+                if isinstance(value, bytes) and value:  # written without the header
+                    value = job_timers(JOB_STATE.decode(value))
+                if not isinstance(value, Timers):
                     timers.fires.learn(key, None)
                 else:
-                    early = may_look_ahead(job.spec)
                     timers.fires.learn(
-                        key, job.next_due_ms, job.fired_ms, early, lead=may_lead(job.spec)
+                        key, value.next_due_ms, value.fired_ms, value.early, lead=value.lead
                     )
             else:
+                assert not isinstance(value, Timers)  # only job states carry them
                 run: RunState | None = RUN_STATE.decode(value) if value else None
                 if run is None or run.final or run.deadline_ms is None or not run.deadline_kind:
                     timers.deadlines.set(key, None)

@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
+from schemas.headers import TIMERS_HEADER, Timers, encode_timers
 from streams.core.records import JobState, RunState
 from streams.scheduler import CATCH_UP_MAX_S, Scheduler
 from streams.settings import Settings
@@ -100,3 +101,54 @@ def test_a_catch_up_that_never_sees_the_end_goes_on_record_by_record(topics: Set
     finally:
         node.consumer.close()
         node.beats.close()
+
+
+def test_a_job_states_timers_header_is_read_instead_of_its_value(topics: Settings) -> None:
+    """The ledger writes each job state with its timers in a header, and the scheduler
+    reads the header alone; a record without one is decoded (older records). The value
+    here is not even Avro: a scheduler that decoded it would log it as undecodable and
+    learn nothing."""
+    due = NOW + 7_200_000
+    header = encode_timers(Timers(due, 5, True, True))
+    producer = Producer({"bootstrap.servers": topics.kafka})
+    producer.produce(
+        topics.topic("jobs"),
+        key=b"h",
+        value=b"not avro",
+        partition=PARTITION,
+        headers=[(TIMERS_HEADER, header)],
+    )
+    producer.produce(
+        topics.topic("jobs"), key=b"plain", value=state("plain", due), partition=PARTITION
+    )
+    assert producer.flush(30) == 0
+    node = Scheduler(topics, "header-test", clock=lambda: NOW)
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+        eventually(
+            lambda: (
+                (t := node.timers.get(PARTITION)) is not None
+                and not t.backlog
+                and {"h", "plain"} <= set(t.fires.due)
+            ),
+            "both jobs learnt",
+            30,
+        )
+        assert node.timers[PARTITION].fires.due["h"] == due
+        assert node.timers[PARTITION].fires.due["plain"] == due
+        # Followed record by record, the header is read too.
+        newer = encode_timers(Timers(due + 1, 5, True, True))
+        producer.produce(
+            topics.topic("jobs"),
+            key=b"h",
+            value=b"still not avro",
+            partition=PARTITION,
+            headers=[(TIMERS_HEADER, newer)],
+        )
+        assert producer.flush(30) == 0
+        eventually(lambda: node.timers[PARTITION].fires.due["h"] == due + 1, "the newer h", 30)
+    finally:
+        node.stop()
+        thread.join(30)
+    assert not thread.is_alive()

@@ -4,12 +4,14 @@ It follows the ledger's committed state: the compacted `jobs` and `runs` topics
 (read_committed). When the group gives it partition p it reads partition p of both from
 the beginning, which rebuilds that partition's heaps from the committed state, and then
 keeps following new writes; on revocation it drops them. The range assignor hands one
-member the same partition number of both topics. Catching up, it decodes only the newest
-value of each key: until a topic-partition's end is first reached (partition EOF), or
-for `CATCH_UP_MAX_S` at most, it keeps the raw bytes of the newest value per key and
-decodes those at the end. The compacted topics still hold every value written since
-their last compaction (the active segment is never compacted), and decoding each made a
-takeover grow with that history.
+member the same partition number of both topics. A job state is learnt from its
+`cronlog-timers` header (schemas/headers.py) without decoding it. Catching up, it
+decodes only the newest value of each key that needs decoding (run states, job states
+written without the header): until a topic-partition's end is first reached (partition
+EOF), or for `CATCH_UP_MAX_S` at most, it keeps the raw bytes of the newest such value
+per key and decodes those at the end. The compacted topics still hold every value
+written since their last compaction (the active segment is never compacted), and
+decoding each made a takeover grow with that history.
 
 Every tick it proposes to `job-log` what is due: `FireProposed(job, next_due)` up to
 `lead_ms` early (pre-dispatch), earlier within a look-ahead horizon at a bounded rate
@@ -94,9 +96,10 @@ class PartitionTimers:
     fires: FireTimers
     deadlines: DueQueue[str] = field(default_factory=DueQueue)  # run_id -> deadline
     runs: dict[str, tuple[str, int, DeadlineKind]] = field(default_factory=dict)
-    # Catching up: topic -> key -> the newest value read so far (None: a tombstone),
-    # for the topics whose end has not been reached yet (module docstring).
-    backlog: dict[str, dict[str, bytes | Timers | None]] = field(default_factory=dict)
+    # Catching up: topic -> key -> the newest value read so far that needs decoding (a
+    # run state, a job state without the timers header), for the topics whose end has not
+    # been reached yet (module docstring).
+    backlog: dict[str, dict[str, bytes]] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
 
 
@@ -296,8 +299,12 @@ class Scheduler:
             value = timers_of(msg.headers()) or value
         backlog = timers.backlog.get(topic)
         if backlog is not None:
-            backlog[key] = value  # catching up: learnt once the end is reached
-            return
+            if isinstance(value, bytes):
+                backlog[key] = value  # catching up: decoded once the end is reached
+                return
+            # A header or a tombstone costs nothing to learn: learnt now (it supersedes
+            # whatever older value of the key waits in the backlog), not held.
+            backlog.pop(key, None)
         self._learn(timers, topic, key, value, msg.partition(), msg.offset())
 
     def _caught_up(self, partition: int, topic: str) -> None:

@@ -1,12 +1,14 @@
-"""The `timers` header of a job state record: what the scheduler needs of the state.
+"""The headers of state records: what the scheduler needs of a state, beside it.
 
 The scheduler follows the `jobs` topic to know, per job, its next due time, the newest
-time the ledger decided and whether its firings may be proposed early. Decoding the
-whole Avro state for those four values was most of a takeover's catch-up (~25 us a job:
-25 s for 1,000,000 jobs), so the ledger writes them beside the value, in a record header
-of 17 bytes, and the scheduler reads the header alone. A record without the header (one
-written before it existed) is decoded as before. The value stays the one source of
-truth: the header is derived from it by the same ledger write, in the same record.
+time the ledger decided and whether its firings may be proposed early, and the `runs`
+topic for each live run's next deadline. Decoding the whole Avro state for those few
+values was most of a takeover's catch-up (~25 us a job state: 25 s for 1,000,000 jobs),
+so the ledger writes them beside the value, in a record header of 17 bytes
+(`cronlog-timers` on a job state, `cronlog-deadline` on a run state), and the scheduler
+reads the header alone. A record without the header (one written before it existed) is
+decoded as before. The value stays the one source of truth: the header is derived from
+it by the same ledger write, in the same record.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import struct
 from typing import Final, NamedTuple, TypeAlias
 
 from streams.core.proposals import may_lead, may_look_ahead
-from streams.core.records import JobState
+from streams.core.records import DeadlineKind, JobState, RunState
 
 TIMERS_HEADER: Final = "cronlog-timers"
+DEADLINE_HEADER: Final = "cronlog-deadline"
 _FORMAT: Final = struct.Struct(">qqB")  # next_due_ms (-1: none), fired_ms, flags
 _EARLY: Final = 1  # may be proposed before the lead (look-ahead)
 _LEAD: Final = 2  # may be proposed before its time at all
@@ -49,17 +52,61 @@ def decode_timers(data: bytes) -> Timers | None:
     return Timers(None if due < 0 else due, fired, bool(flags & _EARLY), bool(flags & _LEAD))
 
 
+class Deadline(NamedTuple):
+    """A run state's next deadline (None: none pending, or the run is final)."""
+
+    deadline_ms: int | None
+    attempt: int
+    kind: DeadlineKind | None
+
+
+_KINDS: Final[tuple[DeadlineKind | None, ...]] = (None, "claim", "timeout", "retry", "dependency")
+
+
+def run_deadline(run: RunState) -> Deadline:
+    """What the scheduler needs of a run state."""
+    if run.final or run.deadline_ms is None or run.deadline_kind is None:
+        return Deadline(None, run.attempt, None)
+    return Deadline(run.deadline_ms, run.attempt, run.deadline_kind)
+
+
+def encode_deadline(deadline: Deadline) -> bytes:
+    due = -1 if deadline.deadline_ms is None else deadline.deadline_ms
+    return _FORMAT.pack(due, deadline.attempt, _KINDS.index(deadline.kind))
+
+
+def decode_deadline(data: bytes) -> Deadline | None:
+    """The header's deadline, or None if it is not one this version reads."""
+    if len(data) != _FORMAT.size:
+        return None
+    due, attempt, kind = _FORMAT.unpack(data)
+    if kind >= len(_KINDS) or (due < 0) != (kind == 0):
+        return None
+    return Deadline(None if due < 0 else due, attempt, _KINDS[kind])
+
+
 Headers: TypeAlias = (
     dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None
 )  # as confluent-kafka types them
 
 
-def timers_of(headers: Headers) -> Timers | None:
-    """The timers of a consumed record's headers (None: no such header)."""
+def _header(headers: Headers, name: str) -> bytes | None:
     if not headers:
         return None
     pairs = headers.items() if isinstance(headers, dict) else headers
     for key, value in pairs:
-        if key == TIMERS_HEADER and isinstance(value, bytes):
-            return decode_timers(value)
+        if key == name and isinstance(value, bytes):
+            return value
     return None
+
+
+def timers_of(headers: Headers) -> Timers | None:
+    """The timers of a consumed job state record's headers (None: no such header)."""
+    data = _header(headers, TIMERS_HEADER)
+    return None if data is None else decode_timers(data)
+
+
+def deadline_of(headers: Headers) -> Deadline | None:
+    """The deadline of a consumed run state record's headers (None: no such header)."""
+    data = _header(headers, DEADLINE_HEADER)
+    return None if data is None else decode_deadline(data)

@@ -110,7 +110,14 @@ from schemas.codec import (
     WORKER_INBOX,
     CodecError,
 )
-from schemas.headers import TIMERS_HEADER, encode_timers, job_timers
+from schemas.headers import (
+    DEADLINE_HEADER,
+    TIMERS_HEADER,
+    encode_deadline,
+    encode_timers,
+    job_timers,
+    run_deadline,
+)
 from schemas.json import dlq_record
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
@@ -729,7 +736,10 @@ class Ledger:
                 state.jobs.keep_encoded(job_id, job, data)  # decoded again when next needed
         for (partition, run_id), run in self._dirty_runs.items():
             value = None if run is None else RUN_STATE.encode(run)
-            self._produce(runs, run_id.encode(), value, partition)
+            deadline: list[tuple[str, str | bytes | None]] | None = (
+                None if run is None else [(DEADLINE_HEADER, encode_deadline(run_deadline(run)))]
+            )
+            self._produce(runs, run_id.encode(), value, partition, deadline)
             state = self.state.get(partition)
             if state is not None and value is not None and run is not None and run.final:
                 state.runs.keep_encoded(run_id, run, value)

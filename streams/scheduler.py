@@ -64,15 +64,16 @@ from confluent_kafka import (
 )
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
-from schemas.headers import Timers, job_timers, timers_of
+from schemas.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
 from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.duequeue import DueQueue
+from streams.core.ids import job_of
 from streams.core.proposals import (
     Allowance,
     FireTimers,
     ProposalPolicy,
 )
-from streams.core.records import DeadlineKind, DeadlineReached, FireProposed, RunState
+from streams.core.records import DeadlineKind, DeadlineReached, FireProposed
 from streams.kafka import GroupWatch, abandon_consumer, consumer_config, producer_config
 from streams.settings import Settings
 
@@ -293,10 +294,14 @@ class Scheduler:
             return
         key = (msg.key() or b"").decode()
         topic = msg.topic() or ""
-        value: bytes | Timers | None = msg.value()
-        if value is not None and topic == self.jobs_topic:
-            # A job state's timers are in its header (schemas/headers.py): no decoding.
-            value = timers_of(msg.headers()) or value
+        value: bytes | Timers | Deadline | None = msg.value()
+        if value is not None:
+            # What it needs of a state is in the record's header (schemas/headers.py).
+            headers = msg.headers()
+            if topic == self.jobs_topic:
+                value = timers_of(headers) or value
+            else:
+                value = deadline_of(headers) or value
         backlog = timers.backlog.get(topic)
         if backlog is not None:
             if isinstance(value, bytes):
@@ -337,7 +342,7 @@ class Scheduler:
         timers: PartitionTimers,
         topic: str,
         key: str,
-        value: bytes | Timers | None,
+        value: bytes | Timers | Deadline | None,
         partition: int | None,
         offset: int | None,
     ) -> None:
@@ -352,14 +357,15 @@ class Scheduler:
                         key, value.next_due_ms, value.fired_ms, value.early, lead=value.lead
                     )
             else:
-                assert not isinstance(value, Timers)  # only job states carry them
-                run: RunState | None = RUN_STATE.decode(value) if value else None
-                if run is None or run.final or run.deadline_ms is None or not run.deadline_kind:
+                if isinstance(value, bytes) and value:  # written without the header
+                    value = run_deadline(RUN_STATE.decode(value))
+                if not isinstance(value, Deadline) or value.kind is None:
                     timers.deadlines.set(key, None)
                     timers.runs.pop(key, None)
                 else:
-                    timers.runs[key] = (run.job_id, run.attempt, run.deadline_kind)
-                    timers.deadlines.set(key, run.deadline_ms)
+                    # A run id begins with its job's id (streams/core/ids.py).
+                    timers.runs[key] = (job_of(key), value.attempt, value.kind)
+                    timers.deadlines.set(key, value.deadline_ms)
         except CodecError as exc:  # the ledger wrote it; log, never stop proposing
             log.error("undecodable state record %s[%s]@%s: %s", topic, partition, offset, exc)
 

@@ -10,7 +10,11 @@ import pytest
 from confluent_kafka import Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
-from schemas.headers import TIMERS_HEADER, Timers, encode_timers
+from schemas.headers import (
+    TIMERS_HEADER,
+    Timers,
+    encode_timers,
+)
 from streams.core.records import JobState, RunState
 from streams.scheduler import CATCH_UP_MAX_S, Scheduler
 from streams.settings import Settings
@@ -103,11 +107,11 @@ def test_a_catch_up_that_never_sees_the_end_goes_on_record_by_record(topics: Set
         node.beats.close()
 
 
-def test_a_job_states_timers_header_is_read_instead_of_its_value(topics: Settings) -> None:
-    """The ledger writes each job state with its timers in a header, and the scheduler
-    reads the header alone; a record without one is decoded (older records). The value
-    here is not even Avro: a scheduler that decoded it would log it as undecodable and
-    learn nothing."""
+def test_the_state_headers_are_read_instead_of_the_values(topics: Settings) -> None:
+    """The ledger writes each job state with its timers and each run state with its
+    deadline in a header, and the scheduler reads the header alone; a record without one
+    is decoded (older records). The values here are not even Avro: a scheduler that
+    decoded them would log them as undecodable and learn nothing."""
     due = NOW + 7_200_000
     header = encode_timers(Timers(due, 5, True, True))
     producer = Producer({"bootstrap.servers": topics.kafka})
@@ -137,6 +141,8 @@ def test_a_job_states_timers_header_is_read_instead_of_its_value(topics: Setting
         )
         assert node.timers[PARTITION].fires.due["h"] == due
         assert node.timers[PARTITION].fires.due["plain"] == due
+        assert node.timers[PARTITION].runs["h@x"] == ("h", 3, "timeout")
+        assert node.timers[PARTITION].deadlines.get("h@x") == due + 7
         # Followed record by record, the header is read too.
         newer = encode_timers(Timers(due + 1, 5, True, True))
         producer.produce(

@@ -8,15 +8,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.headers import (
+    DEADLINE_HEADER,
     TIMERS_HEADER,
+    Deadline,
     Timers,
+    deadline_of,
+    decode_deadline,
     decode_timers,
+    encode_deadline,
     encode_timers,
     job_timers,
+    run_deadline,
     timers_of,
 )
 from streams.core.proposals import may_lead, may_look_ahead
-from streams.core.records import JobState
+from streams.core.records import JobState, RunState
 from tests.support.specs import upsert
 
 MS = st.integers(0, 2**62)
@@ -55,3 +61,44 @@ def test_a_job_states_timers_are_what_the_scheduler_read_from_the_state(
     )
     job = JobState(spec, False, False, 0, 0, 7, due, (), (), (), 1)
     assert job_timers(job) == Timers(due, 7, may_look_ahead(spec), may_lead(spec))
+
+
+KINDS = st.sampled_from(["claim", "timeout", "retry", "dependency"])
+
+
+@given(st.one_of(st.none(), st.tuples(MS, KINDS)), st.integers(0, 2**40))
+def test_deadlines_round_trip(pending: tuple[int, str] | None, attempt: int) -> None:
+    deadline = (
+        Deadline(None, attempt, None)
+        if pending is None
+        else Deadline(pending[0], attempt, pending[1])  # type: ignore[arg-type]
+    )
+    data = encode_deadline(deadline)
+    assert decode_deadline(data) == deadline
+    assert deadline_of([(DEADLINE_HEADER, data)]) == deadline
+    assert timers_of([(DEADLINE_HEADER, data)]) is None  # one header is not the other
+
+
+def test_a_deadline_header_that_contradicts_itself_reads_as_none() -> None:
+    assert decode_deadline(encode_deadline(Deadline(5, 1, "claim"))[:-1] + b"\x09") is None
+    assert decode_deadline(encode_deadline(Deadline(None, 1, None))[:-1] + b"\x01") is None
+
+
+@given(
+    st.sampled_from(["due", "dispatched", "running", "retrying", "succeeded", "cancelled"]),
+    st.one_of(st.none(), st.tuples(MS, KINDS)),
+)
+def test_a_run_states_deadline_is_what_the_scheduler_read_from_the_state(
+    state: str, pending: tuple[int, str] | None
+) -> None:
+    run = RunState(
+        "j@x", "j", 0, "schedule", state, 2, "", 0, 0,  # type: ignore[arg-type]
+        None if pending is None else pending[0],
+        None if pending is None else pending[1],  # type: ignore[arg-type]
+        None, None, None, "", 1,
+    )  # fmt: skip
+    found = run_deadline(run)
+    if run.final or pending is None:
+        assert found == Deadline(None, 2, None)
+    else:
+        assert found == Deadline(pending[0], 2, pending[1])  # type: ignore[arg-type]

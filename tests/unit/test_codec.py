@@ -26,6 +26,7 @@ from schemas.codec import (
     Codec,
     CodecError,
     JobStateCodec,
+    _union_body,
 )
 from schemas.convert import LEDGER_CLASSES, job_state_from_avro, job_state_to_avro
 from schemas.json import dlq_record, from_json, read_dlq_record, to_json, to_plain
@@ -578,6 +579,21 @@ def test_the_spliced_job_state_is_byte_for_byte_the_plain_encoding(
         record = dataclasses.replace(record, version=record.version + 1)
     assert spliced == plain.encode(record)
     assert JOB_STATE.decode(spliced) == record
+
+
+@PROPERTY
+@given(job_events, st.booleans())
+def test_the_spliced_job_event_is_byte_for_byte_the_plain_encoding(
+    record: JobEvent, cached: bool
+) -> None:
+    # RUN_EVENTS splices a job event's spec from the job state codec's bytes: the result
+    # must be what the generic codec writes, whether the spec's bytes were cached or not.
+    plain = Codec(RUN_EVENTS.schema, *_union_body((RunEvent, JobEvent)))
+    if cached and record.spec is not None:
+        JOB_STATE.spec_bytes(record.spec)
+    spliced = RUN_EVENTS.encode(record)
+    assert spliced == plain.encode(record)
+    assert RUN_EVENTS.decode(spliced) == record
 
 
 @given(specs)

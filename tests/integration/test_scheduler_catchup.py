@@ -11,8 +11,11 @@ from confluent_kafka import Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
 from schemas.headers import (
+    DEADLINE_HEADER,
     TIMERS_HEADER,
+    Deadline,
     Timers,
+    encode_deadline,
     encode_timers,
 )
 from streams.core.records import JobState, RunState
@@ -122,8 +125,15 @@ def test_the_state_headers_are_read_instead_of_the_values(topics: Settings) -> N
         partition=PARTITION,
         headers=[(TIMERS_HEADER, header)],
     )
-    producer.produce(
+    producer.produce(  # no header: decoded
         topics.topic("jobs"), key=b"plain", value=state("plain", due), partition=PARTITION
+    )
+    producer.produce(
+        topics.topic("runs"),
+        key=b"h@x",
+        value=b"not avro either",
+        partition=PARTITION,
+        headers=[(DEADLINE_HEADER, encode_deadline(Deadline(due + 7, 3, "timeout")))],
     )
     assert producer.flush(30) == 0
     node = Scheduler(topics, "header-test", clock=lambda: NOW)

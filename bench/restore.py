@@ -23,6 +23,14 @@ from confluent_kafka import Producer
 
 from bench.common import bench_settings, report, table
 from schemas.codec import JOB_STATE, RUN_STATE
+from schemas.headers import (
+    DEADLINE_HEADER,
+    TIMERS_HEADER,
+    encode_deadline,
+    encode_timers,
+    job_timers,
+    run_deadline,
+)
 from streams.core.commands import UpsertJob, parse_command
 from streams.core.records import JobState, RunState
 from streams.kafka import producer_config
@@ -51,8 +59,12 @@ def due_of(version: int) -> int:
     return 3_600_000 + version
 
 
-def fill(settings: Settings, jobs: int, runs_per_job: int, versions: int) -> None:
-    """Write every job's and run's `versions` successive states (the last one wins)."""
+def fill(
+    settings: Settings, jobs: int, runs_per_job: int, versions: int, bare: bool = False
+) -> None:
+    """Write every job's and run's `versions` successive states (the last one wins), each
+    with the header the ledger writes for the scheduler (`bare`: without, as records
+    written before the headers existed)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 50}))
     jobs_topic, runs_topic = settings.topic("jobs"), settings.topic("runs")
     for i in range(jobs):
@@ -62,13 +74,25 @@ def fill(settings: Settings, jobs: int, runs_per_job: int, versions: int) -> Non
         for v in range(versions):
             # Each value its own next due time: the newest one tells a complete catch-up.
             state = JobState(spec, False, False, 1, v, v, due_of(v), tuple(run_ids), (), (), v)
-            producer.produce(jobs_topic, key=job_id.encode(), value=JOB_STATE.encode(state))
+            producer.produce(
+                jobs_topic,
+                key=job_id.encode(),
+                value=JOB_STATE.encode(state),
+                headers=None if bare else [(TIMERS_HEADER, encode_timers(job_timers(state)))],
+            )
             for run_id in run_ids:
                 run = RunState(
                     run_id, job_id, 1, "schedule", "due", 1, "", 1, v, None, None, None, None,
                     None, "", v,
                 )  # fmt: skip
-                producer.produce(runs_topic, key=run_id.encode(), value=RUN_STATE.encode(run))
+                producer.produce(
+                    runs_topic,
+                    key=run_id.encode(),
+                    value=RUN_STATE.encode(run),
+                    headers=None
+                    if bare
+                    else [(DEADLINE_HEADER, encode_deadline(run_deadline(run)))],
+                )
         if i % 1000 == 0:
             producer.poll(0)
             while len(producer) > 100_000:
@@ -111,12 +135,15 @@ def main() -> None:
     parser.add_argument("--runs-per-job", type=int, default=1)
     parser.add_argument("--versions", default="1,10", help="states per key, one scenario each")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--bare", action="store_true", help="states written without the scheduler's headers"
+    )
     args = parser.parse_args()
     rows: list[dict[str, object]] = []
     for versions in [int(v) for v in args.versions.split(",")]:
         with bench_settings(f"restore{versions}") as settings:
             started = time.monotonic()
-            fill(settings, args.jobs, args.runs_per_job, versions)
+            fill(settings, args.jobs, args.runs_per_job, versions, args.bare)
             filled_s = time.monotonic() - started
             ledger = Ledger(settings, node_id=f"bench-restore-{versions}")
             try:
@@ -134,6 +161,7 @@ def main() -> None:
             rows.append(
                 {
                     "versions_per_key": versions,
+                    "headers": not args.bare,
                     "records": records,
                     "jobs": held_jobs,
                     "runs": held_runs,

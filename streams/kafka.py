@@ -80,6 +80,10 @@ def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict
         # Range assignment gives one member partition p of every topic it subscribes to
         # (all cronlog topics have the same count): the co-partitioning the scheduler needs.
         "partition.assignment.strategy": "range",
+        # librdkafka prefetches up to 64 MB per consumer by default, and memory once taken
+        # for a catch-up's prefetch stays with the process; 16 MB (some 100,000 state
+        # records) still keeps every fetch busy.
+        "queued.max.messages.kbytes": 16_384,
         **extra,
     }
     if group is not None:

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +35,8 @@ from streams.topics import TopicError, ensure_topics
 
 ENV_HELP = (
     "Environment: CRONLOG_KAFKA (bootstrap servers), CRONLOG_DATABASE_URL, "
-    "CRONLOG_TOPIC_PREFIX, CRONLOG_PARTITIONS; for the local stack CRONLOG_STATE_DIR and "
+    "CRONLOG_TOPIC_PREFIX, CRONLOG_PARTITIONS, CRONLOG_LEDGER_STORE (cronlog scheduler); "
+    "for the local stack CRONLOG_STATE_DIR and "
     "CRONLOG_STACK_KAFKA_PORT / _CONTROLLER_PORT / _POSTGRES_PORT / CRONLOG_STACK_BROKERS."
 )
 
@@ -285,6 +287,15 @@ def scheduler(
     lookahead_rate: Annotated[
         float, typer.Option(help="Early proposals per second per node.")
     ] = 400.0,
+    state_store: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the ledger keeps the job and run states it is not deciding about: a "
+            "directory for its RocksDB scratch store (rebuilt from the topics on every "
+            "takeover, deleted on exit), or 'memory' to keep them on the heap. Default: "
+            "CRONLOG_LEDGER_STORE, else cronlog-ledger in the system's temporary directory.",
+        ),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
@@ -309,7 +320,16 @@ def scheduler(
         lookahead_ms=int(lookahead_s * 1000),
         lookahead_per_s=lookahead_rate,
         loglevel=loglevel,
+        store_dir=_ledger_store(state_store),
     )
+
+
+def _ledger_store(option: str | None) -> Path | None:
+    """The ledger's store directory (None: on the heap), from --state-store or the env."""
+    chosen = (option or os.environ.get("CRONLOG_LEDGER_STORE", "")).strip()
+    if chosen == "memory":
+        return None
+    return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "cronlog-ledger"
 
 
 @app.command("submit")

@@ -87,6 +87,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
@@ -133,7 +134,8 @@ from streams.kafka import (
     transactional_producer_config,
 )
 from streams.settings import Settings
-from streams.state_table import COLD_AFTER_MS, StateTable
+from streams.state_store import DiskStore, MemoryStates, Topic
+from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
 
 log = logging.getLogger("cronlog.ledger")
 
@@ -212,6 +214,7 @@ class Ledger:
         txn_max_s: float = TXN_MAX_S,
         restore_stall_s: float = RESTORE_STALL_S,
         producer_overrides: dict[str, Any] | None = None,
+        store_dir: Path | None = None,
     ):
         if txn_max_s >= TRANSACTION_TIMEOUT_MS / 1000 / 2:
             raise ValueError(
@@ -226,6 +229,8 @@ class Ledger:
         self.txn_max_s = txn_max_s
         self.restore_stall_s = restore_stall_s
         self.producer_overrides = producer_overrides or {}
+        # Where the states held encoded live: on disk under store_dir, or on the heap.
+        self.store = None if store_dir is None else DiskStore(store_dir)
         self.topics = {
             n: settings.topic(n)
             for n in (
@@ -248,6 +253,7 @@ class Ledger:
         self._dirty_jobs: dict[tuple[int, str], JobState] = {}
         self._dirty_runs: dict[tuple[int, str], RunState | None] = {}
         self._abandoned = 0  # producers left inside a hung call (module docstring)
+        self._restored_records = 0  # read by the newest restore (its log line)
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
         self.consumer = self._new_consumer()
@@ -331,7 +337,8 @@ class Ledger:
         restored on the new assignment; the old member's group generation is stale, so
         nothing it could still send commits (module docstring, Fencing)."""
         abandon_consumer(self.consumer, "ledger")
-        self.state.clear()
+        for partition in list(self.state):
+            self._drop(partition)
         self.consumer = self._new_consumer()
         self._subscribe()
 
@@ -347,6 +354,8 @@ class Ledger:
                     self._process_batch(records)
         finally:
             self.consumer.close()
+            if self.store is not None:
+                self.store.close()
 
     def _usable(self, msg: Message) -> bool:
         error = msg.error()
@@ -369,13 +378,11 @@ class Ledger:
         self.watch.reset()  # in the group (the statistics said otherwise while it restored)
         if self._stop.is_set():
             return  # stopping: nothing is decided any more
-        restored = [self.state[tp.partition] for tp in positions if tp.partition in self.state]
         log.info(
-            "ledger %s owns job-log partitions %s: restored %d jobs and %d runs in %.2f s",
+            "ledger %s owns job-log partitions %s: restored from %d state records in %.2f s",
             self.node_id,
             sorted(tp.partition for tp in positions),
-            sum(len(s.jobs) for s in restored),
-            sum(len(s.runs) for s in restored),
+            self._restored_records,
             time.monotonic() - started,
         )
 
@@ -383,7 +390,12 @@ class Ledger:
         if consumer is not self.consumer:  # a replaced consumer, closing late
             return
         for tp in partitions:
-            self.state.pop(tp.partition, None)
+            self._drop(tp.partition)
+
+    def _drop(self, partition: int) -> None:
+        self.state.pop(partition, None)
+        if self.store is not None:
+            self.store.drop(partition)
 
     def _take_over(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets first, then the state, then the positions to resume from
@@ -456,23 +468,28 @@ class Ledger:
         decoding every newest value made it grow with the registry, though few of its
         jobs are due in the next minutes.
         """
-        raw = self._read_state_topics(partitions)
-        states = {p: PartitionState() for p in partitions}
-        for (topic, partition), values in raw.items():
-            state = states[partition]
-            if topic == self.topics["jobs"]:
-                state.jobs = StateTable(JOB_STATE.decode, values)
-            else:
-                state.runs = StateTable(RUN_STATE.decode, values)
+        jobs_topic, runs_topic = self.topics["jobs"], self.topics["runs"]
+        states: dict[int, PartitionState] = {}
+        sinks: dict[tuple[str, int], Encoded] = {}
+        for p in partitions:
+            jobs, runs = self._encoded(p, "jobs"), self._encoded(p, "runs")
+            states[p] = PartitionState(
+                StateTable(JOB_STATE.decode, jobs), StateTable(RUN_STATE.decode, runs)
+            )
+            sinks[(jobs_topic, p)], sinks[(runs_topic, p)] = jobs, runs
+        self._read_state_topics(sinks)
+        for sink in sinks.values():
+            sink.flush()
         return states
 
-    def _read_state_topics(self, partitions: list[int]) -> dict[tuple[str, int], dict[str, bytes]]:
-        """(topic, partition) -> key -> the newest value's bytes, for `jobs` and `runs`,
-        read to the log's real end (`_restore_all` says why and how long)."""
-        jobs_topic, runs_topic = self.topics["jobs"], self.topics["runs"]
-        raw: dict[tuple[str, int], dict[str, bytes]] = {
-            (topic, p): {} for topic in (jobs_topic, runs_topic) for p in partitions
-        }
+    def _encoded(self, partition: int, topic: Topic) -> Encoded:
+        """A new, empty holder for the encoded states of `topic` in `partition`."""
+        return MemoryStates() if self.store is None else self.store.table(partition, topic)
+
+    def _read_state_topics(self, sinks: dict[tuple[str, int], Encoded]) -> None:
+        """Stage into each (topic, partition)'s sink the newest value of each key of the
+        `jobs` and `runs` partitions, read to the log's real end (`_restore_all` says
+        why and how long)."""
         probe = Consumer(
             consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
         )
@@ -481,14 +498,14 @@ class Ledger:
                 (topic, p): probe.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[
                     1
                 ]
-                for topic in (jobs_topic, runs_topic)
-                for p in partitions
+                for topic, p in sinks
             }
         finally:
             probe.close()
         pending = {key: high for key, high in targets.items() if high > 0}
+        self._restored_records = 0
         if not pending:
-            return raw
+            return
         reader = Consumer(
             consumer_config(
                 self.settings,
@@ -500,6 +517,7 @@ class Ledger:
             reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
             progress_at = time.monotonic()
             positions: dict[tuple[str, int], int] = {}
+            read = 0
             while pending:
                 if self._stop.is_set():
                     break
@@ -520,13 +538,9 @@ class Ledger:
                         if error.code() != KafkaError._PARTITION_EOF:
                             raise KafkaException(error)
                         continue
-                    values = raw[(msg.topic() or "", msg.partition() or 0)]
-                    key = (msg.key() or b"").decode()
-                    value = msg.value()
-                    if value is None:
-                        values.pop(key, None)
-                    else:
-                        values[key] = value
+                    read += 1
+                    sink = sinks[(msg.topic() or "", msg.partition() or 0)]
+                    sink.stage((msg.key() or b"").decode(), msg.value())
                 for tp in reader.position([TopicPartition(t, p) for t, p in pending]):
                     where = (tp.topic, tp.partition)
                     if tp.offset > positions.get(where, -1):
@@ -536,7 +550,7 @@ class Ledger:
                         del pending[where]
         finally:
             reader.close()
-        return raw
+        self._restored_records = read
 
     # -- processing ---------------------------------------------------------------------
     def _process_batch(self, records: list[Message]) -> None:

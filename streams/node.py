@@ -32,6 +32,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from faust.worker import Worker
 
@@ -78,13 +79,19 @@ def _dump_stacks_on_sigusr1() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
-def _ledger_main(settings: Settings, config: LedgerConfig, node_id: str, loglevel: str) -> None:
+def _ledger_main(
+    settings: Settings,
+    config: LedgerConfig,
+    node_id: str,
+    loglevel: str,
+    store_dir: Path | None,
+) -> None:
     _die_with_parent()
     _dump_stacks_on_sigusr1()
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    ledger = Ledger(settings, config, node_id=node_id)
+    ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir)
     signal.signal(signal.SIGTERM, lambda *_: ledger.stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node stops it with SIGTERM
     ledger.run()
@@ -107,7 +114,10 @@ def run_node(
     ledger_config: LedgerConfig = LedgerConfig(),
     loglevel: str = "info",
     ledger_process: bool = True,
+    store_dir: Path | None = None,
 ) -> None:
+    """Run a node until stopped. `store_dir`: where the ledger keeps the states it holds
+    encoded (a RocksDB scratch store, streams/state_store.py); None keeps them on the heap."""
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
     _dump_stacks_on_sigusr1()
     if lookahead_ms >= ledger_config.max_lead_ms:
@@ -134,13 +144,13 @@ def run_node(
     if ledger_process:
         child = multiprocessing.get_context("spawn").Process(
             target=_ledger_main,
-            args=(settings, ledger_config, node_id, loglevel),
+            args=(settings, ledger_config, node_id, loglevel, store_dir),
             name="ledger",
         )
         child.start()
         threading.Thread(target=_watch, args=(child, stopping), daemon=True).start()
     else:
-        parts["ledger"] = Ledger(settings, ledger_config, node_id=node_id)
+        parts["ledger"] = Ledger(settings, ledger_config, node_id=node_id, store_dir=store_dir)
     threads = [_guarded(name, part.run) for name, part in parts.items()]
     for thread in threads:
         thread.start()

@@ -16,9 +16,12 @@ beyond the topic: a transaction that fails restores the table from the topics ag
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeAlias, TypeVar
+
+from streams.state_store import DiskStates, MemoryStates
 
 T = TypeVar("T")
+Encoded: TypeAlias = MemoryStates | DiskStates  # where the bytes are held (state_store)
 
 # A job state is kept as bytes once nothing of it is live and its next firing is this
 # far from the ledger's time of its last decision (or it has none).
@@ -28,10 +31,10 @@ COLD_AFTER_MS: Final = 10 * 60_000
 class StateTable(Generic[T]):
     __slots__ = ("_cold", "_decode", "_hot")
 
-    def __init__(self, decode: Callable[[bytes], T], cold: dict[str, bytes] | None = None):
+    def __init__(self, decode: Callable[[bytes], T], cold: Encoded | None = None):
         self._decode = decode
         self._hot: dict[str, T] = {}
-        self._cold: dict[str, bytes] = {} if cold is None else cold
+        self._cold: Encoded = MemoryStates() if cold is None else cold
 
     def get(self, key: str) -> T | None:
         value = self._hot.get(key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -151,11 +152,14 @@ def test_ledger_restore_waits_for_a_transaction_still_open(topics: Settings) -> 
     assert restored[0].jobs["job-a"].fired_ms == 123_000
 
 
-def test_a_restore_holds_the_newest_value_of_each_key(topics: Settings) -> None:
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_a_restore_holds_the_newest_value_of_each_key(
+    topics: Settings, store: str, tmp_path: Path
+) -> None:
     """The compacted topics still hold superseded values and tombstones (the active
     segment is never compacted): a restore must end with each key's newest value,
-    without a key whose newest record is a tombstone, and leave the cyclic collector
-    as it found it, with what it restored frozen (not scanned by full collections)."""
+    without a key whose newest record is a tombstone, whether the states it holds
+    encoded are on the heap or in the RocksDB store on disk."""
     spec = upsert("job-v")
     mine = 1  # the zombie test leaves raw (non-Avro) records in 2, the open-transaction test uses 0
     producer = Producer({"bootstrap.servers": topics.kafka})
@@ -176,11 +180,23 @@ def test_a_restore_holds_the_newest_value_of_each_key(topics: Settings) -> None:
         )  # fmt: skip
         producer.produce(runs, key=b"job-v@x", value=RUN_STATE.encode(run), partition=mine)
     assert producer.flush(30) == 0
-    ledger = Ledger(topics, node_id="restore-newest")
+    ledger = Ledger(
+        topics, node_id="restore-newest", store_dir=tmp_path if store == "disk" else None
+    )
     try:
-        restored = ledger._restore(mine)
+        _assert_newest(ledger._restore(mine))
+        older = ledger._restore(mine)
+        newer = ledger._restore(mine)  # a recovery's restore: a new table
+        _assert_newest(newer)
+        # On disk the older table's range is deleted with it: nothing stale is read.
+        assert len(older.jobs) == (2 if ledger.store is None else 0)
     finally:
         ledger.consumer.close()
+        if ledger.store is not None:
+            ledger.store.close()
+
+
+def _assert_newest(restored: PartitionState) -> None:
     assert (len(restored.jobs), len(restored.runs)) == (2, 1)
     assert "job-gone" not in restored.jobs
     assert restored.jobs.decoded == restored.runs.decoded == 0  # decoded when first needed

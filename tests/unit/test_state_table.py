@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from schemas.codec import JOB_STATE
 from streams.core.records import JobState
+from streams.state_store import MemoryStates
 from streams.state_table import StateTable
 from tests.support.specs import upsert
 
@@ -25,7 +26,7 @@ def test_a_restored_table_decodes_a_state_when_first_asked_and_once() -> None:
         return JOB_STATE.decode(data)
 
     a, b = state("a", 1), state("b", 2)
-    table = StateTable(decode, {"a": JOB_STATE.encode(a), "b": JOB_STATE.encode(b)})
+    table = StateTable(decode, MemoryStates(a=JOB_STATE.encode(a), b=JOB_STATE.encode(b)))
     assert (len(table), table.decoded, "a" in table, "c" in table) == (2, 0, True, False)
     assert table.get("a") == a
     assert table.get("a") is table.get("a")  # decoded once, then held

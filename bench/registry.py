@@ -58,21 +58,28 @@ def upsert(job_id: str, i: int) -> bytes:
     return orjson.dumps(command)
 
 
-def node(settings: Settings, name: str, logs: Path) -> CronlogProcess:
-    return CronlogProcess(
-        settings, name, logs, ["scheduler", "--node-id", name, "--loglevel", "info"]
-    )
+def node(settings: Settings, name: str, logs: Path, store: str) -> CronlogProcess:
+    argv = ["scheduler", "--node-id", name, "--loglevel", "info"]
+    if store == "memory":  # the ledger's encoded states on the heap, not in RocksDB
+        argv += ["--state-store", "memory"]
+    return CronlogProcess(settings, name, logs, argv)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--store",
+        choices=("disk", "memory"),
+        default="disk",
+        help="where the ledger holds the states it is not deciding about (--state-store)",
+    )
     args = parser.parse_args()
     jobs = 50_000 if args.quick else args.jobs
     with bench_settings("registry") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        first = node(settings, "reg-1", logs).start()
+        first = node(settings, "reg-1", logs, args.store).start()
         try:
             producer = Producer(producer_config(settings, **{"linger.ms": 50}))
             topic = settings.topic("commands")
@@ -102,7 +109,7 @@ def main() -> None:
             rss_mb = tree_stats(first.proc.pid)[0] if first.proc else float("nan")
         finally:
             first.kill()
-        second = node(settings, "reg-2", logs)
+        second = node(settings, "reg-2", logs, args.store)
         takeover_started = time.monotonic()
         second.start()
         restored = None
@@ -114,7 +121,7 @@ def main() -> None:
             while time.monotonic() < deadline:
                 text = second.log.read_text(errors="replace")
                 if restored is None:
-                    restored = re.search(r"restored (\d+) jobs and (\d+) runs in ([\d.]+) s", text)
+                    restored = re.search(r"restored from (\d+) state records in ([\d.]+) s", text)
                     if restored is not None:
                         ready_s = time.monotonic() - takeover_started
                 caught_up = re.findall(r"caught up with partition \d+ in ([\d.]+) s", text)
@@ -131,13 +138,14 @@ def main() -> None:
         "registry",
         {
             "jobs": jobs,
+            "store": args.store,
             "produce_s": produced_s,
             "registered_per_s": jobs / applied_s,
             "all_applied_s": applied_s,
             "node_rss_mb": rss_mb,
             "node_peak_rss_mb": peak_rss,
-            "takeover_restored_jobs": int(restored.group(1)) if restored else -1,
-            "takeover_restore_s": float(restored.group(3)) if restored else float("nan"),
+            "takeover_restored_records": int(restored.group(1)) if restored else -1,
+            "takeover_restore_s": float(restored.group(2)) if restored else float("nan"),
             "takeover_ready_s": ready_s,
             # Until the scheduler caught up with every partition (its timers rebuilt).
             "takeover_scheduler_ready_s": scheduler_s,

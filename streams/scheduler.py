@@ -13,6 +13,17 @@ per key and decodes those at the end. The compacted topics still hold every valu
 written since their last compaction (the active segment is never compacted), and
 decoding each made a takeover grow with that history.
 
+Reading ahead. A node taking over from a dead one first waits out the dead member's
+session (6 s) before the group assigns anything, then had to read every partition: a
+million jobs took ~10 s more. So from its start until its first assignment the scheduler
+already reads every partition of both topics with a consumer outside the group, into
+timers of their own; proposals come only from what it owns. On the first assignment it
+keeps what it read of the partitions it got, and each of their topic-partitions is read
+on from the read-ahead's position (or from the start if it read nothing of it), so every
+record is learnt once and in order; the rest is dropped and the read-ahead ends. Later
+assignments read from the start as before. It stops at `WARM_MAX_KEYS` keys, so a node of
+a large cluster holds other nodes' timers only briefly and within a bound.
+
 Every tick it proposes to `job-log` what is due: `FireProposed(job, next_due)` up to
 `lead_ms` early (pre-dispatch), earlier within a look-ahead horizon at a bounded rate
 (streams/core/proposals.py says when), and `DeadlineReached(run, attempt, kind)` once a
@@ -86,6 +97,10 @@ RESYNC_SKEW_MS = 1000
 # A catch-up that has not reached the end by then decodes what it kept and goes on
 # record by record: it is only a shortcut, and a partition must never wait on it.
 CATCH_UP_MAX_S = 10.0
+# Reading ahead before the first assignment (module docstring) stops at this many keys,
+# so a node that will own few partitions of a large registry holds the rest only briefly
+# and never beyond this (~200 bytes a job in the timers).
+WARM_MAX_KEYS = 2_000_000
 
 
 def wall_clock_ms() -> int:
@@ -130,6 +145,10 @@ class Scheduler:
         self.runs_topic = settings.topic("runs")
         self.job_log = settings.topic("job-log")
         self.timers: dict[int, PartitionTimers] = {}
+        # Reading ahead until the first assignment (module docstring): every partition's
+        # timers, from a consumer outside the group.
+        self._warm: Consumer | None = None
+        self._warm_timers: dict[int, PartitionTimers] = {}
         self.early = Allowance(config.proposals.early_per_s, self.clock())
         self._turn = 0
         self.proposed = 0
@@ -185,18 +204,18 @@ class Scheduler:
 
     def run(self) -> None:
         self._subscribe()
+        self._start_warm_up()
         beats = self.settings.topic("heartbeats")
         self.beats.assign(
             [TopicPartition(beats, p, OFFSET_END) for p in range(self.settings.partitions)]
         )
         try:
             while not self._stop.is_set():
-                for msg in self.consumer.consume(2000, timeout=self.config.tick_s):
-                    error = msg.error()
-                    if error is None:
-                        self._follow(msg)
-                    elif error.code() == KafkaError._PARTITION_EOF:
-                        self._caught_up(msg.partition() or 0, msg.topic() or "")
+                warming = self._warm is not None
+                wait = 0 if warming else self.config.tick_s  # the warm-up waits instead
+                self._read(self.consumer.consume(2000, timeout=wait), self.timers)
+                if self._warm is not None:
+                    self._warm_up()
                 self._cap_catch_ups()
                 if self.watch.stuck():
                     self._replace_consumer()
@@ -205,9 +224,63 @@ class Scheduler:
                 self._resync()
                 self._propose(self.clock())
         finally:
+            self._end_warm_up()
             self.producer.flush(10)
             self.consumer.close()
             self.beats.close()
+
+    def _read(self, messages: list[Message], timers: dict[int, PartitionTimers]) -> None:
+        for msg in messages:
+            error = msg.error()
+            if error is None:
+                self._follow(msg, timers)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                self._caught_up(msg.partition() or 0, msg.topic() or "", timers)
+
+    # -- reading ahead while the group decides --------------------------------------------
+    def _start_warm_up(self) -> None:
+        self._warm = Consumer(
+            consumer_config(
+                self.settings, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 100}
+            )
+        )
+        partitions = range(self.settings.partitions)
+        self._warm_timers = {p: self._fresh_timers() for p in partitions}
+        self._warm.assign(
+            [
+                TopicPartition(topic, p, OFFSET_BEGINNING)
+                for topic in (self.jobs_topic, self.runs_topic)
+                for p in partitions
+            ]
+        )
+
+    def _warm_up(self) -> None:
+        assert self._warm is not None
+        self._read(self._warm.consume(5000, timeout=self.config.tick_s), self._warm_timers)
+        held = sum(len(t.fires) + len(t.runs) for t in self._warm_timers.values())
+        if held >= WARM_MAX_KEYS:
+            log.info(
+                "scheduler %s: read ahead %d keys; the rest after assignment", self.node_id, held
+            )
+            self._end_warm_up()
+
+    def _warm_positions(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        """Where the warm-up stands in these topic-partitions (only those it read from)."""
+        if self._warm is None:
+            return {}
+        try:
+            where = self._warm.position(
+                [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+            )
+        except KafkaException:
+            return {}
+        return {(tp.topic, tp.partition): tp.offset for tp in where if tp.offset >= 0}
+
+    def _end_warm_up(self) -> None:
+        warm, self._warm = self._warm, None
+        self._warm_timers = {}
+        if warm is not None:
+            warm.close()
 
     # -- the broker's time ------------------------------------------------------------------
     def _broker_now(self) -> int:
@@ -271,9 +344,17 @@ class Scheduler:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:  # a replaced consumer, closing late
             return
+        # What the warm-up read of a partition is kept: each topic of it is read on from
+        # where the warm-up stands, or from the start if it read nothing of it yet.
+        ahead = self._warm_positions(partitions)
         for tp in partitions:
-            self.timers.setdefault(tp.partition, self._fresh_timers())
-            tp.offset = OFFSET_BEGINNING
+            warm = self._warm_timers.pop(tp.partition, None)
+            if tp.partition not in self.timers:
+                self.timers[tp.partition] = warm or self._fresh_timers()
+                if warm is not None and not warm.backlog:
+                    self._log_caught_up(tp.partition, warm, " (read ahead)")
+            tp.offset = ahead.get((tp.topic, tp.partition), OFFSET_BEGINNING)
+        self._end_warm_up()
         consumer.assign(partitions)
         self.watch.reset()
         log.info(
@@ -288,8 +369,8 @@ class Scheduler:
         for tp in partitions:
             self.timers.pop(tp.partition, None)
 
-    def _follow(self, msg: Message) -> None:
-        timers = self.timers.get(msg.partition() or 0)
+    def _follow(self, msg: Message, owned: dict[int, PartitionTimers]) -> None:
+        timers = owned.get(msg.partition() or 0)
         if timers is None:
             return
         key = (msg.key() or b"").decode()
@@ -312,30 +393,34 @@ class Scheduler:
             backlog.pop(key, None)
         self._learn(timers, topic, key, value, msg.partition(), msg.offset())
 
-    def _caught_up(self, partition: int, topic: str) -> None:
+    def _caught_up(self, partition: int, topic: str, owned: dict[int, PartitionTimers]) -> None:
         """The end of `topic` in `partition` reached: learn the newest value of each key
         kept meanwhile, and follow record by record from now on."""
-        timers = self.timers.get(partition)
+        timers = owned.get(partition)
         backlog = None if timers is None else timers.backlog.pop(topic, None)
         if timers is None or backlog is None:
             return
         for key, value in backlog.items():
             self._learn(timers, topic, key, value, partition, None)
-        if not timers.backlog:
-            log.info(
-                "scheduler %s caught up with partition %d in %.2f s: %d jobs",
-                self.node_id,
-                partition,
-                time.monotonic() - timers.since,
-                len(timers.fires),
-            )
+        if not timers.backlog and owned is self.timers:
+            self._log_caught_up(partition, timers)
+
+    def _log_caught_up(self, partition: int, timers: PartitionTimers, how: str = "") -> None:
+        log.info(
+            "scheduler %s caught up with partition %d in %.2f s%s: %d jobs",
+            self.node_id,
+            partition,
+            time.monotonic() - timers.since,
+            how,
+            len(timers.fires),
+        )
 
     def _cap_catch_ups(self) -> None:
         now = time.monotonic()
         for partition, timers in list(self.timers.items()):
             if timers.backlog and now - timers.since > CATCH_UP_MAX_S:
                 for topic in list(timers.backlog):
-                    self._caught_up(partition, topic)
+                    self._caught_up(partition, topic, self.timers)
 
     def _learn(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 
 from schemas.codec import JOB_STATE, RUN_STATE
 from schemas.headers import (
@@ -168,3 +168,52 @@ def test_the_state_headers_are_read_instead_of_the_values(topics: Settings) -> N
         node.stop()
         thread.join(30)
     assert not thread.is_alive()
+
+
+def test_what_is_read_ahead_before_the_assignment_is_kept_and_read_on_from(
+    topics: Settings,
+) -> None:
+    """A starting node reads every partition while its group decides (a takeover waits
+    out the dead member's session first). On the assignment it keeps what it read and
+    goes on from where the read-ahead stopped: the records written meanwhile are learnt,
+    none is missed or read twice out of order."""
+    due = NOW + 9_000_000
+    write(topics, [("jobs", b"ra", state("ra", due)), ("jobs", b"ra-old", state("ra-old", due))])
+    node = Scheduler(topics, "read-ahead", clock=lambda: NOW)
+    try:
+        node._start_warm_up()
+        warm = node._warm_timers[PARTITION]
+
+        def read_ahead() -> bool:
+            node._warm_up()
+            return {"ra", "ra-old"} <= set(warm.fires.due) and not warm.backlog
+
+        eventually(read_ahead, "the read-ahead of partition 1", 30)
+        assert not node.timers, "read ahead, not owned"
+        write(
+            topics,
+            [
+                ("jobs", b"ra", state("ra", due + 1)),  # newer than what was read ahead
+                ("jobs", b"ra-old", None),  # deleted since
+                ("jobs", b"ra-new", state("ra-new", due + 2)),
+            ],
+        )
+        partitions = [
+            TopicPartition(node.jobs_topic, PARTITION),
+            TopicPartition(node.runs_topic, PARTITION),
+        ]
+        node._on_assign(node.consumer, partitions)
+        assert node.timers[PARTITION] is warm  # kept, not read again
+        assert node._warm is None  # the read-ahead ends with the first assignment
+
+        def followed() -> bool:
+            node._read(node.consumer.consume(500, timeout=0.2), node.timers)
+            return warm.fires.due.get("ra-new") == due + 2
+
+        eventually(followed, "the records written after the read-ahead", 30)
+        assert warm.fires.due.get("ra") == due + 1
+        assert "ra-old" not in warm.fires.due
+    finally:
+        node._end_warm_up()
+        node.consumer.close()
+        node.beats.close()

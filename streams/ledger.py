@@ -145,6 +145,9 @@ TXN_MAX_S = 2.5
 # A restore fails only when it made no progress for this long. Longer than the
 # transaction timeout: a dead owner's open transaction holds the restore back that long.
 RESTORE_STALL_S = 30.0
+# Reading ahead before the first assignment (`_ReadAhead`) stops at this many records:
+# a node of a large cluster holds other owners' states only briefly and within a bound.
+AHEAD_MAX_RECORDS = 2_000_000
 # A transactional call's own timeout, and its watchdog's (module docstring: a call that
 # can ignore its timeout). About the transaction timeout: a transaction not committed by
 # then is aborted by the broker anyway.
@@ -180,6 +183,17 @@ def _jobs() -> StateTable[JobState]:
 
 def _runs() -> StateTable[RunState]:
     return StateTable(RUN_STATE.decode)
+
+
+@dataclass
+class _ReadAhead:
+    """From a ledger's start to its first assignment, every partition's state records
+    read into tables of their own, by a consumer outside the group (`Ledger.run`)."""
+
+    reader: Consumer
+    sinks: dict[tuple[str, int], Encoded]
+    read: int = 0
+    full: bool = False  # AHEAD_MAX_RECORDS read: what it holds is kept, no more is read
 
 
 @dataclass
@@ -254,6 +268,8 @@ class Ledger:
         self._dirty_runs: dict[tuple[int, str], RunState | None] = {}
         self._abandoned = 0  # producers left inside a hung call (module docstring)
         self._restored_records = 0  # read by the newest restore (its log line)
+        self._ahead: _ReadAhead | None = None
+        self._read_before = 0  # records of the takeover's restore read ahead
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
         self.consumer = self._new_consumer()
@@ -344,18 +360,90 @@ class Ledger:
 
     def run(self) -> None:
         self._subscribe()
+        self._start_read_ahead()
         try:
             while not self._stop.is_set():
                 if self.watch.stuck():
                     self._replace_consumer()
-                messages = self.consumer.consume(self.batch_size, timeout=0.2)
+                ahead = self._ahead is not None and not self._ahead.full
+                messages = self.consumer.consume(self.batch_size, timeout=0 if ahead else 0.2)
+                if self._ahead is not None and not self._ahead.full:  # not yet assigned
+                    self._read_ahead()
                 records = [m for m in messages if self._usable(m)]
                 if records:
                     self._process_batch(records)
         finally:
+            self._end_read_ahead()
             self.consumer.close()
             if self.store is not None:
                 self.store.close()
+
+    # -- reading ahead while the group decides ------------------------------------------
+    def _start_read_ahead(self) -> None:
+        """A node taking over from a dead one waits out the dead member's session (6 s)
+        before anything is assigned, then restored every partition it got. So from its
+        start it already reads every partition's state (read_committed, outside the
+        group); the first assignment's restore goes on from there (`_take_ahead`). The
+        fencing argument of `_take_over` is untouched: what is read before the offset
+        fetch is a prefix of each topic-partition, and the rest, to the real end as it
+        stands after the fetch, is still read after it, so the state holds exactly
+        the same records as a restore from the start."""
+        partitions = range(self.settings.partitions)
+        sinks = {
+            (self.topics[topic], p): self._encoded(p, topic)
+            for topic in ("jobs", "runs")
+            for p in partitions
+        }
+        reader = Consumer(consumer_config(self.settings, None, **{"fetch.wait.max.ms": 100}))
+        reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in sinks])
+        self._ahead = _ReadAhead(reader, sinks)
+
+    def _read_ahead(self) -> None:
+        ahead = self._ahead
+        assert ahead is not None
+        for msg in ahead.reader.consume(10_000, timeout=0.1):
+            if msg.error() is None:
+                ahead.read += 1
+                ahead.sinks[(msg.topic() or "", msg.partition() or 0)].stage(
+                    (msg.key() or b"").decode(), msg.value()
+                )
+        if ahead.read >= AHEAD_MAX_RECORDS:
+            ahead.full = True
+            log.info(
+                "ledger %s: read %d state records ahead; the rest after assignment",
+                self.node_id,
+                ahead.read,
+            )
+
+    def _take_ahead(self, partitions: list[int]) -> dict[tuple[str, int], tuple[Encoded, int]]:
+        """End the read-ahead: (topic, partition) -> its table and the offset to read on
+        from, for these partitions and the topic-partitions it read anything of; the
+        rest is dropped."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return {}
+        kept: dict[tuple[str, int], tuple[Encoded, int]] = {}
+        try:
+            wanted = [TopicPartition(t, p) for t, p in ahead.sinks if p in partitions]
+            for tp in ahead.reader.position(wanted) if wanted else []:
+                if tp.offset >= 0:
+                    sink = ahead.sinks[(tp.topic, tp.partition)]
+                    sink.flush()
+                    kept[(tp.topic, tp.partition)] = (sink, tp.offset)
+        except KafkaException as exc:  # read from the start instead: slower, as correct
+            log.warning("ledger %s: read-ahead position unknown (%s)", self.node_id, exc)
+            kept = {}
+        finally:
+            ahead.reader.close()
+        if self.store is not None:
+            for p in range(self.settings.partitions):
+                if p not in partitions:
+                    self.store.drop(p)
+        self._read_before = ahead.read
+        return kept
+
+    def _end_read_ahead(self) -> None:
+        self._take_ahead([])
 
     def _usable(self, msg: Message) -> bool:
         error = msg.error()
@@ -419,10 +507,15 @@ class Ledger:
         """
         wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         failures = 0
+        ahead_of = self._ahead is not None
         while True:
             committed = committed_or(self.consumer, wanted, OFFSET_BEGINNING, self._stop)
+            # Only now, after the fetch, is what was read ahead taken (and only by the
+            # first attempt: a retry reads from the start).
+            taken = [tp.partition for tp in committed]
+            ahead = self._take_ahead(taken) if ahead_of and not failures else {}
             try:
-                restored = self._restore_all([tp.partition for tp in committed])
+                restored = self._restore_all(taken, ahead)
                 break
             except KafkaException as exc:
                 # The broker down, or a restore that stalled: both steps again, in order.
@@ -443,7 +536,11 @@ class Ledger:
     def _restore(self, partition: int) -> PartitionState:
         return self._restore_all([partition])[partition]
 
-    def _restore_all(self, partitions: list[int]) -> dict[int, PartitionState]:
+    def _restore_all(
+        self,
+        partitions: list[int],
+        ahead: dict[tuple[str, int], tuple[Encoded, int]] | None = None,
+    ) -> dict[int, PartitionState]:
         """Read these partitions of `jobs` and `runs` to their end (read_committed), all
         at once with one consumer: a failover restores every partition it takes over.
 
@@ -467,29 +564,42 @@ class Ledger:
         the state (`bench.restore`: 10 values per key took 5.2 times as long as one), and
         decoding every newest value made it grow with the registry, though few of its
         jobs are due in the next minutes.
+
+        `ahead`: (topic, partition) -> a table already holding what the read-ahead read
+        of it (`_start_read_ahead`) and the offset it stopped at, to read on from there.
         """
-        jobs_topic, runs_topic = self.topics["jobs"], self.topics["runs"]
+        ahead = ahead or {}
+        read_before, self._read_before = self._read_before if ahead else 0, 0
         states: dict[int, PartitionState] = {}
         sinks: dict[tuple[str, int], Encoded] = {}
+        starts: dict[tuple[str, int], int] = {}
         for p in partitions:
-            jobs, runs = self._encoded(p, "jobs"), self._encoded(p, "runs")
+            for topic in ("jobs", "runs"):
+                where = (self.topics[topic], p)
+                if where in ahead:
+                    sinks[where], starts[where] = ahead[where]
+                else:
+                    sinks[where] = self._encoded(p, topic)
             states[p] = PartitionState(
-                StateTable(JOB_STATE.decode, jobs), StateTable(RUN_STATE.decode, runs)
+                StateTable(JOB_STATE.decode, sinks[(self.topics["jobs"], p)]),
+                StateTable(RUN_STATE.decode, sinks[(self.topics["runs"], p)]),
             )
-            sinks[(jobs_topic, p)], sinks[(runs_topic, p)] = jobs, runs
-        self._read_state_topics(sinks)
+        read = self._read_state_topics(sinks, starts)
         for sink in sinks.values():
             sink.flush()
+        self._restored_records = read_before + read
         return states
 
     def _encoded(self, partition: int, topic: Topic) -> Encoded:
         """A new, empty holder for the encoded states of `topic` in `partition`."""
         return MemoryStates() if self.store is None else self.store.table(partition, topic)
 
-    def _read_state_topics(self, sinks: dict[tuple[str, int], Encoded]) -> None:
+    def _read_state_topics(
+        self, sinks: dict[tuple[str, int], Encoded], starts: dict[tuple[str, int], int]
+    ) -> int:
         """Stage into each (topic, partition)'s sink the newest value of each key of the
-        `jobs` and `runs` partitions, read to the log's real end (`_restore_all` says
-        why and how long)."""
+        `jobs` and `runs` partitions, from `starts` (else the beginning) to the log's
+        real end (`_restore_all` says why and how long). Returns the records read."""
         probe = Consumer(
             consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
         )
@@ -502,10 +612,9 @@ class Ledger:
             }
         finally:
             probe.close()
-        pending = {key: high for key, high in targets.items() if high > 0}
-        self._restored_records = 0
+        pending = {key: high for key, high in targets.items() if high > starts.get(key, 0)}
         if not pending:
-            return
+            return 0
         reader = Consumer(
             consumer_config(
                 self.settings,
@@ -514,7 +623,9 @@ class Ledger:
             )
         )
         try:
-            reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
+            reader.assign(
+                [TopicPartition(t, p, starts.get((t, p), OFFSET_BEGINNING)) for t, p in pending]
+            )
             progress_at = time.monotonic()
             positions: dict[tuple[str, int], int] = {}
             read = 0
@@ -550,7 +661,7 @@ class Ledger:
                         del pending[where]
         finally:
             reader.close()
-        self._restored_records = read
+        return read
 
     # -- processing ---------------------------------------------------------------------
     def _process_batch(self, records: list[Message]) -> None:

@@ -17,8 +17,9 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ from streams.settings import Settings
 from streams.topics import delete_topics, ensure_topics
 from tests.support.nodes import EventReader
 from tests.support.specs import upsert
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -319,3 +321,81 @@ def test_a_restore_that_stops_progressing_fails(fresh: Settings) -> None:
         assert time.monotonic() - started < 6.0  # before the broker's 7 s abort
     finally:
         holder.abort_transaction(30)
+
+
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_a_takeover_goes_on_from_what_was_read_ahead(
+    fresh: Settings, store: str, tmp_path: Path
+) -> None:
+    """From its start to its first assignment a ledger reads every partition's state
+    (`_start_read_ahead`); the takeover's restore, after the offset fetch, goes on from
+    where that stopped to the real end. The records written in between - newer values, a
+    tombstone, a transaction whose commit marker is all that is left after the
+    read-ahead's position - are all in the state, and the partitions not taken are
+    dropped."""
+    plain = Producer({"bootstrap.servers": fresh.kafka})
+    jobs = fresh.topic("jobs")
+    for job_id, fired in (("job-a", 1), ("job-b", 1), ("job-gone", 1)):
+        plain.produce(
+            jobs,
+            key=job_id.encode(),
+            value=JOB_STATE.encode(_job_state(job_id, fired)),
+            partition=0,
+        )
+    plain.produce(
+        jobs, key=b"job-other", value=JOB_STATE.encode(_job_state("job-other", 1)), partition=1
+    )
+    assert plain.flush(30) == 0
+    ledger = Ledger(
+        fresh,
+        node_id=f"ahead-{uuid.uuid4().hex[:6]}",
+        restore_stall_s=3.0,
+        store_dir=tmp_path if store == "disk" else None,
+    )
+    try:
+        ledger._start_read_ahead()
+        ahead = ledger._ahead
+        assert ahead is not None
+
+        def read(records: int) -> Callable[[], bool]:
+            def step() -> bool:
+                ledger._read_ahead()
+                return ahead.read >= records
+
+            return step
+
+        eventually(read(4), "the read-ahead of what was written", 30)
+        plain.produce(
+            jobs, key=b"job-a", value=JOB_STATE.encode(_job_state("job-a", 2)), partition=0
+        )
+        plain.produce(jobs, key=b"job-gone", value=None, partition=0)
+        assert plain.flush(30) == 0
+        txn = Producer(transactional_producer_config(fresh, f"ahead-{uuid.uuid4().hex[:6]}"))
+        txn.init_transactions(30)
+        txn.begin_transaction()
+        txn.produce(jobs, key=b"job-c", value=JOB_STATE.encode(_job_state("job-c", 3)), partition=0)
+        txn.commit_transaction(30)
+        eventually(read(7), "the new records", 30)
+        # Read ahead past job-c: only its commit marker is left after the position.
+        state = ledger._restore_all([0], ledger._take_ahead([0]))[0]
+        assert ledger._ahead is None
+        assert {k: state.jobs[k].fired_ms for k in ("job-a", "job-b", "job-c")} == {
+            "job-a": 2,
+            "job-b": 1,
+            "job-c": 3,
+        }
+        assert "job-gone" not in state.jobs
+        assert len(state.jobs) == 3
+        # Written after the read-ahead ended, read by the restore's own reader.
+        plain.produce(
+            jobs, key=b"job-d", value=JOB_STATE.encode(_job_state("job-d", 4)), partition=0
+        )
+        assert plain.flush(30) == 0
+        again = ledger._restore_all([0])[0]
+        assert again.jobs["job-d"].fired_ms == 4
+        assert again.jobs["job-a"].fired_ms == 2
+    finally:
+        ledger._end_read_ahead()
+        ledger.consumer.close()
+        if ledger.store is not None:
+            ledger.store.close()

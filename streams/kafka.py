@@ -84,6 +84,11 @@ def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict
         # for a catch-up's prefetch stays with the process; 16 MB (some 100,000 state
         # records) still keeps every fetch busy.
         "queued.max.messages.kbytes": 16_384,
+        # Once that queue is full librdkafka waits fetch.queue.backoff.ms (1 s by default)
+        # before it fetches that partition again, though the loop empties the queue in
+        # milliseconds: a catch-up of 200,000 state records spent 1.3 s of its 1.8 s in
+        # that wait (0.5 s with 10 ms).
+        "fetch.queue.backoff.ms": 10,
         **extra,
     }
     if group is not None:

@@ -23,14 +23,7 @@ from confluent_kafka import Producer
 
 from bench.common import bench_settings, report, table
 from schemas.codec import JOB_STATE, RUN_STATE
-from schemas.headers import (
-    DEADLINE_HEADER,
-    TIMERS_HEADER,
-    encode_deadline,
-    encode_timers,
-    job_timers,
-    run_deadline,
-)
+from schemas.headers import job_state_headers, run_state_headers
 from streams.core.commands import UpsertJob, parse_command
 from streams.core.records import JobState, RunState
 from streams.kafka import producer_config
@@ -78,7 +71,7 @@ def fill(
                 jobs_topic,
                 key=job_id.encode(),
                 value=JOB_STATE.encode(state),
-                headers=None if bare else [(TIMERS_HEADER, encode_timers(job_timers(state)))],
+                headers=None if bare else job_state_headers(state),
             )
             for run_id in run_ids:
                 run = RunState(
@@ -89,9 +82,7 @@ def fill(
                     runs_topic,
                     key=run_id.encode(),
                     value=RUN_STATE.encode(run),
-                    headers=None
-                    if bare
-                    else [(DEADLINE_HEADER, encode_deadline(run_deadline(run)))],
+                    headers=None if bare else run_state_headers(run),
                 )
         if i % 1000 == 0:
             producer.poll(0)

@@ -90,6 +90,19 @@ Headers: TypeAlias = (
 )  # as confluent-kafka types them
 
 
+ProducedHeaders: TypeAlias = list[tuple[str, str | bytes | None]]
+
+
+def job_state_headers(job: JobState) -> ProducedHeaders:
+    """The headers the ledger writes on a job state record."""
+    return [(TIMERS_HEADER, encode_timers(job_timers(job)))]
+
+
+def run_state_headers(run: RunState) -> ProducedHeaders:
+    """The headers the ledger writes on a run state record."""
+    return [(DEADLINE_HEADER, encode_deadline(run_deadline(run)))]
+
+
 def _header(headers: Headers, name: str) -> bytes | None:
     if not headers:
         return None

@@ -111,14 +111,7 @@ from schemas.codec import (
     WORKER_INBOX,
     CodecError,
 )
-from schemas.headers import (
-    DEADLINE_HEADER,
-    TIMERS_HEADER,
-    encode_deadline,
-    encode_timers,
-    job_timers,
-    run_deadline,
-)
+from schemas.headers import job_state_headers, run_state_headers
 from schemas.json import dlq_record
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
@@ -852,19 +845,15 @@ class Ledger:
         jobs, runs = self.topics["jobs"], self.topics["runs"]
         for (partition, job_id), job in self._dirty_jobs.items():
             data = JOB_STATE.encode(job)
-            timers: list[tuple[str, str | bytes | None]] = [
-                (TIMERS_HEADER, encode_timers(job_timers(job)))  # for the scheduler
-            ]
-            self._produce(jobs, job_id.encode(), data, partition, timers)
+            # The headers: what the scheduler needs of the state (schemas/headers.py).
+            self._produce(jobs, job_id.encode(), data, partition, job_state_headers(job))
             state = self.state.get(partition)
             if state is not None and _cold(job):
                 state.jobs.keep_encoded(job_id, job, data)  # decoded again when next needed
         for (partition, run_id), run in self._dirty_runs.items():
             value = None if run is None else RUN_STATE.encode(run)
-            deadline: list[tuple[str, str | bytes | None]] | None = (
-                None if run is None else [(DEADLINE_HEADER, encode_deadline(run_deadline(run)))]
-            )
-            self._produce(runs, run_id.encode(), value, partition, deadline)
+            headers = None if run is None else run_state_headers(run)
+            self._produce(runs, run_id.encode(), value, partition, headers)
             state = self.state.get(partition)
             if state is not None and value is not None and run is not None and run.final:
                 state.runs.keep_encoded(run_id, run, value)

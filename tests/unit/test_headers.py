@@ -17,8 +17,10 @@ from schemas.headers import (
     decode_timers,
     encode_deadline,
     encode_timers,
+    job_state_headers,
     job_timers,
     run_deadline,
+    run_state_headers,
     timers_of,
 )
 from streams.core.proposals import may_lead, may_look_ahead
@@ -61,6 +63,7 @@ def test_a_job_states_timers_are_what_the_scheduler_read_from_the_state(
     )
     job = JobState(spec, False, False, 0, 0, 7, due, (), (), (), 1)
     assert job_timers(job) == Timers(due, 7, may_look_ahead(spec), may_lead(spec))
+    assert timers_of(job_state_headers(job)) == job_timers(job)  # what the ledger writes
 
 
 KINDS = st.sampled_from(["claim", "timeout", "retry", "dependency"])
@@ -98,6 +101,7 @@ def test_a_run_states_deadline_is_what_the_scheduler_read_from_the_state(
         None, None, None, "", 1,
     )  # fmt: skip
     found = run_deadline(run)
+    assert deadline_of(run_state_headers(run)) == found  # what the ledger writes
     if run.final or pending is None:
         assert found == Deadline(None, 2, None)
     else:

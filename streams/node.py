@@ -34,12 +34,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from faust.worker import Worker
-
 from streams.core.ledger import LedgerConfig
 from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
-from streams.ingress import build_app
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
 from streams.lifecycle import die_with_parent as _die_with_parent
@@ -155,6 +152,12 @@ def run_node(
     for thread in threads:
         thread.start()
     log.info("node %s started: ingress, ledger, scheduler, dispatcher", node_id)
+    # Faust is imported only now (~0.8 s): the scheduler is already reading ahead, and
+    # the ledger's process, which imports this module, never loads it.
+    from faust.worker import Worker
+
+    from streams.ingress import build_app
+
     app = build_app(settings)
     try:
         Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -4,7 +4,6 @@ environment, and calls into the packages that do the work."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import signal
 import sys
@@ -30,6 +29,9 @@ from projections.retention import RetentionError, RetentionPolicy
 from projections.retention import prune as prune_history
 from streams.core.ledger import LedgerConfig
 from streams.core.zones import use_tzdata_only
+from streams.logs import LogFormat, LogFormatError
+from streams.logs import configure as configure_logging
+from streams.logs import log_format as chosen_log_format
 from streams.settings import Settings, SettingsError
 from streams.topics import TopicError, ensure_topics
 
@@ -39,6 +41,41 @@ ENV_HELP = (
     "for the local stack CRONLOG_STATE_DIR and "
     "CRONLOG_STACK_KAFKA_PORT / _CONTROLLER_PORT / _POSTGRES_PORT / CRONLOG_STACK_BROKERS."
 )
+
+LogFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        help="text, or json: one JSON object per line (CRONLOG_LOG_FORMAT; default text).",
+    ),
+]
+
+
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Serve /metrics, /healthz and /readyz on this port (CRONLOG_METRICS_PORT; "
+        "default none). A scheduler node's ledger process serves on the port + 1.",
+    ),
+]
+
+
+def _metrics_port(option: int | None) -> int | None:
+    from streams.metrics import metrics_port
+
+    try:
+        return metrics_port(option)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+def _logging(level: str, component: str, instance: str | None, fmt: str | None) -> LogFormat:
+    try:
+        return configure_logging(level, component, instance, fmt)
+    except LogFormatError as exc:
+        raise _fail(str(exc), 2) from None
+
 
 app = typer.Typer(
     name="cronlog",
@@ -297,14 +334,14 @@ def scheduler(
         ),
     ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_format: LogFormatOption = None,
+    metrics_port: MetricsPortOption = None,
 ) -> None:
     """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
     from streams.node import run_node  # imported late: Faust is heavy to import
 
     settings = _settings()
-    logging.basicConfig(
-        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    chosen = _logging(loglevel, "scheduler", node_id, log_format)
     max_lead_s = LedgerConfig().max_lead_ms / 1000  # the ledger refuses earlier proposals
     if not 0 <= lookahead_s < max_lead_s or lookahead_rate < 0 or lead_s < 0:
         raise _fail(
@@ -321,6 +358,8 @@ def scheduler(
         lookahead_per_s=lookahead_rate,
         loglevel=loglevel,
         store_dir=_ledger_store(state_store),
+        log_format=chosen,
+        metrics_port=_metrics_port(metrics_port),
     )
 
 
@@ -429,6 +468,8 @@ def worker(
         ),
     ] = 3600.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_format: LogFormatOption = None,
+    metrics_port: MetricsPortOption = None,
 ) -> None:
     """A worker: advertises capacity, claims runs placed on it and executes them."""
     from connectors.worker.worker import Worker, WorkerConfig
@@ -446,9 +487,7 @@ def worker(
             raise _fail(f"--label must be k=v, got {item!r}", 2)
         labels.append((key, value))
     state = Path(os.environ.get("CRONLOG_STATE_DIR") or StackPaths.default().state) / "workers"
-    logging.basicConfig(
-        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    _logging(loglevel, "worker", worker_id, log_format)
     config = WorkerConfig(
         worker_id,
         Capacity(cpu, memory_mb, gpu),
@@ -459,6 +498,11 @@ def worker(
         keep_s=keep_s,
     )
     running = Worker(settings, config)
+    port = _metrics_port(metrics_port)
+    if port is not None:
+        from streams.metrics import WORKER, MetricsServer
+
+        MetricsServer(port, [WORKER], running.ready, running.alive).start()
     _stop_watchdog()
     signal.signal(signal.SIGTERM, lambda *_: running.stop())
     try:
@@ -481,18 +525,23 @@ def projector(
     keep_previous: Annotated[
         bool, typer.Option(help="With --rebuild: keep the old tables in <schema>_previous.")
     ] = False,
+    log_format: LogFormatOption = None,
+    metrics_port: MetricsPortOption = None,
 ) -> None:
     """Project run-events, jobs, heartbeats and run-logs into PostgreSQL, exactly once."""
     from projections.projector import Projector
 
     settings = _settings()
-    logging.basicConfig(
-        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    _logging(loglevel, "projector", None, log_format)
     if rebuild:
         _rebuild(settings, keep_previous)
         return
     running = Projector(settings, retention=_retention())
+    port = _metrics_port(metrics_port)
+    if port is not None:
+        from streams.metrics import PROJECTOR, MetricsServer
+
+        MetricsServer(port, [PROJECTOR], running.ready).start()
     _stop_watchdog()
     signal.signal(signal.SIGTERM, lambda *_: running.stop())
     try:
@@ -531,10 +580,13 @@ def api(
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Listen port.")] = 8080,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_format: LogFormatOption = None,
 ) -> None:
     """The REST API (OpenAPI at /docs and /openapi.json). Tokens: CRONLOG_API_TOKENS_FILE,
     CRONLOG_API_TOKENS (token=owner,...), CRONLOG_API_ADMIN_TOKENS, CRONLOG_WORKER_TOKENS."""
     import uvicorn
+
+    chosen = _logging(loglevel, "api", None, log_format)
 
     from connectors.api.app import create_app
     from connectors.api.auth import AuthConfigError, Tokens
@@ -557,7 +609,9 @@ def api(
     try:
         app = create_app(service, tokens, gateway)
         _stop_watchdog()  # uvicorn's handlers, installed in run, get wrapped
-        uvicorn.run(app, host=host, port=port, log_level=loglevel)
+        # JSON: uvicorn's loggers go through the root handler set above, not its own.
+        log_config = None if chosen == "json" else uvicorn.config.LOGGING_CONFIG
+        uvicorn.run(app, host=host, port=port, log_level=loglevel, log_config=log_config)
     finally:
         gateway.stop()
         service.close()
@@ -594,6 +648,15 @@ def run_all(
         bool,
         typer.Option("--no-stack", help="Use CRONLOG_KAFKA/CRONLOG_DATABASE_URL as they are."),
     ] = False,
+    log_format: LogFormatOption = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Metrics of the components from this port on (CRONLOG_METRICS_PORT): the "
+            "node P, its ledger P+1, the workers P+10 and P+11, the projector P+20.",
+        ),
+    ] = None,
 ) -> None:
     """Everything on one machine (for `make run`): the local stack, the topics, a
     scheduler node, two workers, the projector and the API under one supervisor, and
@@ -603,6 +666,10 @@ def run_all(
     from streams.lifecycle import InstanceRunning, hold_instance_lock, stop_timeout_s
 
     settings = _settings()
+    try:  # the components' logs (each child reads it)
+        os.environ["CRONLOG_LOG_FORMAT"] = chosen_log_format(log_format)
+    except LogFormatError as exc:
+        raise _fail(str(exc), 2) from None
     state = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")).state
     try:
         # Held until this process ends, however it ends: the kernel drops an flock
@@ -638,12 +705,17 @@ def run_all(
         "CRONLOG_PARTITIONS": str(settings.partitions),
         "CRONLOG_API_TOKENS_FILE": str(tokens),
     }
+    env.pop("CRONLOG_METRICS_PORT", None)  # each child is given its own port instead
+    first_port = _metrics_port(metrics_port)
     # A component gets its own stop bound (its watchdog) plus 10 s before the SIGKILL of
     # its process group; the supervisor's own watchdog fires only after that escalation
     # and the 10 s it then waits (and if it ever fires, the components die with it).
     escalate_s = component_bound_s + 10
     supervisor = Supervisor(
-        components(state, lead_s, api_port, loglevel), env, _log, stop_bound_s=escalate_s
+        components(state, lead_s, api_port, loglevel, first_port),
+        env,
+        _log,
+        stop_bound_s=escalate_s,
     )
     _stop_watchdog(extra_s=10 + 10 + 5)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: terminal closed

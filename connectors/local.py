@@ -185,17 +185,29 @@ class Supervisor:
         self.say("stopped")
 
 
-def components(state: Path, lead_s: float, api_port: int, loglevel: str) -> list[Child]:
+def components(
+    state: Path, lead_s: float, api_port: int, loglevel: str, metrics_port: int | None = None
+) -> list[Child]:
+    """The children of `cronlog run`. With `metrics_port` P each serves its metrics on a
+    port of its own: the node P (its ledger P + 1), the workers P + 10 and P + 11, the
+    projector P + 20 (compose/prometheus/prometheus.yml scrapes these); the API serves
+    /metrics on its own port."""
     cpus = os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (4 * 1024 * 1024)
     logs = state / "logs"
     level = ["--loglevel", loglevel]
-    scheduler = ["scheduler", "--node-id", "local", "--lead-s", str(lead_s), *level]
+
+    def port(offset: int) -> list[str]:
+        return [] if metrics_port is None else ["--metrics-port", str(metrics_port + offset)]
+
+    scheduler = ["scheduler", "--node-id", "local", "--lead-s", str(lead_s), *level, *port(0)]
     children = [Child("scheduler", scheduler, logs / "scheduler.log")]
     for n in (1, 2):
         worker = ["worker", "--id", f"local-{n}", "--cpu", str(cpus), "--memory-mb", str(memory)]
-        children.append(Child(f"worker local-{n}", [*worker, *level], logs / f"worker-{n}.log"))
-    children.append(Child("projector", ["projector", *level], logs / "projector.log"))
+        children.append(
+            Child(f"worker local-{n}", [*worker, *level, *port(9 + n)], logs / f"worker-{n}.log")
+        )
+    children.append(Child("projector", ["projector", *level, *port(20)], logs / "projector.log"))
     api = ["api", "--port", str(api_port), "--loglevel", loglevel]
     children.append(Child("api", api, logs / "api.log"))
     return children

@@ -31,15 +31,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
 from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
 from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError
 from schemas.json import to_plain
+from streams import metrics
 from streams.core.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams.kafka import consumer_config
+from streams.metrics import reason_kind
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.projector")
@@ -242,6 +244,13 @@ class Projector:
         self.pruner = (
             Pruner(settings.database_url, retention) if retention and retention.enabled else None
         )
+        # Counted in the metrics once their batch is committed (a rewound batch is
+        # projected again, and counted then): the states its run events entered.
+        self._entered: list[tuple[str, str]] = []
+        self._reasons = metrics.BoundedLabels()
+        self.assigned = False
+        self.caught_up = False  # an empty poll since the assignment (readiness)
+        self._lag_at = 0.0
         self.handlers: dict[str, Callable[[bytes, Rows], None]] = {
             "run-events": self._run_event,
             "jobs": self._job_state,
@@ -294,6 +303,34 @@ class Projector:
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), -2)
         consumer.assign(partitions)
+        self.assigned = True
+
+    def ready(self) -> str | None:
+        """None once assigned and caught up once (an empty poll), else why not."""
+        if not self.assigned:
+            return "projector: no partitions assigned yet"
+        return None if self.caught_up else "projector: catching up"
+
+    def _lag(self, newest_ms: dict[str, int]) -> None:
+        """The lag gauges: records behind each topic's end (the ends the last fetches
+        saw), and the age of the newest record projected; at most every 5 s."""
+        for name, stamp in newest_ms.items():
+            metrics.PROJECTOR_LAG_SECONDS.labels(name).set(max(0.0, time.time() - stamp / 1000))
+        now = time.monotonic()
+        if now - self._lag_at < 5:
+            return
+        self._lag_at = now
+        behind: dict[str, int] = dict.fromkeys(TOPICS, 0)
+        try:
+            for tp in self.consumer.position(self.consumer.assignment()):
+                high = self.consumer.get_watermark_offsets(tp, cached=True)
+                if high is not None and high[1] >= 0 and tp.offset >= 0:
+                    name = self.topic_names.get(tp.topic, tp.topic)
+                    behind[name] = behind.get(name, 0) + max(0, high[1] - tp.offset)
+        except KafkaException:
+            return  # the broker away: the gauges keep their last value
+        for name, count in behind.items():
+            metrics.PROJECTOR_LAG_RECORDS.labels(name).set(count)
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -312,6 +349,8 @@ class Projector:
                 if messages:
                     self._write(messages)
                 else:
+                    self.caught_up = self.assigned
+                    self._lag({})
                     self.idle_positions = {
                         (tp.topic, tp.partition): tp.offset
                         for tp in self.consumer.position(self.consumer.assignment())
@@ -325,6 +364,7 @@ class Projector:
 
     def _write(self, messages: list[Message]) -> None:
         batch = Batch()
+        self._entered.clear()
         for msg in messages:
             self._project(msg, batch.record(msg))
         assert self.conn is not None
@@ -342,12 +382,32 @@ class Projector:
                     self._fence(cur, batch)
                     self._write_one_by_one(cur, batch)
             self.projected += len(messages)
+            self._count(messages)
         except StalePosition:
             log.info("stored offsets moved under this projector; rewinding to them")
             self._rewind(self.conn)
         except psycopg.Error as exc:
             log.warning("projection batch failed (%s); reconnecting and rewinding", exc)
             self._reset()  # the rewind re-reads the batch from the stored offsets
+
+    def _count(self, messages: list[Message]) -> None:
+        """The metrics of a committed batch."""
+        newest: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        for msg in messages:
+            name = self.topic_names.get(msg.topic() or "", "")
+            counts[name] = counts.get(name, 0) + 1
+            stamp = msg.timestamp()[1]
+            if stamp > newest.get(name, 0):
+                newest[name] = stamp
+        for name, count in counts.items():
+            metrics.PROJECTED.labels(name).inc(count)
+        for state, reason in self._entered:
+            metrics.RUN_TRANSITIONS.labels(state).inc()
+            if state in FINAL_STATES:
+                metrics.RUNS_FINISHED.labels(state, self._reasons(reason_kind(reason))).inc()
+        self._entered.clear()
+        self._lag(newest)
 
     def _fence(self, cur: psycopg.Cursor[Any], batch: Batch) -> None:
         stored = {(t, p): o for t, p, o in cur.execute(FENCE).fetchall()}
@@ -441,6 +501,7 @@ class Projector:
         worker = e.worker_id or None
         transition = (e.event_id, e.run_id, e.attempt, e.state, at, worker, detail, seq)
         rows.append((TRANSITION, transition))
+        self._entered.append((e.state, reason))
         run = {
             "run_id": e.run_id,
             "job_id": e.job_id,

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from schemas.codec import DISPATCH, HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
+from streams import metrics
 from streams.core.ids import job_of
 from streams.core.placement import (
     Capacity,
@@ -97,6 +98,8 @@ from streams.kafka import (
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")
+_PLACED = metrics.PLACEMENTS.labels("placed")
+_NEVER_FITS = metrics.PLACEMENTS.labels("never_fits")
 # A placement not listed by a heartbeat fetched this long after it was refused or lost.
 REFUSAL_MARGIN_S = 1.0
 # How often the handled dispatch offsets are committed.
@@ -458,6 +461,7 @@ class Dispatcher:
             self.workers[worker_id] = info
         if info.dead:
             log.warning("worker %s is back after being declared dead", worker_id)
+            metrics.WORKER_VERDICTS.labels("back").inc()
         info.capacity, info.free, info.mark, info.received_s, info.dead = (
             capacity,
             _capacity(beat["free"]),
@@ -542,6 +546,7 @@ class Dispatcher:
                 if everyone and not could_ever_fit(request.resources, everyone):
                     self.queue.remove(key)
                     del self.pending[key]
+                    _NEVER_FITS.inc()
                     self._send(
                         request.job_id,
                         DispatchFailed(
@@ -560,6 +565,7 @@ class Dispatcher:
         self, request: DispatchRequest, worker_id: str, now: int, where: tuple[int, int] | None
     ) -> None:
         info = self.workers[worker_id]
+        _PLACED.inc()
         placed = self.placed.setdefault(request.not_before_ms // 1000, {})
         placed[worker_id] = placed.get(worker_id, 0) + 1
         info.reserve(
@@ -617,6 +623,7 @@ class Dispatcher:
                 continue  # a beat came, or reading was interrupted: judged afresh later
             info.dead = True
             self.declared_dead += 1
+            metrics.WORKER_VERDICTS.labels("lost").inc()
             held = info.running | set(info.reserved) | set(info.maybe)
             log.warning(
                 "worker %s: no beat received for %.1f s: declared dead, %d attempts lost",

@@ -26,6 +26,7 @@ import faust
 
 from schemas.codec import JOB_LOG
 from schemas.json import dlq_record
+from streams import metrics
 from streams.core.commands import (
     Backfill,
     CancelRun,
@@ -55,6 +56,11 @@ from streams.settings import Settings
 
 log = logging.getLogger("cronlog.ingress")
 BATCH = 1000
+
+
+_ACCEPTED = metrics.COMMANDS.labels("accepted")
+_REJECTED = metrics.COMMANDS.labels("rejected")
+_DLQ = metrics.INGRESS_DLQ.labels("ingress")
 
 
 def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
@@ -149,6 +155,10 @@ def build_app(settings: Settings) -> faust.App:
                     )
                     outputs.append((dlq, event.key, record))
             await deliver(outputs)
+            rejected = sum(1 for topic, _, _ in outputs if topic == dlq)
+            _ACCEPTED.inc(len(outputs) - rejected)  # counted once delivered
+            _REJECTED.inc(rejected)
+            _DLQ.inc(rejected)
 
     async def deliver(outputs: list[tuple[str, bytes | None, bytes]]) -> None:
         """Send the batch and await every delivery; until all are delivered, send the

@@ -23,6 +23,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from streams.logs import kafka_log_settings
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.kafka")
@@ -55,6 +56,7 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
         "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "lz4",
+        **kafka_log_settings(),
         **extra,
     }
 
@@ -89,6 +91,7 @@ def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict
         # milliseconds: a catch-up of 200,000 state records spent 1.3 s of its 1.8 s in
         # that wait (0.5 s with 10 ms).
         "fetch.queue.backoff.ms": 10,
+        **kafka_log_settings(),
         **extra,
     }
     if group is not None:

@@ -113,6 +113,7 @@ from schemas.codec import (
 )
 from schemas.headers import job_state_headers, run_state_headers
 from schemas.json import dlq_record
+from streams import metrics
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
 from streams.kafka import (
@@ -131,6 +132,9 @@ from streams.state_store import DiskStore, MemoryStates, Topic
 from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
 
 log = logging.getLogger("cronlog.ledger")
+_APPLIED = metrics.DECISIONS.labels("applied")
+_REJECTED = metrics.DECISIONS.labels("rejected")
+_DLQ = metrics.LEDGER_DLQ.labels("ledger")
 
 # The work of one transaction (module docstring, step 4).
 TXN_MAX_RECORDS = 20_000
@@ -263,6 +267,8 @@ class Ledger:
         self._restored_records = 0  # read by the newest restore (its log line)
         self._ahead: _ReadAhead | None = None
         self._read_before = 0  # records of the takeover's restore read ahead
+        self._txn_rejected = self._txn_dlq = 0
+        self.assigned = False  # a first assignment came and was restored (readiness)
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
         self.consumer = self._new_consumer()
@@ -457,6 +463,8 @@ class Ledger:
         # not look the committed offsets up again after the restore (see _take_over).
         consumer.assign(positions)
         self.watch.reset()  # in the group (the statistics said otherwise while it restored)
+        self.assigned = True
+        metrics.LEDGER_PARTITIONS.set(len(self.state))
         if self._stop.is_set():
             return  # stopping: nothing is decided any more
         log.info(
@@ -473,8 +481,13 @@ class Ledger:
         for tp in partitions:
             self._drop(tp.partition)
 
+    def ready(self) -> str | None:
+        """None once its partitions are assigned and restored, else why not."""
+        return None if self.assigned else "ledger: no partitions assigned and restored yet"
+
     def _drop(self, partition: int) -> None:
         self.state.pop(partition, None)
+        metrics.LEDGER_PARTITIONS.set(len(self.state))
         if self.store is not None:
             self.store.drop(partition)
 
@@ -680,6 +693,7 @@ class Ledger:
         it); the consumer is sought back to the first record left out."""
         self.producer.begin_transaction()
         self._in_txn = 0
+        self._txn_rejected = self._txn_dlq = 0  # counted in the metrics once committed
         self._dirty_jobs.clear()  # a failed transaction's, thrown away with its state
         self._dirty_runs.clear()
         started = time.monotonic()
@@ -704,6 +718,11 @@ class Ledger:
             lambda: producer.commit_transaction(TXN_CALL_S), TXN_WATCHDOG_S, "commit_transaction"
         )
         took = time.monotonic() - started
+        metrics.TXN_SECONDS.observe(took)
+        metrics.TXN_RECORDS.observe(done)
+        _APPLIED.inc(done - self._txn_rejected - self._txn_dlq)
+        _REJECTED.inc(self._txn_rejected)
+        _DLQ.inc(self._txn_dlq)
         self._transactions += 1
         self._produced += self._in_txn
         self._records += done
@@ -745,6 +764,7 @@ class Ledger:
                     msg.offset() or 0,
                 ),
             )
+            self._txn_dlq += 1
             return
         key = msg.key()
         decision = decide(
@@ -756,6 +776,7 @@ class Ledger:
         )
         if decision.rejected:
             self._rejected += 1
+            self._txn_rejected += 1
         self._apply(partition, state, decision)
 
     def _now_ms(self, msg: Message) -> int | None:

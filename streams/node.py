@@ -34,12 +34,16 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from streams import metrics
 from streams.core.ledger import LedgerConfig
 from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
 from streams.lifecycle import die_with_parent as _die_with_parent
+from streams.logs import LogFormat
+from streams.logs import configure as configure_logging
+from streams.metrics import MetricsServer
 from streams.scheduler import Scheduler, SchedulerConfig
 from streams.settings import Settings
 
@@ -82,13 +86,15 @@ def _ledger_main(
     node_id: str,
     loglevel: str,
     store_dir: Path | None,
+    log_format: LogFormat = "text",
+    metrics_port: int | None = None,
 ) -> None:
     _die_with_parent()
     _dump_stacks_on_sigusr1()
-    logging.basicConfig(
-        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(loglevel, "ledger", node_id, log_format)
     ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir)
+    if metrics_port is not None:  # the node's port + 1 (streams/metrics.py)
+        MetricsServer(metrics_port + 1, [metrics.LEDGER], ledger.ready).start()
     signal.signal(signal.SIGTERM, lambda *_: ledger.stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node stops it with SIGTERM
     ledger.run()
@@ -112,6 +118,8 @@ def run_node(
     loglevel: str = "info",
     ledger_process: bool = True,
     store_dir: Path | None = None,
+    log_format: LogFormat = "text",
+    metrics_port: int | None = None,
 ) -> None:
     """Run a node until stopped. `store_dir`: where the ledger keeps the states it holds
     encoded (a RocksDB scratch store, streams/state_store.py); None keeps them on the heap."""
@@ -141,7 +149,7 @@ def run_node(
     if ledger_process:
         child = multiprocessing.get_context("spawn").Process(
             target=_ledger_main,
-            args=(settings, ledger_config, node_id, loglevel, store_dir),
+            args=(settings, ledger_config, node_id, loglevel, store_dir, log_format, metrics_port),
             name="ledger",
         )
         child.start()
@@ -151,6 +159,18 @@ def run_node(
     threads = [_guarded(name, part.run) for name, part in parts.items()]
     for thread in threads:
         thread.start()
+    if metrics_port is not None:
+        registries = [metrics.SCHEDULER, metrics.DISPATCHER, metrics.INGRESS]
+        ready: list[Callable[[], str | None]] = [scheduler.ready]
+        if not ledger_process:
+            registries.append(metrics.LEDGER)
+            ready.append(parts["ledger"].ready)  # type: ignore[union-attr]
+        MetricsServer(
+            metrics_port,
+            registries,
+            lambda: next((why for check in ready if (why := check())), None),
+            alive=lambda: all(thread.is_alive() for thread in threads),
+        ).start()
     log.info("node %s started: ingress, ledger, scheduler, dispatcher", node_id)
     # Faust is imported only now (~0.8 s): the scheduler is already reading ahead, and
     # the ledger's process, which imports this module, never loads it.
@@ -160,7 +180,10 @@ def run_node(
 
     app = build_app(settings)
     try:
-        Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+        # The logging is the node's own (streams/logs.py), not Faust's.
+        Worker(
+            app, loglevel=loglevel, quiet=True, override_logging=False
+        ).execute_from_commandline()
     finally:
         stopping.set()
         for part in parts.values():

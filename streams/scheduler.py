@@ -76,6 +76,7 @@ from confluent_kafka import (
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
 from schemas.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
+from streams import metrics
 from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.duequeue import DueQueue
 from streams.core.ids import job_of
@@ -89,6 +90,8 @@ from streams.kafka import GroupWatch, abandon_consumer, consumer_config, produce
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.scheduler")
+_FIRES = metrics.PROPOSALS.labels("fire")
+_DEADLINES = metrics.PROPOSALS.labels("deadline")
 
 Clock = Callable[[], int]
 # A wall clock this far off the broker's makes the proposals made by it before the first
@@ -149,6 +152,8 @@ class Scheduler:
         # timers, from a consumer outside the group.
         self._warm: Consumer | None = None
         self._warm_timers: dict[int, PartitionTimers] = {}
+        self.assigned = False  # a first assignment came (readiness)
+        self._gauged = 0.0
         self.early = Allowance(config.proposals.early_per_s, self.clock())
         self._turn = 0
         self.proposed = 0
@@ -223,11 +228,30 @@ class Scheduler:
                 self.producer.poll(0)  # delivery reports: samples of the broker's time
                 self._resync()
                 self._propose(self.clock())
+                self._gauges()
         finally:
             self._end_warm_up()
             self.producer.flush(10)
             self.consumer.close()
             self.beats.close()
+
+    def _gauges(self) -> None:
+        now = time.monotonic()
+        if now - self._gauged < 1.0:
+            return
+        self._gauged = now
+        owned = list(self.timers.values())
+        metrics.SCHEDULER_TIMERS.labels("jobs").set(sum(len(t.fires) for t in owned))
+        metrics.SCHEDULER_TIMERS.labels("deadlines").set(sum(len(t.deadlines) for t in owned))
+        metrics.SCHEDULER_PARTITIONS.labels("owned").set(len(owned))
+        metrics.SCHEDULER_PARTITIONS.labels("caught_up").set(sum(not t.backlog for t in owned))
+
+    def ready(self) -> str | None:
+        """None once assigned with every owned partition caught up, else why not."""
+        if not self.assigned:
+            return "scheduler: no partitions assigned yet"
+        behind = sorted(p for p, t in list(self.timers.items()) if t.backlog)
+        return f"scheduler: catching up partitions {behind}" if behind else None
 
     def _read(self, messages: list[Message], timers: dict[int, PartitionTimers]) -> None:
         for msg in messages:
@@ -355,6 +379,7 @@ class Scheduler:
                     self._log_caught_up(tp.partition, warm, " (read ahead)")
             tp.offset = ahead.get((tp.topic, tp.partition), OFFSET_BEGINNING)
         self._end_warm_up()
+        self.assigned = True
         consumer.assign(partitions)
         self.watch.reset()
         log.info(
@@ -472,10 +497,12 @@ class Scheduler:
             self.early.spend(early)
             for job_id, due in fires:
                 self._send(job_id, FireProposed(job_id, due, now, self.node_id))
+            _FIRES.inc(len(fires))
             for run_id, _ in timers.deadlines.pop_due(now):
                 job_id, attempt, kind = timers.runs[run_id]
                 self._send(job_id, DeadlineReached(job_id, run_id, attempt, kind, now))
                 timers.deadlines.set(run_id, now + repeat)
+                _DEADLINES.inc()
 
     def _send(self, job_id: str, record: FireProposed | DeadlineReached) -> None:
         if self._own_clock and not self.broker.synced:

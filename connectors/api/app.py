@@ -9,18 +9,21 @@ asynchronous; a GET on the Location shows it shortly).
 # No `from __future__ import annotations`: FastAPI reads these annotations at runtime,
 # and some name aliases local to create_app.
 
+import time
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from connectors.api.auth import Tokens
 from connectors.api.service import Accepted, Principal, Service, ServiceError, parse_body
 from connectors.api.workers import WorkerGateway
+from streams import metrics
 
 JOB_BODY = {
     "requestBody": {
@@ -112,6 +115,21 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
 
     User = Annotated[Principal, Depends(user)]
     Limit = Annotated[int, Query(ge=1, le=1000)]
+
+    # -- metrics ----------------------------------------------------------------------------
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Any) -> Response:
+        started = time.monotonic()
+        response: Response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")  # bounded: a template, not the path
+        metrics.API_REQUESTS.labels(template, request.method, str(response.status_code)).inc()
+        metrics.API_SECONDS.labels(template).observe(time.monotonic() - started)
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(metrics.exposition([metrics.API]), media_type=CONTENT_TYPE_LATEST)
 
     # -- health ---------------------------------------------------------------------------
     @app.get("/healthz", tags=["health"])

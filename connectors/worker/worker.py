@@ -61,6 +61,7 @@ from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runlogs import LogTail
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
+from streams import metrics
 from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.ids import iso_utc, job_of
 from streams.core.placement import Capacity, labels_match
@@ -79,6 +80,9 @@ from streams.kafka import committed_or, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.worker")
+_STARTED = metrics.WORKER_REPORTS.labels("started")
+_FINISHED = metrics.WORKER_REPORTS.labels("finished")
+_RELEASED = metrics.WORKER_REPORTS.labels("released")
 ExecutorKind = Literal["process", "noop"]
 Key = tuple[str, int]
 HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
@@ -170,6 +174,14 @@ class Worker:
         # Per earlier executor's log: what was read of it so far, and where to go on.
         self.adopted_logs: dict[str, tuple[dict[Key, dict[str, Any]], int]] = {}
         self.loop_seen = time.monotonic()
+        self.inbox_ready = False
+        self.gauged = 0.0
+        for resource, offered in zip(
+            ("cpu", "memory_mb", "gpu"),
+            (config.capacity.cpu, config.capacity.memory_mb, config.capacity.gpu),
+            strict=True,
+        ):
+            metrics.WORKER_CAPACITY.labels(resource).set(offered)
         # What of the worker's own environment every job gets (taken once, not per run).
         self.base_env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
         self.tailed = 0.0
@@ -261,6 +273,7 @@ class Worker:
         partition = inbox_partition(self.config.worker_id, self.settings.partitions)
         inbox = [TopicPartition(self.topics["worker-inbox"], partition)]
         consumer.assign(committed_or(consumer, inbox, stop=self.stop_event))
+        self.inbox_ready = True
         log.info("worker %s ready (inbox partition %d)", self.config.worker_id, partition)
         try:
             while not self.stop_event.is_set():
@@ -273,6 +286,7 @@ class Worker:
                         self._handle(msg.value() or b"")
                 self._start_granted()
                 self.journal.flush()  # this batch's lines to the OS: a kill -9 keeps them
+                self._gauges()
                 if messages:
                     # Replays after a crash are harmless (the journal and the attempt
                     # table ignore repeats); committing keeps them short.
@@ -368,7 +382,11 @@ class Worker:
             # Hand it straight back to the dispatchers rather than leave it to the claim
             # deadline (30 s after its time): the placement that sent it here is still
             # booked on this worker in the dispatcher's view, so it goes elsewhere.
-            log.info("no room for %s#%d; handing it back for placement", *key)
+            log.info(
+                "no room for %s#%d; handing it back for placement",
+                *key,
+                extra={"run_id": d.run_id, "job_id": d.job_id, "attempt": d.attempt},
+            )
             self.producer.produce(
                 self.topics["dispatch"], key=d.run_id.encode(), value=DISPATCH.encode(d)
             )
@@ -484,6 +502,26 @@ class Worker:
                 )
             )
 
+    def _gauges(self) -> None:
+        now = time.monotonic()
+        if now - self.gauged < 1.0:
+            return
+        self.gauged = now
+        phases: dict[str, int] = dict.fromkeys(("claiming", "granted", "started"), 0)
+        for attempt in self.attempts.values():
+            phases[attempt.phase] = phases.get(attempt.phase, 0) + 1
+        for phase, count in phases.items():
+            metrics.WORKER_ATTEMPTS.labels(phase).set(count)
+        for resource, used in zip(("cpu", "memory_mb", "gpu"), self.timeline.running, strict=True):
+            metrics.WORKER_USED.labels(resource).set(used)
+
+    def ready(self) -> str | None:
+        """None once its inbox is assigned, else why not (the metrics port's /readyz)."""
+        return None if self.inbox_ready else "worker: inbox not assigned yet"
+
+    def alive(self) -> bool:
+        return time.monotonic() - self.loop_seen < LOOP_STUCK_S
+
     def _env(self, d: DispatchRequest) -> dict[str, str]:
         return {
             **self.base_env,
@@ -533,6 +571,9 @@ class Worker:
         d = attempt.dispatch
         at = self._at(event.started_mono, event.started_ms)
         attempt.pid, attempt.started_ms = event.pid, at
+        if d.attempt == 1:  # the lateness of a firing: its first attempt's start
+            metrics.RUN_START_LATENESS.labels(d.owner).observe((at - d.scheduled_ms) / 1000)
+        _STARTED.inc()
         self.timeline.begin(attempt.key, d.resources)
         if attempt.run_dir is not None and self.executor.output:
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
@@ -570,6 +611,7 @@ class Worker:
             d.job_id, d.run_id, d.attempt, self.config.worker_id, code, error, at_ms
         )
         self._send(record, lambda: self._reported(d))
+        _FINISHED.inc()
         self._forget(attempt)
 
     def _release(self, attempt: Attempt, why: str) -> None:
@@ -579,6 +621,7 @@ class Worker:
         record = RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at)
         # "released", not "reported": the same attempt may be assigned here again.
         self._send(record, lambda: self._reported(d, "released"))
+        _RELEASED.inc()
         self._forget(attempt)
 
     def _reported(self, d: DispatchRequest, phase: str = "reported") -> None:

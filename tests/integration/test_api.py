@@ -298,6 +298,29 @@ def test_openapi_is_served(api: httpx.Client) -> None:
         assert path in spec["paths"]
 
 
+def test_metrics_count_requests_by_route_template(api: httpx.Client) -> None:
+    """/metrics (no token: Prometheus scrapes it) counts requests by route template and
+    status, never by the path itself (a job id in a label would be a series per job)."""
+    api.get("/jobs/no-such-job-for-metrics")
+    api.get("/jobs/another-missing-one")
+    answer = api.get("/metrics", headers={"Authorization": ""})
+    assert answer.status_code == 200
+    text = answer.text
+    assert 'route="/jobs/{job_id}"' in text
+    assert "no-such-job-for-metrics" not in text
+    found = [
+        line
+        for line in text.splitlines()
+        if line.startswith("cronlog_api_requests_total{")
+        and 'route="/jobs/{job_id}"' in line
+        and 'status="404"' in line
+    ]
+    assert found
+    assert float(found[0].rsplit(" ", 1)[1]) >= 2
+    assert "cronlog_api_request_duration_seconds_bucket" in text
+    assert "/metrics" not in api.get("/openapi.json").text
+
+
 def test_fuzzing_the_openapi_spec_finds_no_server_error(api: httpx.Client) -> None:
     """schemathesis generates requests from /openapi.json (coverage, fuzzing and stateful
     phases) and checks that none gets a 5xx."""

@@ -1,0 +1,295 @@
+"""Prometheus metrics and health endpoints of every cronlog process.
+
+Each long-running process (scheduler node, its ledger process, worker, projector) serves
+on the port it is given (`--metrics-port`, `CRONLOG_METRICS_PORT`; 0 or unset: none):
+  /metrics  the Prometheus text format (prometheus_client's registry of this process);
+  /healthz  200 while the process runs its loops (liveness);
+  /readyz   200 once its consumers are assigned and caught up, else 503 with the reason.
+A scheduler node's ledger runs in a process of its own and serves on the node's port + 1.
+The API serves `/metrics` on its own port, beside its routes.
+
+Names follow Prometheus conventions: the `cronlog_` prefix, base units (`_seconds`,
+`_bytes`), `_total` for counters, and labels of bounded cardinality (an owner, a state,
+a kind; never a job or run id). Every metric is defined here, in one place, so the
+alert rules and the dashboard (compose/prometheus, compose/grafana) can be checked
+against one list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Final
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("cronlog.metrics")
+
+# One registry per component: a process serves those of the components it runs, with the
+# default registry's process metrics (CPU, memory, file descriptors), and nothing else.
+WORKER: Final = CollectorRegistry()
+SCHEDULER: Final = CollectorRegistry()
+DISPATCHER: Final = CollectorRegistry()
+LEDGER: Final = CollectorRegistry()
+INGRESS: Final = CollectorRegistry()
+API: Final = CollectorRegistry()
+PROJECTOR: Final = CollectorRegistry()
+ALL: Final = (WORKER, SCHEDULER, DISPATCHER, LEDGER, INGRESS, API, PROJECTOR)
+
+# Start lateness buckets: from on time to the misfire territory of minutes.
+LATENESS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, float("inf"))
+
+# -- runs (workers see the starts; the projector sees every decision) ----------------------
+RUN_START_LATENESS = Histogram(
+    "cronlog_run_start_lateness_seconds",
+    "Start time minus scheduled time of first attempts, per owner (worker).",
+    ["owner"],
+    buckets=LATENESS_BUCKETS,
+    registry=WORKER,
+)
+RUNS_FINISHED = Counter(
+    "cronlog_runs_finished_total",
+    "Runs that reached a final state, by state and reason (projector, from run-events).",
+    ["state", "reason"],
+    registry=PROJECTOR,
+)
+RUN_TRANSITIONS = Counter(
+    "cronlog_run_transitions_total",
+    "Run state transitions projected, by the state entered (projector).",
+    ["state"],
+    registry=PROJECTOR,
+)
+# -- worker ---------------------------------------------------------------------------------
+WORKER_CAPACITY = Gauge(
+    "cronlog_worker_capacity",
+    "Capacity this worker offers, by resource.",
+    ["resource"],
+    registry=WORKER,
+)
+WORKER_USED = Gauge(
+    "cronlog_worker_used",
+    "Capacity taken by the runs started here, by resource.",
+    ["resource"],
+    registry=WORKER,
+)
+WORKER_ATTEMPTS = Gauge(
+    "cronlog_worker_attempts", "Attempts this worker holds, by phase.", ["phase"], registry=WORKER
+)
+WORKER_REPORTS = Counter(
+    "cronlog_worker_reports_total",
+    "Reports sent to the ledger, by kind (started, finished, released).",
+    ["kind"],
+    registry=WORKER,
+)
+# -- scheduler node ---------------------------------------------------------------------------
+PROPOSALS = Counter(
+    "cronlog_scheduler_proposals_total",
+    "Proposals sent to job-log, by kind.",
+    ["kind"],
+    registry=SCHEDULER,
+)
+SCHEDULER_TIMERS = Gauge(
+    "cronlog_scheduler_timers",
+    "Timers held for the owned partitions, by kind.",
+    ["kind"],
+    registry=SCHEDULER,
+)
+SCHEDULER_PARTITIONS = Gauge(
+    "cronlog_scheduler_partitions",
+    "Partitions owned, and how many of them are caught up.",
+    ["status"],
+    registry=SCHEDULER,
+)
+PLACEMENTS = Counter(
+    "cronlog_dispatcher_placements_total",
+    "Dispatch requests answered, by outcome (placed; never_fits: no worker ever could).",
+    ["outcome"],
+    registry=DISPATCHER,
+)
+WORKER_VERDICTS = Counter(
+    "cronlog_dispatcher_worker_verdicts_total",
+    "Failure-detector verdicts about workers (lost, back).",
+    ["verdict"],
+    registry=DISPATCHER,
+)
+# -- ledger -----------------------------------------------------------------------------------
+DECISIONS = Counter(
+    "cronlog_ledger_decisions_total",
+    "Inputs decided, by outcome (applied, rejected).",
+    ["outcome"],
+    registry=LEDGER,
+)
+TXN_SECONDS = Histogram(
+    "cronlog_ledger_transaction_seconds",
+    "Duration of a committed ledger transaction.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, float("inf")),
+    registry=LEDGER,
+)
+TXN_RECORDS = Histogram(
+    "cronlog_ledger_transaction_inputs",
+    "Inputs decided per committed transaction (the batch size).",
+    buckets=(1, 10, 50, 100, 250, 500, 1000, 5000, float("inf")),
+    registry=LEDGER,
+)
+LEDGER_PARTITIONS = Gauge("cronlog_ledger_partitions", "job-log partitions owned.", registry=LEDGER)
+LEDGER_DLQ = Counter(
+    "cronlog_dlq_records_total",
+    "Records sent to the dead-letter topic, by component.",
+    ["component"],
+    registry=LEDGER,
+)
+# -- ingress (the node's Faust agents) ----------------------------------------------------------
+COMMANDS = Counter(
+    "cronlog_ingress_commands_total",
+    "Commands read from the commands topic, by outcome (accepted, rejected).",
+    ["outcome"],
+    registry=INGRESS,
+)
+INGRESS_DLQ = Counter(
+    "cronlog_dlq_records_total",
+    "Records sent to the dead-letter topic, by component.",
+    ["component"],
+    registry=INGRESS,
+)
+# -- projector --------------------------------------------------------------------------------
+PROJECTOR_LAG_RECORDS = Gauge(
+    "cronlog_projector_lag_records",
+    "Records not yet projected, by topic.",
+    ["topic"],
+    registry=PROJECTOR,
+)
+PROJECTOR_LAG_SECONDS = Gauge(
+    "cronlog_projector_lag_seconds",
+    "Age of the newest record projected, by topic.",
+    ["topic"],
+    registry=PROJECTOR,
+)
+PROJECTED = Counter(
+    "cronlog_projector_records_total",
+    "Records projected into PostgreSQL, by topic.",
+    ["topic"],
+    registry=PROJECTOR,
+)
+
+
+# -- API ----------------------------------------------------------------------------------------
+API_REQUESTS = Counter(
+    "cronlog_api_requests_total",
+    "API requests answered, by route template, method and status code.",
+    ["route", "method", "status"],
+    registry=API,
+)
+API_SECONDS = Histogram(
+    "cronlog_api_request_duration_seconds",
+    "Time to answer an API request, by route template.",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, float("inf")),
+    registry=API,
+)
+
+
+def exposition(registries: list[CollectorRegistry]) -> bytes:
+    """The Prometheus text of the process metrics and of these registries."""
+    return b"".join(generate_latest(r) for r in [REGISTRY, *registries])
+
+
+def reason_kind(reason: str) -> str:
+    """A short label for a run's free-text reason: its first words before any detail (a
+    colon, a parenthesis, a word with a digit), "none" if empty."""
+    head = reason.strip().lower()
+    for stop in (":", "(", "[", ";"):
+        head = head.split(stop, 1)[0]
+    words = [w for w in head.split() if not any(c.isdigit() for c in w)][:4]
+    return "_".join(words)[:40] or "none"
+
+
+class BoundedLabels:
+    """At most `limit` distinct label values; any further one reads as "other" (a label's
+    values are series, and series must stay bounded whatever the reasons say)."""
+
+    def __init__(self, limit: int = 50):
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value not in self.seen:
+            if len(self.seen) >= self.limit:
+                return "other"
+            self.seen.add(value)
+        return value
+
+
+def metrics_port(option: int | None) -> int | None:
+    """The port to serve on (an option, else CRONLOG_METRICS_PORT), None for none."""
+    if option is None:
+        raw = os.environ.get("CRONLOG_METRICS_PORT", "").strip()
+        if not raw:
+            return None
+        try:
+            option = int(raw)
+        except ValueError:
+            raise ValueError(f"CRONLOG_METRICS_PORT must be a port number, got {raw!r}") from None
+    if not 0 <= option <= 65535:
+        raise ValueError(f"the metrics port must be in 0..65535, got {option}")
+    return option or None
+
+
+Ready = Callable[[], str | None]  # None: ready; else why not
+
+
+class MetricsServer:
+    """/metrics, /healthz and /readyz on `port`, in a daemon thread."""
+
+    def __init__(
+        self,
+        port: int,
+        registries: list[CollectorRegistry],
+        ready: Ready,
+        alive: Callable[[], bool] = lambda: True,
+        host: str = "0.0.0.0",
+    ):
+        self.ready, self.alive = ready, alive
+        self.registries = registries
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the stdlib's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, exposition(server.registries), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = server.alive()
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"loop stuck\n")
+                elif path == "/readyz":
+                    why = server.ready()
+                    self._send(503 if why else 200, (why or "ready").encode() + b"\n")
+                else:
+                    self._send(404, b"not found: /metrics, /healthz, /readyz\n")
+
+            def _send(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:  # the stdlib's signature
+                return  # scrapes every few seconds are not worth a log line
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+
+    def start(self) -> MetricsServer:
+        self.thread.start()
+        log.info("metrics and health on port %d (/metrics, /healthz, /readyz)", self.port)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

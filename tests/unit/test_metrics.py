@@ -1,0 +1,59 @@
+"""The metric definitions and their helpers (streams/metrics.py), pure."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams import metrics
+from streams.metrics import BoundedLabels, metrics_port, reason_kind
+
+
+def test_every_metric_is_named_by_the_conventions() -> None:
+    names = set()
+    for registry in metrics.ALL:
+        for family in registry.collect():
+            names.add(family.name)
+            assert family.name.startswith("cronlog_"), family.name
+            assert family.documentation, family.name
+            if family.type == "counter":
+                assert not family.name.endswith("_total")  # the client adds it
+            if family.type == "histogram" and "time" in family.documentation.lower():
+                assert family.name.endswith("_seconds"), family.name
+    assert "cronlog_run_start_lateness_seconds" in names
+    assert "cronlog_runs_finished" in names  # exposed as cronlog_runs_finished_total
+
+
+@given(st.text(max_size=200))
+def test_a_reason_becomes_a_short_label_without_digits(reason: str) -> None:
+    kind = reason_kind(reason)
+    assert 0 < len(kind) <= 40
+    assert not any(c.isdigit() for c in kind)
+
+
+def test_label_values_stay_bounded() -> None:
+    labels = BoundedLabels(limit=3)
+    assert [labels(v) for v in ("a", "b", "a", "c", "d", "b")] == ["a", "b", "a", "c", "other", "b"]
+
+
+def test_reasons_of_one_kind_share_a_label() -> None:
+    assert reason_kind("exit code 1") == reason_kind("exit code 127") == "exit_code"
+    assert reason_kind("lost: worker w1 declared dead") == "lost"
+    assert reason_kind("") == "none"
+
+
+def test_the_port_comes_from_the_option_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CRONLOG_METRICS_PORT", raising=False)
+    assert metrics_port(None) is None
+    assert metrics_port(9100) == 9100
+    assert metrics_port(0) is None  # 0: none
+    monkeypatch.setenv("CRONLOG_METRICS_PORT", "9200")
+    assert metrics_port(None) == 9200
+    monkeypatch.setenv("CRONLOG_METRICS_PORT", "nine")
+    with pytest.raises(ValueError, match="port number"):
+        metrics_port(None)
+    with pytest.raises(ValueError, match=r"0\.\.65535"):
+        metrics_port(70000)

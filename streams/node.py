@@ -181,9 +181,9 @@ def run_node(
     app = build_app(settings)
     try:
         # The logging is the node's own (streams/logs.py), not Faust's.
-        Worker(
-            app, loglevel=loglevel, quiet=True, override_logging=False
-        ).execute_from_commandline()
+        worker = Worker(app, loglevel=loglevel, quiet=True, override_logging=False)
+        worker.spinner = None  # its terminal escapes would land in the logs
+        worker.execute_from_commandline()
     finally:
         stopping.set()
         for part in parts.values():

@@ -1,5 +1,6 @@
 """Prometheus metrics and health on every process (streams/metrics.py), scraped from
-real processes: a scheduler node and its ledger process, a worker, the projector."""
+real processes: a scheduler node and its ledger process, a worker, the projector; and
+the same processes' `--log-format json` (streams/logs.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -79,13 +81,22 @@ def test_the_server_answers_metrics_health_and_readiness() -> None:
 
 @pytest.fixture
 def processes(topics: Settings, tmp_path: Path) -> Iterator[dict[str, int]]:
+    """The ports of each process; their logs (JSON lines) under tmp_path."""
     ports = {"node": free_port(), "worker": free_port(), "projector": free_port()}
     ports["ledger"] = ports["node"] + 1
     node = CronlogProcess(
         topics,
         "m-node",
         tmp_path,
-        ["scheduler", "--node-id", "m-node", "--metrics-port", str(ports["node"])],
+        [
+            "scheduler",
+            "--node-id",
+            "m-node",
+            "--metrics-port",
+            str(ports["node"]),
+            "--log-format",
+            "json",
+        ],
     )
     worker = WorkerProc(
         topics,
@@ -93,9 +104,10 @@ def processes(topics: Settings, tmp_path: Path) -> Iterator[dict[str, int]]:
         tmp_path,
         cpu=4,
         memory_mb=4096,
-        extra_env={"CRONLOG_METRICS_PORT": str(ports["worker"])},  # the env this time
+        # The port and the log format from the environment, this time.
+        extra_env={"CRONLOG_METRICS_PORT": str(ports["worker"]), "CRONLOG_LOG_FORMAT": "json"},
     )
-    worker.argv += ["--executor", "noop"]
+    worker.argv += ["--executor", "noop", "--loglevel", "info"]  # the last one counts
     projector = CronlogProcess(
         topics, "m-projector", tmp_path, ["projector", "--metrics-port", str(ports["projector"])]
     )
@@ -106,7 +118,7 @@ def processes(topics: Settings, tmp_path: Path) -> Iterator[dict[str, int]]:
 
 
 def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
-    topics: Settings, processes: dict[str, int]
+    topics: Settings, processes: dict[str, int], tmp_path: Path
 ) -> None:
     for name, port in processes.items():
 
@@ -168,6 +180,23 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
     for name, port in processes.items():
         _, text = get(port, "/metrics")
         check_names(name, text)
+    check_json_logs(tmp_path / "m-node.log", {"scheduler", "ledger"}, "m-node")
+    check_json_logs(tmp_path / "m-worker.log", {"worker"}, "m-worker")
+
+
+def check_json_logs(path: Path, components: set[str], instance: str) -> None:
+    """Every line one JSON object (librdkafka's and Faust's included), from each of
+    these components, with the node or worker id as its instance."""
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    assert lines, path
+    seen = set()
+    for line in lines:
+        fields = orjson.loads(line)
+        assert isinstance(fields, dict), line
+        assert {"ts", "level", "logger", "component", "message"} <= set(fields), line
+        seen.add(fields["component"])
+        assert fields.get("instance") == instance, line
+    assert components <= seen, (components, seen)
 
 
 def check_names(process: str, text: str) -> None:

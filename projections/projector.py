@@ -46,6 +46,11 @@ from streams.settings import Settings
 
 log = logging.getLogger("cronlog.projector")
 TOPICS = ("run-events", "jobs", "heartbeats", "run-logs")
+LIVE_STATES = ("waiting", "due", "dispatched", "running", "retrying")  # runs_live_idx
+LIVE_RUNS = (
+    "SELECT state, count(*) FROM runs "
+    "WHERE state IN ('waiting', 'due', 'dispatched', 'running', 'retrying') GROUP BY state"
+)
 
 
 def _ts(ms: int | None) -> datetime | None:
@@ -251,6 +256,7 @@ class Projector:
         self.assigned = False
         self.caught_up = False  # an empty poll since the assignment (readiness)
         self._lag_at = 0.0
+        self._live_at = 0.0
         self.handlers: dict[str, Callable[[bytes, Rows], None]] = {
             "run-events": self._run_event,
             "jobs": self._job_state,
@@ -331,6 +337,26 @@ class Projector:
             return  # the broker away: the gauges keep their last value
         for name, count in behind.items():
             metrics.PROJECTOR_LAG_RECORDS.labels(name).set(count)
+        self._live()
+
+    def _live(self) -> None:
+        """The runs live now by state, from the projection (an index covers them), at
+        most every 10 s, between batches."""
+        now = time.monotonic()
+        if self.conn is None or now - self._live_at < 10:
+            return
+        self._live_at = now
+        try:
+            rows = self.conn.execute(LIVE_RUNS).fetchall()
+            self.conn.rollback()
+        except psycopg.Error as exc:  # the next batch reconnects if it must
+            log.warning("could not count the live runs: %s", exc)
+            with contextlib.suppress(psycopg.Error):
+                self.conn.rollback()
+            return
+        counts = dict.fromkeys(LIVE_STATES, 0) | {state: n for state, n in rows}
+        for state, count in counts.items():
+            metrics.RUNS_LIVE.labels(state).set(count)
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> None:

@@ -168,6 +168,12 @@ PROJECTOR_LAG_SECONDS = Gauge(
     ["topic"],
     registry=PROJECTOR,
 )
+RUNS_LIVE = Gauge(
+    "cronlog_runs_live",
+    "Runs not final now, by state (waiting, due, dispatched, running, retrying), as projected.",
+    ["state"],
+    registry=PROJECTOR,
+)
 PROJECTED = Counter(
     "cronlog_projector_records_total",
     "Records projected into PostgreSQL, by topic.",

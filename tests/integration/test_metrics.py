@@ -160,6 +160,14 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
         return value(text, "cronlog_runs_finished_total", state="succeeded") == len(succeeded)
 
     eventually(projected, "the projector's count of succeeded runs", 60)
+    _, text = get(processes["projector"], "/metrics")
+    assert {s.labels["state"] for s in samples(text) if s.name == "cronlog_runs_live"} == {
+        "waiting",
+        "due",
+        "dispatched",
+        "running",
+        "retrying",
+    }
     with psycopg.connect(topics.database_url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM runs WHERE job_id = ANY(%s) AND state = 'succeeded'", (jobs,)

@@ -360,6 +360,9 @@ class FakeMessage:
     def error(self) -> None:
         return None
 
+    def timestamp(self) -> tuple[int, int]:
+        return (0, -1)  # TIMESTAMP_NOT_AVAILABLE
+
 
 RUN_ROW = (
     "SELECT state, seq, attempt, worker_id, started_at, finished_at, exit_code, error,"

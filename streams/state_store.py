@@ -61,19 +61,17 @@ class MemoryStates(dict[str, bytes]):
 class DiskStates(MutableMapping[str, bytes]):
     """One table's encoded states in the process's `DiskStore` (its key range)."""
 
-    __slots__ = ("_count", "_db", "_prefix", "_store")
+    __slots__ = ("_db", "_prefix", "_store")
 
     def __init__(self, store: DiskStore, prefix: bytes):
         self._store = store
         self._db = store.db
         self._prefix = prefix
-        self._count: int | None = 0  # None: unknown since a restore, counted when asked
 
     def _key(self, key: str) -> bytes:
         return self._prefix + key.encode()
 
     def stage(self, key: str, data: bytes | None) -> None:
-        self._count = None
         self._store.stage(self._key(key), data)
 
     def flush(self) -> None:
@@ -94,10 +92,7 @@ class DiskStates(MutableMapping[str, bytes]):
         return data
 
     def __setitem__(self, key: str, data: bytes) -> None:
-        raw = self._key(key)
-        if self._count is not None and raw not in self._db:
-            self._count += 1
-        self._db.put(raw, data)
+        self._db.put(self._key(key), data)
 
     def __delitem__(self, key: str) -> None:
         if self.pop(key, None) is None:
@@ -109,8 +104,6 @@ class DiskStates(MutableMapping[str, bytes]):
         if data is None:
             return default
         self._db.delete(raw)
-        if self._count is not None:
-            self._count -= 1
         return data
 
     def __contains__(self, key: object) -> bool:
@@ -124,9 +117,9 @@ class DiskStates(MutableMapping[str, bytes]):
             yield raw[size:].decode()
 
     def __len__(self) -> int:
-        if self._count is None:  # after a restore: counted once (a scan of the range)
-            self._count = sum(1 for _ in self)
-        return self._count
+        # A scan of the range: only logs, tests and benchmarks ask (the ledger's loop
+        # never does), so no count is kept on the hot path.
+        return sum(1 for _ in self)
 
 
 class DiskStore:

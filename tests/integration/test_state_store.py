@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from schemas.codec import JOB_STATE
 from streams.core.records import JobState
 from streams.state_store import DiskStore
 from streams.state_table import StateTable
-from tests.support.specs import upsert
-
-
-def state(job_id: str, fired: int) -> JobState:
-    return JobState(upsert(job_id).spec, False, False, 0, 0, fired, None, (), (), (), 1)
+from tests.support.tables import STEPS, behaves_as_a_dict, state
 
 
 @pytest.fixture
@@ -94,25 +89,9 @@ def test_the_store_is_deleted_on_close_and_one_left_by_a_dead_process_is_removed
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3), st.booleans()), max_size=30))
+@given(STEPS)
 def test_a_table_on_disk_behaves_as_a_dict_whatever_is_kept_encoded(
     store: DiskStore, steps: list[tuple[str, int, bool]]
 ) -> None:
     table: StateTable[JobState] = StateTable(JOB_STATE.decode, store.table(0, "jobs"))
-    model: dict[str, JobState] = {}
-    for key, op, encode in steps:
-        if op == 0:
-            table.pop(key)
-            model.pop(key, None)
-        elif op == 1:
-            value = state(key, len(model) + op)
-            table[key] = value
-            model[key] = value
-            if encode:
-                table.keep_encoded(key, value, JOB_STATE.encode(value))
-        else:
-            assert table.get(key) == model.get(key)
-        assert len(table) == len(model)
-        assert all(k in table for k in model)
-    for key, value in model.items():
-        assert table[key] == value
+    behaves_as_a_dict(table, steps)

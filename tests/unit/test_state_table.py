@@ -5,17 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hypothesis import given
-from hypothesis import strategies as st
 
 from schemas.codec import JOB_STATE
 from streams.core.records import JobState
 from streams.state_store import MemoryStates
 from streams.state_table import StateTable
-from tests.support.specs import upsert
-
-
-def state(job_id: str, fired: int) -> JobState:
-    return JobState(upsert(job_id).spec, False, False, 0, 0, fired, None, (), (), (), 1)
+from tests.support.tables import STEPS, behaves_as_a_dict, state
 
 
 def test_a_restored_table_decodes_a_state_when_first_asked_and_once() -> None:
@@ -50,25 +45,9 @@ def test_a_state_kept_encoded_reads_back_equal_and_only_if_still_current() -> No
     assert len(table) == 0
 
 
-@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3), st.booleans()), max_size=40))
+@given(STEPS)
 def test_the_table_behaves_as_a_dict_whatever_is_kept_encoded(
     steps: list[tuple[str, int, bool]],
 ) -> None:
     table: StateTable[JobState] = StateTable(JOB_STATE.decode)
-    model: dict[str, JobState] = {}
-    for key, op, encode in steps:
-        if op == 0:
-            table.pop(key)
-            model.pop(key, None)
-        elif op == 1:
-            value = state(key, len(model) + op)
-            table[key] = value
-            model[key] = value
-            if encode:
-                table.keep_encoded(key, value, JOB_STATE.encode(value))
-        else:
-            assert table.get(key) == model.get(key)
-        assert len(table) == len(model)
-        assert all(k in table for k in model)
-    for key, value in model.items():
-        assert table[key] == value
+    behaves_as_a_dict(table, steps)

@@ -15,11 +15,13 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from connectors.api import ui
 from connectors.api.auth import Tokens
 from connectors.api.service import Accepted, Principal, Service, ServiceError, parse_body
 from connectors.api.workers import WorkerGateway
@@ -130,6 +132,14 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> Response:
         return Response(metrics.exposition([metrics.API]), media_type=CONTENT_TYPE_LATEST)
+
+    # -- the web dashboard (connectors/api/ui.py) ------------------------------------------
+    app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")
+    app.include_router(ui.create_router(service, tokens))
+
+    @app.get("/", include_in_schema=False)
+    def home() -> Response:
+        return RedirectResponse("/ui", status_code=307)
 
     # -- health ---------------------------------------------------------------------------
     @app.get("/healthz", tags=["health"])

@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from connectors.api.dead_letters import DeadLetterView, recent_dead_letters
 from schemas.json import from_plain, to_plain
 from streams.core.commands import (
     MAX_COMMAND_BYTES,
@@ -504,6 +505,82 @@ class Service:
             doc.setdefault("request_id", uuid.uuid4().hex)
         self.send(doc)
         return Accepted({"run_id": run_id, "command": doc["type"]}, False)
+
+    # -- the dashboard's reads ---------------------------------------------------------------
+    RECENT_RUNS = 10
+
+    def recent_states(
+        self, job_ids: list[str], per_job: int = RECENT_RUNS
+    ) -> dict[str, list[dict[str, str]]]:
+        """The newest `per_job` runs of each job (oldest first): run_id and state. The
+        caller has already scoped `job_ids` to what it may see."""
+        rows = self._query(
+            "SELECT x.job_id, r.run_id, r.state, r.scheduled_at FROM unnest(%s::text[]) x(job_id)"
+            " CROSS JOIN LATERAL (SELECT run_id, state, scheduled_at FROM runs"
+            "  WHERE runs.job_id = x.job_id ORDER BY scheduled_at DESC, run_id DESC LIMIT %s) r"
+            " ORDER BY x.job_id, r.scheduled_at, r.run_id",
+            (job_ids, per_job),
+        )
+        found: dict[str, list[dict[str, str]]] = {job_id: [] for job_id in job_ids}
+        for row in rows:
+            found[row["job_id"]].append({"run_id": row["run_id"], "state": row["state"]})
+        return found
+
+    def lateness(self, who: Principal, job_id: str, limit: int = 500) -> list[float]:
+        """Start lateness in seconds of the job's newest `limit` scheduled runs that
+        started (manual runs have no schedule to be late for)."""
+        self.job(who, job_id)
+        rows = self._query(
+            "SELECT lateness_s FROM run_lateness WHERE job_id = %s"
+            " ORDER BY scheduled_at DESC LIMIT %s",
+            (job_id, limit),
+        )
+        return [float(r["lateness_s"]) for r in rows]
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every worker the projection knows: capacity offered, free, liveness. Not scoped:
+        workers belong to the installation, not to an owner, and carry no job data."""
+        return [
+            _jsonable(r)
+            for r in self._query(
+                "SELECT worker_id, capacity, free, labels, last_heartbeat_at, state"
+                " FROM workers ORDER BY worker_id"
+            )
+        ]
+
+    def dependencies(self, who: Principal) -> dict[str, list[str]]:
+        """Each visible job's upstreams, for the dependency view."""
+        where, params = ("NOT deleted", ()) if who.kind == "admin" else (
+            "NOT deleted AND owner = %s", (who.name,)
+        )  # fmt: skip
+        rows = self._query(
+            f"SELECT job_id, spec->'depends_on' AS ups FROM jobs WHERE {where} ORDER BY job_id",
+            params,
+        )
+        return {r["job_id"]: [str(u) for u in r["ups"] or []] for r in rows}
+
+    def dead_letters(self, who: Principal, limit: int = 50) -> list[DeadLetterView]:
+        """The newest dead letters; an owner sees those whose command names it as owner or
+        names one of its jobs (the rest may carry anyone's data, or none: admin only)."""
+        try:
+            letters = recent_dead_letters(self.settings, limit)
+        except KafkaException as exc:
+            raise ServiceError(503, f"Kafka is unavailable: {exc}") from exc
+        if who.kind != "admin":
+            job_ids = sorted({d.job_id for d in letters if d.job_id})
+            mine = {
+                r["job_id"]
+                for r in self._query(
+                    "SELECT job_id FROM jobs WHERE job_id = ANY(%s) AND owner = %s",
+                    (job_ids, who.name),
+                )
+            }
+            letters = [
+                d
+                for d in letters
+                if d.owner == who.name or (d.job_id in mine and d.owner in (None, who.name))
+            ]
+        return letters[:limit]
 
     # -- health ------------------------------------------------------------------------------
     def ready(self) -> dict[str, str]:

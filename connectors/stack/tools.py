@@ -3,7 +3,9 @@
 - `faketime` (libfaketime): the clock-skew tests run a scheduler node and workers with
   their wall clocks minutes or seconds off (tests/integration/test_clock_skew.py);
 - `gcc` and `libc6-dev`: those tests build a small preload shim that keeps libfaketime
-  0.9.10 (Debian 12) from distorting monotonic and C11 timed waits.
+  0.9.10 (Debian 12) from distorting monotonic and C11 timed waits;
+- `chromium`: the dashboard's test drives a real headless browser with Playwright
+  (tests/integration/test_ui.py); Playwright cannot download its own browsers here.
 
 Best effort: installed when missing, as root, with apt-get; otherwise (no root, no
 apt-get, no network) a note says what is missing, and those tests are skipped with that
@@ -24,6 +26,7 @@ def missing_test_packages() -> list[str]:
         "faketime": shutil.which("faketime") is not None,
         "gcc": shutil.which("cc") is not None or shutil.which("gcc") is not None,
         "libc6-dev": Path("/usr/include/pthread.h").exists(),
+        "chromium": shutil.which("chromium") is not None,
     }
     return [package for package, found in present.items() if not found]
 
@@ -35,7 +38,7 @@ def ensure_test_tools(log: Log) -> None:
     apt = shutil.which("apt-get")
     if apt is None or os.geteuid() != 0:
         log(
-            f"note: the clock-skew tests need {', '.join(missing)} "
+            f"note: the clock-skew and dashboard tests need {', '.join(missing)} "
             f"(apt-get install {' '.join(missing)}, as root); they are skipped without"
         )
         return
@@ -49,4 +52,4 @@ def ensure_test_tools(log: Log) -> None:
             run([apt, "update", "-qq"], "apt-get update", env=env, timeout_s=600)
             run(install, f"apt-get install {' '.join(missing)}", env=env, timeout_s=900)
     except StackError as exc:
-        log(f"note: could not install {', '.join(missing)} ({exc}); the clock-skew tests skip")
+        log(f"note: could not install {', '.join(missing)} ({exc}); the tests that need them skip")

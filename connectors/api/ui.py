@@ -1,0 +1,202 @@
+"""The web dashboard at /ui: server-rendered pages over the same Service as the REST API.
+
+Same tokens, same owner scoping: a browser signs in once with its API token, kept in an
+HttpOnly, SameSite=Strict cookie; every page then asks the Service as that principal, so
+an owner sees only its jobs, runs and dead letters (another owner's job is "not found",
+as in the API). Buttons are plain HTML forms (pause, resume, run now) carrying a token
+derived from the caller's own API token (HMAC), which a page of another site cannot know,
+so no cross-site form can act for a signed-in user. No JavaScript and no build step: the
+charts are SVG drawn by the templates from connectors/api/views.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
+
+from connectors.api import views
+from connectors.api.auth import Tokens
+from connectors.api.service import Principal, Service, ServiceError
+
+COOKIE = "cronlog_token"
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
+STATIC_DIR = Path(__file__).with_name("static")
+# What a sign-in form may carry: a token is short; anything longer is not one.
+MAX_FORM_BYTES = 4096
+ACTIONS = {"pause": "pause", "resume": "resume", "run-now": "run_now"}
+
+
+def csrf_token(api_token: str) -> str:
+    """The form token of a signed-in browser: only a holder of the API token can make it."""
+    return hmac.new(api_token.encode(), b"cronlog-ui-form", hashlib.sha256).hexdigest()
+
+
+class _SignIn(Exception):
+    """No valid token: the page sends the browser to the sign-in form."""
+
+
+def _form(raw: bytes) -> dict[str, str]:
+    if len(raw) > MAX_FORM_BYTES:
+        raise ServiceError(413, f"form is {len(raw)} bytes; at most {MAX_FORM_BYTES}")
+    return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+
+
+def create_router(service: Service, tokens: Tokens) -> APIRouter:
+    router = APIRouter(prefix="/ui", include_in_schema=False)
+
+    def principal(request: Request) -> tuple[Principal, str]:
+        token = request.cookies.get(COOKIE, "")
+        who = tokens.principal(token) if token else None
+        if who is None:
+            raise _SignIn
+        if who.kind == "worker":
+            raise ServiceError(403, "worker tokens cannot use the dashboard")
+        return who, token
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        return TEMPLATES.TemplateResponse(request, name, context, status_code=status)
+
+    async def render(request: Request, name: str, build: Any, *args: Any) -> Response:
+        """Render a page whose context `build(who, *args)` computes in a thread (the
+        Service blocks on PostgreSQL and Kafka); a refusal is an HTML error page."""
+        try:
+            who, token = principal(request)
+            context = await run_in_threadpool(build, who, *args)
+        except _SignIn:
+            return RedirectResponse(f"/ui/login?next={quote(request.url.path)}", status_code=303)
+        except ServiceError as exc:
+            return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
+        return page(request, name, who=who, csrf=csrf_token(token), **context)
+
+    # -- signing in ---------------------------------------------------------------------
+    @router.get("/login")
+    def login_form(request: Request, next: str = "/ui") -> HTMLResponse:
+        return page(request, "login.html", next=_local(next), error=None)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        form = _form(await request.body())
+        token, target = form.get("token", "").strip(), _local(form.get("next", "/ui"))
+        who = tokens.principal(token) if token else None
+        if who is None or who.kind == "worker":
+            reason = "unknown token" if who is None else "worker tokens cannot sign in"
+            return page(request, "login.html", 401, next=target, error=reason)
+        answer = RedirectResponse(target, status_code=303)
+        answer.set_cookie(
+            COOKIE,
+            token,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/ui",
+        )
+        return answer
+
+    @router.post("/logout")
+    def logout() -> Response:
+        answer = RedirectResponse("/ui/login", status_code=303)
+        answer.delete_cookie(COOKIE, path="/ui")
+        return answer
+
+    # -- pages --------------------------------------------------------------------------
+    def jobs_page(who: Principal, cursor: str | None) -> dict[str, Any]:
+        listing = service.jobs(who, limit=100, cursor=cursor)
+        recent = service.recent_states([j["job_id"] for j in listing["items"]])
+        rows = [
+            {**j, "schedule": views.schedule_text(j["spec"].get("schedule"))}
+            for j in listing["items"]
+        ]
+        for row in rows:
+            row["recent"] = recent[row["job_id"]]
+        return {"jobs": rows, "next": listing["next"]}
+
+    @router.get("")
+    async def jobs(request: Request, cursor: str | None = None) -> Response:
+        return await render(request, "jobs.html", jobs_page, cursor)
+
+    def job_page(who: Principal, job_id: str) -> dict[str, Any]:
+        job = service.job(who, job_id)
+        runs = service.runs(who, job_id=job_id, limit=100)["items"]
+        lateness = service.lateness(who, job_id)
+        graph = service.dependencies(who)
+        downstream = sorted(j for j, ups in graph.items() if job_id in ups)
+        return {
+            "job": job,
+            "schedule": views.schedule_text(job["spec"].get("schedule")),
+            "runs": list(reversed(runs)),  # the grid reads oldest to newest
+            "bins": views.lateness_bins(lateness),
+            "started": len(lateness),
+            "upstream": job["spec"].get("depends_on") or [],
+            "downstream": downstream,
+        }
+
+    @router.get("/jobs/{job_id}")
+    async def job(request: Request, job_id: str) -> Response:
+        return await render(request, "job.html", job_page, job_id)
+
+    @router.post("/jobs/{job_id}/{action}")
+    async def act(request: Request, job_id: str, action: str) -> Response:
+        form = _form(await request.body())
+        try:
+            who, token = principal(request)
+            if not hmac.compare_digest(form.get("csrf", ""), csrf_token(token)):
+                raise ServiceError(403, "the form is stale or not from this dashboard; reload it")
+            if action not in ACTIONS:
+                raise ServiceError(404, f"no action {action!r}")
+            accepted = await run_in_threadpool(service.job_command, who, job_id, ACTIONS[action])
+        except _SignIn:
+            return RedirectResponse("/ui/login", status_code=303)
+        except ServiceError as exc:
+            return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
+        done = "done" if accepted.applied else "accepted"
+        back = _local(form.get("back", f"/ui/jobs/{quote(job_id)}"))
+        sep = "&" if "?" in back else "?"
+        return RedirectResponse(f"{back}{sep}{done}={quote(action)}", status_code=303)
+
+    def run_page(who: Principal, run_id: str) -> dict[str, Any]:
+        return {"run": service.run(who, run_id, log_chunks=50)}
+
+    @router.get("/runs/{run_id}")
+    async def run(request: Request, run_id: str) -> Response:
+        return await render(request, "run.html", run_page, run_id)
+
+    def workers_page(_who: Principal) -> dict[str, Any]:
+        return {"workers": service.workers()}
+
+    @router.get("/workers")
+    async def workers(request: Request) -> Response:
+        return await render(request, "workers.html", workers_page)
+
+    def dead_letters_page(who: Principal) -> dict[str, Any]:
+        return {"letters": service.dead_letters(who, limit=50)}
+
+    @router.get("/dead-letters")
+    async def dead_letters(request: Request) -> Response:
+        return await render(request, "dead_letters.html", dead_letters_page)
+
+    def dag_page(who: Principal) -> dict[str, Any]:
+        graph = service.dependencies(who)
+        # Only jobs in a dependency: the rest would be a column of lone boxes.
+        involved = {j for j, ups in graph.items() if ups} | {
+            u for ups in graph.values() for u in ups
+        }
+        return {"layout": views.dependency_layout({j: graph[j] for j in graph if j in involved})}
+
+    @router.get("/dag")
+    async def dag(request: Request) -> Response:
+        return await render(request, "dag.html", dag_page)
+
+    return router
+
+
+def _local(target: str) -> str:
+    """Redirect only within the dashboard (no open redirect through ?next=)."""
+    return target if target.startswith("/ui") and not target.startswith("//") else "/ui"

@@ -575,6 +575,52 @@ def _rebuild(settings: Settings, keep_previous: bool) -> None:
     )
 
 
+@app.command("notifier")
+def notifier(
+    routes: Annotated[
+        Path | None,
+        typer.Option(
+            help="Per-owner webhooks (YAML: `owners: {team-a: {url: ..., on: [failed]}}`); "
+            "CRONLOG_NOTIFY_ROUTES. Jobs name their own with `notify` in their spec.",
+        ),
+    ] = None,
+    max_attempts: Annotated[
+        int, typer.Option(min=1, max=100, help="Calls per notification before the DLQ.")
+    ] = 6,
+    backoff_s: Annotated[
+        float, typer.Option(min=0.0, help="Wait before the first retry; doubles, at most 60 s.")
+    ] = 1.0,
+    timeout_s: Annotated[float, typer.Option(min=0.1, help="Per call.")] = 10.0,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_format: LogFormatOption = None,
+    metrics_port: MetricsPortOption = None,
+) -> None:
+    """Call webhooks when runs fail, are lost, are skipped or start late (at least once,
+    with a stable delivery id; dead letters in notifications.dlq)."""
+    from connectors.notifier import DeliveryPolicy, Notifier, RoutesError, load_routes
+
+    settings = _settings()
+    _logging(loglevel, "notifier", None, log_format)
+    where = routes or os.environ.get("CRONLOG_NOTIFY_ROUTES") or None
+    try:
+        owner_routes = load_routes(where)
+    except RoutesError as exc:
+        raise _fail(str(exc), 2) from exc
+    policy = DeliveryPolicy(max_attempts, backoff_s, max(60.0, backoff_s), timeout_s)
+    running = Notifier(settings, owner_routes, policy)
+    port = _metrics_port(metrics_port)
+    if port is not None:
+        from streams.metrics import NOTIFIER, MetricsServer
+
+        MetricsServer(port, [NOTIFIER], running.ready).start()
+    _stop_watchdog()
+    signal.signal(signal.SIGTERM, lambda *_: running.stop())
+    try:
+        running.run()
+    except KeyboardInterrupt:
+        running.stop()
+
+
 @app.command("api")
 def api(
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
@@ -654,12 +700,14 @@ def run_all(
         typer.Option(
             "--metrics-port",
             help="Metrics of the components from this port on (CRONLOG_METRICS_PORT): the "
-            "node P, its ledger P+1, the workers P+10 and P+11, the projector P+20.",
+            "node P, its ledger P+1, the workers P+10 and P+11, the projector P+20, the "
+            "notifier P+21.",
         ),
     ] = None,
 ) -> None:
     """Everything on one machine (for `make run`): the local stack, the topics, a
-    scheduler node, two workers, the projector and the API under one supervisor, and
+    scheduler node, two workers, the projector, the notifier and the API under one
+    supervisor, and
     the demo jobs. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops it all; no
     component outlives it. One per state folder."""
     from connectors.local import Supervisor, components, register_demo, token_file

@@ -1,8 +1,8 @@
 """`cronlog run`: everything on one machine under one supervisor (for `make run`).
 
-A scheduler node, two workers, the projector and the API run as child processes, each
-logging to ``<state>/logs/<name>.log``. A child that exits on its own is reported and
-restarted (backing off up to 30 s when it keeps crashing). Ctrl-C, SIGTERM or SIGHUP
+A scheduler node, two workers, the projector, the notifier and the API run as child
+processes, each logging to ``<state>/logs/<name>.log``. A child that exits on its own is
+reported and restarted (backing off up to 30 s when it keeps crashing). Ctrl-C, SIGTERM or SIGHUP
 (the terminal closed) stops them all: SIGTERM, then SIGKILL of each one's process group
 once the stop bound has passed. Jobs of a demo file are registered once the projection
 database is reachable.
@@ -190,7 +190,8 @@ def components(
 ) -> list[Child]:
     """The children of `cronlog run`. With `metrics_port` P each serves its metrics on a
     port of its own: the node P (its ledger P + 1), the workers P + 10 and P + 11, the
-    projector P + 20 (compose/prometheus/prometheus.yml scrapes these); the API serves
+    projector P + 20, the notifier P + 21 (compose/prometheus/prometheus.yml scrapes
+    these); the API serves
     /metrics on its own port."""
     cpus = os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (4 * 1024 * 1024)
@@ -208,6 +209,7 @@ def components(
             Child(f"worker local-{n}", [*worker, *level, *port(9 + n)], logs / f"worker-{n}.log")
         )
     children.append(Child("projector", ["projector", *level, *port(20)], logs / "projector.log"))
+    children.append(Child("notifier", ["notifier", *level, *port(21)], logs / "notifier.log"))
     api = ["api", "--port", str(api_port), "--loglevel", loglevel]
     children.append(Child("api", api, logs / "api.log"))
     return children

@@ -48,6 +48,7 @@ from streams.core.spec import (
     CronSchedule,
     EverySchedule,
     JobSpec,
+    Notify,
     Resources,
     RetryPolicy,
     Schedule,
@@ -143,6 +144,8 @@ def spec_to_avro(s: JobSpec) -> AvroDict:
         "dst": s.dst,
         "jitter_s": s.jitter_s,
         "priority": s.priority,
+        "notify": None if s.notify is None else {"url": s.notify.url, "on": list(s.notify.on)},
+        "sla_s": s.sla_s,
     }
 
 
@@ -171,7 +174,13 @@ def spec_from_avro(d: AvroDict) -> JobSpec:
         dst=d["dst"],
         jitter_s=shared(float(d["jitter_s"])),
         priority=d["priority"],
+        notify=_notify_from_avro(d.get("notify")),
+        sla_s=None if d.get("sla_s") is None else float(d["sla_s"]),
     )
+
+
+def _notify_from_avro(d: AvroDict | None) -> Notify | None:
+    return None if d is None else shared(Notify(d["url"], tuple(d["on"])))
 
 
 # -- flat records: every field a primitive, an enum symbol or None -----------------------

@@ -38,7 +38,8 @@ LEDGER: Final = CollectorRegistry()
 INGRESS: Final = CollectorRegistry()
 API: Final = CollectorRegistry()
 PROJECTOR: Final = CollectorRegistry()
-ALL: Final = (WORKER, SCHEDULER, DISPATCHER, LEDGER, INGRESS, API, PROJECTOR)
+NOTIFIER: Final = CollectorRegistry()
+ALL: Final = (WORKER, SCHEDULER, DISPATCHER, LEDGER, INGRESS, API, PROJECTOR, NOTIFIER)
 
 # Start lateness buckets: from on time to the misfire territory of minutes.
 LATENESS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, float("inf"))
@@ -179,6 +180,32 @@ PROJECTED = Counter(
     "Records projected into PostgreSQL, by topic.",
     ["topic"],
     registry=PROJECTOR,
+)
+
+# -- notifier ---------------------------------------------------------------------------------
+NOTIFICATIONS = Counter(
+    "cronlog_notifications_total",
+    "Webhook notifications settled, by kind (failed, lost, skipped, late) and outcome "
+    "(delivered, dead_lettered).",
+    ["kind", "outcome"],
+    registry=NOTIFIER,
+)
+NOTIFICATION_ATTEMPTS = Counter(
+    "cronlog_notification_attempts_total",
+    "Webhook calls made, by result (ok, retry: 5xx/408/429/no answer, refused: other 4xx).",
+    ["result"],
+    registry=NOTIFIER,
+)
+NOTIFIER_WATCHED = Gauge(
+    "cronlog_notifier_sla_runs",
+    "Runs of SLA jobs not started yet, watched for lateness.",
+    registry=NOTIFIER,
+)
+NOTIFIER_DLQ = Counter(
+    "cronlog_dlq_records_total",
+    "Records sent to the dead-letter topic, by component.",
+    ["component"],
+    registry=NOTIFIER,
 )
 
 

@@ -97,6 +97,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         "worker-inbox", "assignments to workers, keyed by worker_id", {"retention.ms": str(DAY_MS)}
     ),
     TopicSpec("run-logs", "stdout/stderr chunks of runs", {"retention.ms": str(7 * DAY_MS)}),
+    TopicSpec(
+        "notifications.dlq",
+        "webhook notifications a receiver kept refusing: body, URL and the last error",
+        {"retention.ms": str(30 * DAY_MS)},
+    ),
 )
 
 NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOGUE)

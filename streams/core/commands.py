@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeAlias, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -33,10 +34,13 @@ from streams.core.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,
+    NOTIFY_ON,
     AtSchedule,
     CronSchedule,
     EverySchedule,
     JobSpec,
+    Notify,
+    NotifyOn,
     Resources,
     RetryPolicy,
     Schedule,
@@ -72,6 +76,8 @@ MAX_DEPENDS_ON: Final = 64
 MAX_JITTER_S: Final = 3600
 MIN_PRIORITY: Final = -1000
 MAX_PRIORITY: Final = 1000
+MAX_SLA_S: Final = 7 * 24 * 3600
+MAX_URL_CHARS: Final = 2048
 MAX_BACKFILL_SPAN_MS: Final = 366 * 24 * 3600 * 1000
 # Backfill bounds: nothing is scheduled before the epoch, and run ids render the time in
 # UTC with a 4-digit year.
@@ -101,8 +107,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UPSERT_FIELDS = (
     "type", "job_id", "owner", "schedule", "command", "env", "resources", "timeout_s",
     "retry", "idempotent", "depends_on", "misfire", "concurrency", "dst", "jitter_s",
-    "priority",
+    "priority", "notify", "sla_s",
 )  # fmt: skip
+_NOTIFY_FIELDS = ("url", "on")
 _RESOURCE_FIELDS = ("cpu", "memory_mb", "gpu", "labels")
 _RETRY_FIELDS = ("max_attempts", "backoff_s", "backoff_multiplier", "max_backoff_s")
 
@@ -237,6 +244,10 @@ def upsert_document(spec: JobSpec) -> dict[str, Any]:
         "dst": spec.dst,
         "jitter_s": spec.jitter_s,
         "priority": spec.priority,
+        "notify": None
+        if spec.notify is None
+        else {"url": spec.notify.url, "on": list(spec.notify.on)},
+        "sla_s": spec.sla_s,
     }
     return doc
 
@@ -387,6 +398,9 @@ def _job_spec(doc: _Doc) -> JobSpec:
             "schedule",
         )
     idempotent = _bool(doc, "idempotent", False)
+    sla_s = (
+        None if doc.get("sla_s") is None else _number(doc, "sla_s", 0, 0, MAX_SLA_S, positive=True)
+    )
     return JobSpec(
         job_id=job_id,
         owner=owner,
@@ -403,6 +417,8 @@ def _job_spec(doc: _Doc) -> JobSpec:
         dst=_choice(doc, "dst", DST_POLICIES, "auto"),
         jitter_s=_number(doc, "jitter_s", 0.0, 0, MAX_JITTER_S),
         priority=_int(doc, "priority", 0, MIN_PRIORITY, MAX_PRIORITY),
+        notify=_notify(doc.get("notify"), sla_s),
+        sla_s=sla_s,
     )
 
 
@@ -499,6 +515,59 @@ def _retry(value: object, idempotent: bool) -> RetryPolicy:
             "retry.max_backoff_s",
         )
     return retry
+
+
+def parse_notify(value: object) -> Notify:
+    """A `notify` object outside a job (the notifier's per-owner routes): the same rules,
+    `late` allowed (it applies to the jobs that have an sla_s). Raises ValueError."""
+    try:
+        notify = _notify(value, sla_s=None, late_needs_sla=False)
+    except _Invalid as exc:
+        raise ValueError(exc.reason) from None
+    if notify is None:
+        raise ValueError("notify must be an object with url and on")
+    return notify
+
+
+def _notify(value: object, sla_s: float | None, late_needs_sla: bool = True) -> Notify | None:
+    """`{"url": "https://...", "on": ["failed", ...]}`: an http(s) URL with a host, and a
+    non-empty list of distinct events; `late` needs the job's sla_s."""
+    if value is None:
+        return None
+    doc = _object(value, "notify", 16)  # more than its fields: _only names a stray one
+    _only(doc, _NOTIFY_FIELDS, "notify")
+    url = _text(_required_in(doc, "url", "notify"), "notify.url", MAX_URL_CHARS)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or _CONTROL.search(url):
+        raise _Invalid(
+            f"notify.url must be an http:// or https:// URL with a host, got {_show(url)}",
+            "notify.url",
+        )
+    items = _array(_required_in(doc, "on", "notify"), "notify.on", len(NOTIFY_ON))
+    on: list[NotifyOn] = []
+    for item in items:
+        choice = next((o for o in NOTIFY_ON if isinstance(item, str) and item == o), None)
+        if choice is None:
+            shown = _show(item) if isinstance(item, str) else _kind(item)
+            raise _Invalid(
+                f"notify.on must list some of {_list(NOTIFY_ON)}, got {shown}", "notify.on"
+            )
+        if choice in on:
+            raise _Invalid(f"notify.on lists {_show(choice)} twice", "notify.on")
+        on.append(choice)
+    if not on:
+        raise _Invalid(f"notify.on must list at least one of {_list(NOTIFY_ON)}", "notify.on")
+    if "late" in on and sla_s is None and late_needs_sla:
+        raise _Invalid("notify.on has 'late' but the job has no sla_s (seconds)", "notify.on")
+    return Notify(url, tuple(on))
+
+
+def _required_in(doc: _Doc, key: str, prefix: str) -> object:
+    value = doc.get(key)
+    if value is None:
+        path = _path(prefix, key)
+        raise _Invalid(f"missing required field {_show(path)}", path)
+    return value
 
 
 def _depends_on(value: object, job_id: str) -> tuple[str, ...]:

@@ -68,6 +68,21 @@ class RetryPolicy:
     max_backoff_s: float = 600.0
 
 
+NotifyOn: TypeAlias = Literal["failed", "lost", "skipped", "late"]
+NOTIFY_ON: tuple[NotifyOn, ...] = ("failed", "lost", "skipped", "late")
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """A webhook `cronlog notifier` calls when one of this job's runs ends `on` one of
+    these: failed (for good, retries spent), lost (its worker vanished and it is not run
+    again), skipped (a misfire or concurrency policy), late (not started within the
+    job's `sla_s` of its time)."""
+
+    url: str
+    on: tuple[NotifyOn, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     job_id: str
@@ -85,3 +100,5 @@ class JobSpec:
     dst: DstPolicy = "auto"
     jitter_s: float = 0.0
     priority: int = 0
+    notify: Notify | None = None
+    sla_s: float | None = None  # a run not started this long after its time is late

@@ -228,6 +228,19 @@ def test_owners_are_scoped_and_tokens_checked(api: httpx.Client) -> None:
             "unknown field",
         ),
         (
+            b'{"job_id": "x", "schedule": {"every": "1s"}, "command": ["true"],'
+            b' "notify": {"url": "https://h/x", "on": ["exploded"]}}',
+            422,
+            "notify.on",
+            "notify.on must list some of failed, lost, skipped, late",
+        ),
+        (
+            b'{"job_id": "x", "schedule": {"every": "1s"}, "command": ["true"], "sla_s": 0}',
+            422,
+            "sla_s",
+            "sla_s must be > 0",
+        ),
+        (
             b'{"job_id": "x", "command": ["true"], "pad": "' + b"x" * MAX_COMMAND_BYTES + b'"}',
             413,
             None,

@@ -41,6 +41,15 @@ BAD: list[tuple[bytes, str]] = [
     (orjson.dumps(upsert("big", env={"PAD": "x" * 70_000})), "bytes"),
     (orjson.dumps(upsert("has space")), "job_id"),
     (orjson.dumps(upsert("no-argv", command=[])), "command"),
+    (
+        orjson.dumps(upsert("bad-hook", notify={"url": "ftp://h/x", "on": ["failed"]})),
+        "notify.url must be an http:// or https:// URL",
+    ),
+    (
+        orjson.dumps(upsert("late-no-sla", notify={"url": "https://h/x", "on": ["late"]})),
+        "no sla_s",
+    ),
+    (orjson.dumps(upsert("neg-sla", sla_s=-3)), "sla_s must be > 0"),
 ]
 
 

@@ -57,7 +57,14 @@ def test_cronlog_run_brings_up_everything(topics: Settings, tmp_path: Path) -> N
             name: int(pid)
             for name, pid in re.findall(r"cronlog: (.+?) started \(pid (\d+)\)", out.read_text())
         }
-        assert set(pids) == {"scheduler", "worker local-1", "worker local-2", "projector", "api"}
+        assert set(pids) == {
+            "scheduler",
+            "worker local-1",
+            "worker local-2",
+            "projector",
+            "notifier",
+            "api",
+        }
         url = topics.database_url
         eventually(
             lambda: (

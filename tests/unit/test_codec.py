@@ -54,10 +54,12 @@ from streams.core.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,
+    NOTIFY_ON,
     AtSchedule,
     CronSchedule,
     EverySchedule,
     JobSpec,
+    Notify,
     Resources,
     RetryPolicy,
 )
@@ -109,6 +111,8 @@ specs = st.builds(
     dst=st.sampled_from(DST_POLICIES),
     jitter_s=reals,
     priority=longs,
+    notify=st.none() | st.builds(Notify, text, st.lists(st.sampled_from(NOTIFY_ON)).map(tuple)),
+    sla_s=st.none() | reals,
 )
 
 # Strategy per field name, shared by every record class (overridden where it differs).

@@ -22,6 +22,7 @@ from streams.core.commands import (
     MAX_JITTER_S,
     MAX_MEMORY_MB,
     MAX_PRIORITY,
+    MAX_SLA_S,
     MAX_TIMEOUT_S,
     MIN_PRIORITY,
     UpsertJob,
@@ -33,10 +34,12 @@ from streams.core.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,
+    NOTIFY_ON,
     AtSchedule,
     CronSchedule,
     EverySchedule,
     JobSpec,
+    Notify,
     Resources,
     RetryPolicy,
     Schedule,
@@ -60,6 +63,14 @@ env_names = identifiers(ALNUM + "_", 16, first=ALNUM[:52] + "_").filter(
 )
 label_keys = identifiers(ALNUM + "._/-", 16)
 label_values = st.text(st.characters(exclude_categories=("Cs", "Cc")), max_size=12)
+
+
+urls = st.builds(
+    "{}://{}/{}".format,
+    st.sampled_from(["http", "https"]),
+    identifiers(ALNUM + ".-", 40),
+    st.text(ALNUM + "/?=&", max_size=20),
+)
 
 
 def numbers(lo: float, hi: float, *, exclude_min: bool = False) -> st.SearchStrategy[float]:
@@ -121,6 +132,9 @@ def specs(draw: st.DrawFn) -> JobSpec:
     job_id = draw(ids)
     depends_on = draw(st.lists(ids.filter(lambda up: up != job_id), max_size=4, unique=True))
     schedule = draw(schedules | st.none()) if depends_on else draw(schedules)
+    sla_s = draw(st.none() | numbers(0, MAX_SLA_S, exclude_min=True))
+    events = [e for e in NOTIFY_ON if e != "late" or sla_s is not None]
+    on = draw(st.none() | st.lists(st.sampled_from(events), min_size=1, unique=True).map(tuple))
     return JobSpec(
         job_id=job_id,
         owner=draw(identifiers(ALNUM + "._-", 64)),
@@ -142,6 +156,8 @@ def specs(draw: st.DrawFn) -> JobSpec:
         dst=draw(st.sampled_from(DST_POLICIES)),
         jitter_s=draw(numbers(0, MAX_JITTER_S)),
         priority=draw(st.integers(MIN_PRIORITY, MAX_PRIORITY)),
+        notify=None if on is None else Notify(draw(urls), on),
+        sla_s=sla_s,
     )
 
 

@@ -14,6 +14,7 @@ CONTRACT = {
     "heartbeats",
     "worker-inbox",
     "run-logs",
+    "notifications.dlq",  # the notifier's dead letters (issue 15)
 }
 
 

@@ -1,0 +1,181 @@
+"""`cronlog notifier` against real processes: a scheduler node, a worker and the notifier
+on the real broker, calling a real HTTP receiver in the test.
+
+- Exactly one delivery id per failed run, across a SIGKILL of the notifier: receivers
+  dedupe by it; every failed run is delivered at least once.
+- A receiver that answers 500 is called `--max-attempts` times, then the notification is
+  in notifications.dlq with its body and last error.
+- A run its worker cannot place (more CPU than any worker offers) is reported late once
+  its `sla_s` has passed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from streams.settings import Settings
+from tests.support.kafka import consumer, drain
+from tests.support.nodes import (
+    CronlogProcess,
+    EventReader,
+    Node,
+    WorkerProc,
+    job,
+    send_commands,
+)
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.integration
+ATTEMPTS = 3
+
+
+class Receiver:
+    """An HTTP receiver: /ok answers 200, /fail 500; every call is recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []  # (path, delivery id, body)
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = orjson.loads(self.rfile.read(length))
+                with receiver.lock:
+                    receiver.calls.append(
+                        (self.path, self.headers.get("X-Cronlog-Delivery", ""), body)
+                    )
+                self.send_response(200 if self.path == "/ok" else 500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def received(self, path: str, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        with self.lock:
+            return [(d, b) for p, d, b in self.calls if p == path and b["kind"] == kind]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def _at(seconds: float) -> str:
+    moment = datetime.now(UTC) + timedelta(seconds=seconds)
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _notifier(settings: Settings, logs: Path) -> CronlogProcess:
+    args = ["notifier", "--max-attempts", str(ATTEMPTS), "--backoff-s", "0.2"]
+    return CronlogProcess(settings, "notifier", logs, [*args, "--loglevel", "info"])
+
+
+def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
+    topics: Settings, tmp_path: Path, receiver: Receiver
+) -> None:
+    ok = {"url": f"{receiver.url}/ok", "on": ["failed"]}
+    node = Node(topics, "nt-n1", tmp_path).start()
+    worker = WorkerProc(topics, "nt-w1", tmp_path, cpu=2, memory_mb=512).start()
+    notifier = _notifier(topics, tmp_path).start()
+    events = EventReader(topics, "nt-events")
+    try:
+        send_commands(
+            topics,
+            [
+                job("nt-fail", ["false"], owner="team-n", schedule={"every": "1s"}, notify=ok),
+                job(
+                    "nt-late",
+                    ["true"],
+                    owner="team-n",
+                    schedule={"at": _at(3)},
+                    resources={"cpu": 64},  # no worker offers it: never starts
+                    sla_s=1,
+                    notify={"url": f"{receiver.url}/ok", "on": ["late"]},
+                ),
+            ],
+        )
+        eventually(lambda: len(receiver.received("/ok", "failed")) >= 3, "three deliveries")
+        notifier.kill()  # SIGKILL mid-stream: deliveries in flight, offsets not committed
+        time.sleep(3)  # failures go on meanwhile
+        notifier = _notifier(topics, tmp_path).start()
+        # Fired after the restart, so its calls are all this notifier's.
+        refuse = {"url": f"{receiver.url}/fail", "on": ["failed"]}
+        send_commands(
+            topics,
+            [job("nt-refuse", ["false"], owner="team-n", schedule={"at": _at(2)}, notify=refuse)],
+        )
+        eventually(lambda: len(receiver.received("/ok", "failed")) >= 8, "more deliveries")
+        send_commands(topics, [{"type": "job.pause", "job_id": "nt-fail"}])
+
+        def failed_ids(job_id: str) -> set[str]:
+            return {
+                e.event_id
+                for e, _ in events.run_events()
+                if e.job_id == job_id and e.state == "failed"
+            }
+
+        # Every failed run of nt-fail delivered, and nothing else.
+        def all_delivered() -> bool:
+            events.poll_for(0.5)
+            got = {d for d, _ in receiver.received("/ok", "failed")}
+            return bool(failed_ids("nt-fail")) and got == failed_ids("nt-fail")
+
+        eventually(all_delivered, "a delivery for every failed run", timeout_s=90)
+        time.sleep(3)  # anything more that might come (it must not)
+        events.poll_for(1)
+        deliveries = receiver.received("/ok", "failed")
+        ids = [d for d, _ in deliveries]
+        assert set(ids) == failed_ids("nt-fail")
+        for delivery_id, body in deliveries:
+            assert body["delivery_id"] == delivery_id
+            assert body["job_id"] == "nt-fail"
+            assert body["owner"] == "team-n"
+            assert delivery_id.startswith(body["run_id"] + "#")
+        one_per_run = {b["run_id"] for _, b in deliveries}
+        assert len(one_per_run) == len(set(ids))  # one delivery id per failed run
+        print(
+            f"failed runs {len(set(ids))}, calls {len(ids)} "
+            f"(repeated after the kill: {len(ids) - len(set(ids))})"
+        )
+
+        # The refusing receiver: ATTEMPTS calls with one delivery id, then the DLQ.
+        events.wait_until(lambda: failed_ids("nt-refuse"), 60, "nt-refuse to fail")
+        (refused_id,) = failed_ids("nt-refuse")
+        eventually(lambda: len(receiver.received("/fail", "failed")) >= ATTEMPTS, "the retries")
+        dlq = consumer(topics, "notifications.dlq")
+        letters = [orjson.loads(m.value() or b"") for m in drain(dlq, 1, timeout_s=30, settle_s=2)]
+        dlq.close()
+        assert [(d["delivery_id"], d["attempts"], d["error"]) for d in letters] == [
+            (refused_id, ATTEMPTS, "HTTP 500")
+        ]
+        assert letters[0]["url"] == f"{receiver.url}/fail"
+        assert letters[0]["body"]["run_id"] == refused_id.split("#")[0]
+        calls = receiver.received("/fail", "failed")
+        assert [d for d, _ in calls] == [refused_id] * ATTEMPTS
+
+        # Late: never started, reported once with the run's stable id.
+        late = eventually(lambda: receiver.received("/ok", "late"), "the late run")
+        assert {d for d, _ in late} == {f"{late[0][1]['run_id']}:late"}
+        assert late[0][1]["job_id"] == "nt-late"
+        assert late[0][1]["state"] == "not started"
+    finally:
+        events.close()
+        for proc in (notifier, worker, node):
+            proc.stop()

@@ -231,6 +231,7 @@ class Notifier:
         self.consumer.subscribe(
             [self.events_topic], on_assign=self._on_assign, on_revoke=self._on_revoke
         )
+        lag = metrics.ConsumerLag("notifier", self.settings.topic_prefix)
         try:
             while not self._stop.is_set():
                 messages = self.consumer.consume(500, timeout=0.2)
@@ -243,6 +244,7 @@ class Notifier:
                     self.caught_up = True
                 self._tick()
                 self._commit()
+                lag.report(self.consumer)
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self._commit(force=True)

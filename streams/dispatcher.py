@@ -292,6 +292,7 @@ class Dispatcher:
         self._subscribe()
 
     def run(self) -> None:
+        lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
         self._subscribe()
         self._follow_heartbeats()
         try:
@@ -308,6 +309,7 @@ class Dispatcher:
                 self.producer.poll(0)
                 if time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
                     self._commit(asynchronous=True)
+                lag.report(self.dispatch_consumer)
         finally:
             self.producer.flush(10)
             self._commit(asynchronous=False)

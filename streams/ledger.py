@@ -358,6 +358,7 @@ class Ledger:
         self._subscribe()
 
     def run(self) -> None:
+        self._lag = metrics.ConsumerLag("ledger", self.settings.topic_prefix)
         self._subscribe()
         self._start_read_ahead()
         try:
@@ -371,6 +372,7 @@ class Ledger:
                 records = [m for m in messages if self._usable(m)]
                 if records:
                     self._process_batch(records)
+                self._lag.report(self.consumer)
         finally:
             self._end_read_ahead()
             self.consumer.close()

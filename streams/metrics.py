@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
+from confluent_kafka import Consumer, KafkaException
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -207,6 +209,57 @@ NOTIFIER_DLQ = Counter(
     ["component"],
     registry=NOTIFIER,
 )
+
+
+# -- consumer lag, every component with a confluent-kafka consumer ---------------------------
+def _lag_gauge(registry: CollectorRegistry) -> Gauge:
+    return Gauge(
+        "cronlog_consumer_lag_records",
+        "Records a component's consumer has not read yet, by topic: its positions against "
+        "the high watermarks its own fetches saw (the projector's: cronlog_projector_lag_records).",
+        ["component", "topic"],
+        registry=registry,
+    )
+
+
+CONSUMER_LAG: Final = {
+    "ledger": _lag_gauge(LEDGER),
+    "scheduler": _lag_gauge(SCHEDULER),
+    "dispatcher": _lag_gauge(DISPATCHER),
+    "worker": _lag_gauge(WORKER),
+    "notifier": _lag_gauge(NOTIFIER),
+}
+
+
+class ConsumerLag:
+    """Sets a component's lag gauge from a consumer, at most every `every_s` seconds.
+    Cheap: positions and watermarks are what the consumer already knows (no broker call),
+    so a loop may call `report` on every turn."""
+
+    def __init__(self, component: str, prefix: str = "", every_s: float = 5.0):
+        self.gauge = CONSUMER_LAG[component]
+        self.component = component
+        self.prefix = prefix  # cut from topic names: labels read "job-log", not "cronlog.job-log"
+        self.every_s = every_s
+        self._at = 0.0
+
+    def report(self, consumer: Consumer) -> None:
+        now = time.monotonic()
+        if now - self._at < self.every_s:
+            return
+        self._at = now
+        behind: dict[str, int] = {}
+        try:
+            for tp in consumer.position(consumer.assignment()):
+                low_high = consumer.get_watermark_offsets(tp, cached=True)
+                if low_high is None or low_high[1] < 0 or tp.offset < 0:
+                    continue  # not fetched yet: nothing known
+                name = tp.topic.removeprefix(self.prefix)
+                behind[name] = behind.get(name, 0) + max(0, low_high[1] - tp.offset)
+        except KafkaException:
+            return  # the broker away: the gauge keeps its last value
+        for name, count in behind.items():
+            self.gauge.labels(self.component, name).set(count)
 
 
 # -- API ----------------------------------------------------------------------------------------

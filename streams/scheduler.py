@@ -208,6 +208,7 @@ class Scheduler:
         self._subscribe()
 
     def run(self) -> None:
+        self._lag = metrics.ConsumerLag("scheduler", self.settings.topic_prefix)
         self._subscribe()
         self._start_warm_up()
         beats = self.settings.topic("heartbeats")
@@ -229,6 +230,7 @@ class Scheduler:
                 self._resync()
                 self._propose(self.clock())
                 self._gauges()
+                self._lag.report(self.consumer)
         finally:
             self._end_warm_up()
             self.producer.flush(10)

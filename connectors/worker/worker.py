@@ -274,6 +274,7 @@ class Worker:
         inbox = [TopicPartition(self.topics["worker-inbox"], partition)]
         consumer.assign(committed_or(consumer, inbox, stop=self.stop_event))
         self.inbox_ready = True
+        lag = metrics.ConsumerLag("worker", self.settings.topic_prefix)
         log.info("worker %s ready (inbox partition %d)", self.config.worker_id, partition)
         try:
             while not self.stop_event.is_set():
@@ -294,6 +295,7 @@ class Worker:
                 self._pump()
                 self._publish()
                 self.producer.poll(0)
+                lag.report(consumer)
         finally:
             self.stop_event.set()
             consumer.close()

@@ -8,6 +8,7 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -185,6 +186,28 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
     applied = value(ledger, "cronlog_ledger_decisions_total", outcome="applied")
     assert applied >= 3 * len(started)
     assert value(ledger, "cronlog_ledger_transaction_seconds_count") > 0
+    # Consumer lag per component: the jobs are paused, so each reads to the end (the
+    # gauge is set at most every 5 s).
+    ports = {"ledger": "ledger", "scheduler": "node", "dispatcher": "node", "worker": "worker"}
+    topic_of = {
+        "ledger": "job-log",
+        "scheduler": "jobs",
+        "dispatcher": "dispatch",
+        "worker": "worker-inbox",
+    }
+
+    def lag(component: str) -> float | None:
+        _, text = get(processes[ports[component]], "/metrics")
+        found = [
+            s.value
+            for s in samples(text)
+            if s.name == "cronlog_consumer_lag_records"
+            and s.labels == {"component": component, "topic": topic_of[component]}
+        ]
+        return found[0] if found else None
+
+    for component in ports:
+        eventually(partial(lambda c: lag(c) == 0, component), f"{component} lag 0", 30)
     for name, port in processes.items():
         _, text = get(port, "/metrics")
         check_names(name, text)

@@ -61,6 +61,7 @@ BATCH = 1000
 _ACCEPTED = metrics.COMMANDS.labels("accepted")
 _REJECTED = metrics.COMMANDS.labels("rejected")
 _DLQ = metrics.INGRESS_DLQ.labels("ingress")
+_LAG = metrics.CONSUMER_LAG["ingress"].labels("ingress", "commands")
 
 
 def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
@@ -135,6 +136,18 @@ def build_app(settings: Settings) -> faust.App:
     job_log = settings.topic("job-log")
     dlq = settings.topic("commands.dlq")
 
+    behind: dict[int, int] = {}  # records not read yet per partition, at the last batch
+
+    def lag(events: list[faust.EventT[bytes]]) -> None:
+        """Ingress's lag: each partition's high watermark of the last fetch (what
+        aiokafka knows, no broker call) minus the next offset; set once a batch is in."""
+        for event in events:
+            tp = event.message.tp
+            high = app.consumer.highwater(tp)
+            if high is not None:
+                behind[tp.partition] = max(0, high - event.message.offset - 1)
+        _LAG.set(sum(behind.values()))
+
     @app.agent(commands, concurrency=1)
     async def ingress(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(BATCH, within=0.05):  # type: ignore[attr-defined]
@@ -159,6 +172,7 @@ def build_app(settings: Settings) -> faust.App:
             _ACCEPTED.inc(len(outputs) - rejected)  # counted once delivered
             _REJECTED.inc(rejected)
             _DLQ.inc(rejected)
+            lag(events)
 
     async def deliver(outputs: list[tuple[str, bytes | None, bytes]]) -> None:
         """Send the batch and await every delivery; until all are delivered, send the

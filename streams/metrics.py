@@ -211,7 +211,7 @@ NOTIFIER_DLQ = Counter(
 )
 
 
-# -- consumer lag, every component with a confluent-kafka consumer ---------------------------
+# -- consumer lag of every component that reads a topic -------------------------------------
 def _lag_gauge(registry: CollectorRegistry) -> Gauge:
     return Gauge(
         "cronlog_consumer_lag_records",
@@ -223,6 +223,7 @@ def _lag_gauge(registry: CollectorRegistry) -> Gauge:
 
 
 CONSUMER_LAG: Final = {
+    "ingress": _lag_gauge(INGRESS),
     "ledger": _lag_gauge(LEDGER),
     "scheduler": _lag_gauge(SCHEDULER),
     "dispatcher": _lag_gauge(DISPATCHER),

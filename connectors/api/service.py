@@ -548,16 +548,39 @@ class Service:
             )
         ]
 
+    MAX_GRAPH_JOBS = 1000
+
+    def _visible(self, who: Principal) -> tuple[str, tuple[str, ...]]:
+        if who.kind == "admin":
+            return "NOT deleted", ()
+        return "NOT deleted AND owner = %s", (who.name,)
+
     def dependencies(self, who: Principal) -> dict[str, list[str]]:
-        """Each visible job's upstreams, for the dependency view."""
-        where, params = ("NOT deleted", ()) if who.kind == "admin" else (
-            "NOT deleted AND owner = %s", (who.name,)
-        )  # fmt: skip
+        """The visible jobs that depend on others, with their upstreams, and the visible
+        upstreams themselves (with theirs): the dependency view's graph, at most
+        MAX_GRAPH_JOBS dependents."""
+        where, params = self._visible(who)
         rows = self._query(
-            f"SELECT job_id, spec->'depends_on' AS ups FROM jobs WHERE {where} ORDER BY job_id",
-            params,
+            f"SELECT job_id, spec->'depends_on' AS ups FROM jobs WHERE {where}"
+            " AND jsonb_array_length(spec->'depends_on') > 0 ORDER BY job_id LIMIT %s",
+            (*params, self.MAX_GRAPH_JOBS),
         )
-        return {r["job_id"]: [str(u) for u in r["ups"] or []] for r in rows}
+        graph = {r["job_id"]: [str(u) for u in r["ups"]] for r in rows}
+        roots = sorted({u for ups in graph.values() for u in ups} - set(graph))
+        for r in self._query(
+            f"SELECT job_id FROM jobs WHERE {where} AND job_id = ANY(%s)", (*params, roots)
+        ):
+            graph[r["job_id"]] = []
+        return graph
+
+    def downstream(self, who: Principal, job_id: str) -> list[str]:
+        """The visible jobs that name `job_id` as an upstream."""
+        where, params = self._visible(who)
+        rows = self._query(
+            f"SELECT job_id FROM jobs WHERE {where} AND spec->'depends_on' ? %s ORDER BY job_id",
+            (*params, job_id),
+        )
+        return [r["job_id"] for r in rows]
 
     def dead_letters(self, who: Principal, limit: int = 50) -> list[DeadLetterView]:
         """The newest dead letters; an owner sees those whose command names it as owner or

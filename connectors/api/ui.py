@@ -126,8 +126,7 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         job = service.job(who, job_id)
         runs = service.runs(who, job_id=job_id, limit=100)["items"]
         lateness = service.lateness(who, job_id)
-        graph = service.dependencies(who)
-        downstream = sorted(j for j, ups in graph.items() if job_id in ups)
+        downstream = service.downstream(who, job_id)
         return {
             "job": job,
             "schedule": views.schedule_text(job["spec"].get("schedule")),
@@ -183,12 +182,9 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         return await render(request, "dead_letters.html", dead_letters_page)
 
     def dag_page(who: Principal) -> dict[str, Any]:
-        graph = service.dependencies(who)
-        # Only jobs in a dependency: the rest would be a column of lone boxes.
-        involved = {j for j, ups in graph.items() if ups} | {
-            u for ups in graph.values() for u in ups
-        }
-        return {"layout": views.dependency_layout({j: graph[j] for j in graph if j in involved})}
+        # Only jobs in a dependency (the rest would be a column of lone boxes); an
+        # upstream that is not a visible job is drawn dashed.
+        return {"layout": views.dependency_layout(service.dependencies(who))}
 
     @router.get("/dag")
     async def dag(request: Request) -> Response:

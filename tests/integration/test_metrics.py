@@ -189,7 +189,9 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
     # Consumer lag per component: the jobs are paused, so each reads to the end (the
     # gauge is set at most every 5 s).
     ports = {"ledger": "ledger", "scheduler": "node", "dispatcher": "node", "worker": "worker"}
+    ports["ingress"] = "node"
     topic_of = {
+        "ingress": "commands",
         "ledger": "job-log",
         "scheduler": "jobs",
         "dispatcher": "dispatch",

@@ -135,6 +135,7 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         eventually(lambda: not {r["state"] for r in _runs(api, "ui-a")} & LIVE, "runs settled")
         page.goto(f"{stack}/ui/jobs/ui-a")
         assert page.locator("#paused").is_visible()
+        assert page.locator('td a[href="/ui/jobs/ui-down"]').count() == 1  # its downstream
         cells = page.eval_on_selector_all(
             "#grid .cell", "cs => cs.map(c => [c.dataset.run, c.dataset.state])"
         )

@@ -22,6 +22,7 @@ def _units() -> list[Path]:
         "cronlog-scheduler@.service",
         "cronlog-worker@.service",
         "cronlog-projector.service",
+        "cronlog-notifier.service",
         "cronlog-api.service",
     }
     return found

@@ -467,6 +467,14 @@ def worker(
             "its report was acknowledged.",
         ),
     ] = 3600.0,
+    secrets_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="CRONLOG_SECRETS_DIR",
+            help="Files named after the secrets jobs reference (`env: {X: {secret: NAME}}`); "
+            "else CRONLOG_SECRET_<NAME> in this worker's environment.",
+        ),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
     log_format: LogFormatOption = None,
     metrics_port: MetricsPortOption = None,
@@ -496,6 +504,7 @@ def worker(
         state,
         heartbeat_s,
         keep_s=keep_s,
+        secrets_dir=secrets_dir,
     )
     running = Worker(settings, config)
     port = _metrics_port(metrics_port)
@@ -636,13 +645,15 @@ def api(
 
     from connectors.api.app import create_app
     from connectors.api.auth import AuthConfigError, Tokens
+    from connectors.api.limits import RateLimiter
     from connectors.api.service import Service
     from connectors.api.workers import WorkerGateway
 
     settings = _settings()
     try:
         tokens = Tokens.from_env()
-    except AuthConfigError as exc:
+        limiter = RateLimiter.from_env()
+    except (AuthConfigError, ValueError) as exc:
         raise _fail(str(exc), 2) from exc
     try:
         migrate_for(settings)  # the API reads the projection tables: this deployment's
@@ -653,7 +664,7 @@ def api(
     gateway = WorkerGateway(service)
     gateway.start()
     try:
-        app = create_app(service, tokens, gateway)
+        app = create_app(service, tokens, gateway, limiter)
         _stop_watchdog()  # uvicorn's handlers, installed in run, get wrapped
         # JSON: uvicorn's loggers go through the root handler set above, not its own.
         log_config = None if chosen == "json" else uvicorn.config.LOGGING_CONFIG

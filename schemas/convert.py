@@ -146,6 +146,7 @@ def spec_to_avro(s: JobSpec) -> AvroDict:
         "priority": s.priority,
         "notify": None if s.notify is None else {"url": s.notify.url, "on": list(s.notify.on)},
         "sla_s": s.sla_s,
+        "secret_env": dict(s.secret_env),
     }
 
 
@@ -176,6 +177,7 @@ def spec_from_avro(d: AvroDict) -> JobSpec:
         priority=d["priority"],
         notify=_notify_from_avro(d.get("notify")),
         sla_s=None if d.get("sla_s") is None else float(d["sla_s"]),
+        secret_env=shared(pairs(d.get("secret_env") or {})),
     )
 
 
@@ -307,6 +309,7 @@ def dispatch_to_avro(r: DispatchRequest) -> AvroDict:
         "scheduled_ms": r.scheduled_ms,
         "not_before_ms": r.not_before_ms,
         "at_ms": r.at_ms,
+        "secret_env": dict(r.secret_env),
     }
 
 
@@ -324,6 +327,7 @@ def dispatch_from_avro(d: AvroDict) -> DispatchRequest:
         scheduled_ms=d["scheduled_ms"],
         not_before_ms=d["not_before_ms"],
         at_ms=d["at_ms"],
+        secret_env=pairs(d.get("secret_env") or {}),
     )
 
 

@@ -776,9 +776,19 @@ class Ledger:
             self.config,
             now_ms=self._now_ms(msg),
         )
-        if decision.rejected:
+        if decision.rejected and not decision.dead_letter:
             self._rejected += 1
             self._txn_rejected += 1
+        if decision.dead_letter:
+            record = dlq_record(
+                msg.value() or b"",
+                decision.rejected,
+                msg.topic() or "",
+                partition,
+                msg.offset() or 0,
+            )
+            self._produce(self.topics["commands.dlq"], msg.key(), record)
+            self._txn_dlq += 1
         self._apply(partition, state, decision)
 
     def _now_ms(self, msg: Message) -> int | None:

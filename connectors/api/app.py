@@ -9,6 +9,7 @@ asynchronous; a GET on the Location shows it shortly).
 # No `from __future__ import annotations`: FastAPI reads these annotations at runtime,
 # and some name aliases local to create_app.
 
+import math
 import time
 from datetime import datetime
 from typing import Annotated, Any
@@ -23,9 +24,11 @@ from starlette.exceptions import HTTPException
 
 from connectors.api import ui
 from connectors.api.auth import Tokens
+from connectors.api.limits import RateLimiter, caller_key, read_body
 from connectors.api.service import Accepted, Principal, Service, ServiceError, parse_body
 from connectors.api.workers import WorkerGateway
 from streams import metrics
+from streams.core.commands import MAX_COMMAND_BYTES
 
 JOB_BODY = {
     "requestBody": {
@@ -69,7 +72,7 @@ def _answer(accepted: Accepted, location: str, created: bool = False) -> JSONRes
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    return parse_body(await request.body())
+    return parse_body(await read_body(request, MAX_COMMAND_BYTES))
 
 
 def _request_id(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +82,12 @@ def _request_id(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     return {"request_id": key} if key else {}
 
 
-def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None = None) -> FastAPI:
+def create_app(
+    service: Service,
+    tokens: Tokens,
+    gateway: WorkerGateway | None = None,
+    limiter: RateLimiter | None = None,
+) -> FastAPI:
     app = FastAPI(
         title="cronlog",
         version="0.1.0",
@@ -117,6 +125,26 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
 
     User = Annotated[Principal, Depends(user)]
     Limit = Annotated[int, Query(ge=1, le=1000)]
+
+    # -- rate limits (connectors/api/limits.py) ----------------------------------------------
+    limiter = limiter or RateLimiter.from_env()
+    unlimited = ("/metrics", "/healthz", "/readyz", "/ui/static/")
+
+    @app.middleware("http")
+    async def limit(request: Request, call_next: Any) -> Response:
+        if request.url.path.startswith(unlimited):
+            response: Response = await call_next(request)
+            return response
+        wait = limiter.wait_s(caller_key(request, ui.COOKIE, tokens.principal))
+        if wait > 0:
+            message = (
+                f"rate limit: at most {limiter.rate:g} requests/s per token (bursts of "
+                f"{limiter.burst:g}); retry in {wait:.1f} s"
+            )
+            body = {"error": {"status": 429, "message": message, "field": None}}
+            return JSONResponse(body, 429, headers={"Retry-After": str(math.ceil(wait))})
+        answer: Response = await call_next(request)
+        return answer
 
     # -- metrics ----------------------------------------------------------------------------
     @app.middleware("http")
@@ -236,8 +264,10 @@ def create_app(service: Service, tokens: Tokens, gateway: WorkerGateway | None =
         who: User,
         attempt: Annotated[int | None, Query(ge=1)] = None,
         stream: Annotated[str | None, Query(pattern="^(stdout|stderr)$")] = None,
+        limit: Annotated[int, Query(ge=1, le=Service.MAX_LOG_CHUNKS)] = Service.MAX_LOG_CHUNKS,
     ) -> str:
-        return "".join(c["data"] for c in service.logs(who, run_id, attempt, stream))
+        """The log's first `limit` chunks (at most 10,000; a chunk is at most 16 KiB)."""
+        return "".join(c["data"] for c in service.logs(who, run_id, attempt, stream, limit))
 
     @app.post("/runs/{run_id}/cancel", tags=["runs"])
     def cancel_run(run_id: str, who: User) -> JSONResponse:

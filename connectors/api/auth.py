@@ -58,9 +58,9 @@ class Tokens:
                 raise AuthConfigError(f"cannot read {path}: {exc}") from exc
             if not isinstance(doc, dict):
                 raise AuthConfigError(f"{path}: expected a mapping with admin/owners/workers")
-            admin |= {str(t) for t in doc.get("admin") or []}
-            owners |= {str(k): str(v) for k, v in (doc.get("owners") or {}).items()}
-            workers |= {str(k): str(v) for k, v in (doc.get("workers") or {}).items()}
+            admin |= set(_token_list(doc.get("admin"), f"{path}: admin"))
+            owners |= _token_map(doc.get("owners"), f"{path}: owners")
+            workers |= _token_map(doc.get("workers"), f"{path}: workers")
         tokens = cls(frozenset(t.strip() for t in admin), owners, workers)
         if not (tokens.admin or tokens.owners or tokens.workers):
             raise AuthConfigError(
@@ -71,15 +71,40 @@ class Tokens:
 
     def principal(self, token: str) -> Principal | None:
         """The caller a token names, or None. Every table is scanned, in constant time
-        per comparison, so timing does not tell which table a near miss was in."""
+        per comparison, so timing does not tell which table a near miss was in. Compared
+        as UTF-8 bytes: a header with non-ASCII characters is an unknown token, not an
+        error."""
+        given = token.encode("utf-8", "surrogateescape")
         found: Principal | None = None
         for known in self.admin:
-            if hmac.compare_digest(known, token):
+            if hmac.compare_digest(known.encode(), given):
                 found = ADMIN
         for known, owner in self.owners.items():
-            if hmac.compare_digest(known, token):
+            if hmac.compare_digest(known.encode(), given):
                 found = Principal("owner", owner)
         for known, worker in self.workers.items():
-            if hmac.compare_digest(known, token):
+            if hmac.compare_digest(known.encode(), given):
                 found = Principal("worker", worker)
         return found
+
+
+def _token_list(value: object, where: str) -> list[str]:
+    """A list of tokens. A lone string is refused: iterated, each of its characters
+    would become a token."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise AuthConfigError(
+            f"{where}: expected a list of token strings, got {type(value).__name__}"
+        )
+    return [t.strip() for t in value]
+
+
+def _token_map(value: object, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+    ):
+        raise AuthConfigError(f"{where}: expected a mapping of token: name strings")
+    return dict(value)

@@ -206,6 +206,10 @@ class Service:
                 return rows
         except (psycopg.OperationalError, TimeoutError) as exc:
             raise ServiceError(503, f"the projection database is unavailable: {exc}") from exc
+        except psycopg.DataError as exc:  # a NUL in an id, say: the request, not the server
+            raise ServiceError(
+                400, f"invalid value in the request: {exc.diag.message_primary}"
+            ) from exc
 
     def send(self, doc: dict[str, Any]) -> str:
         """Validate a command as ingress would and produce it; the job id it is keyed by."""
@@ -432,6 +436,10 @@ class Service:
                 params.append(value)
         if cursor:
             at, run_id = _uncursor(cursor, 2)
+            try:
+                datetime.fromisoformat(at)
+            except ValueError:
+                raise ServiceError(400, "malformed cursor", "cursor") from None
             where.append("(r.scheduled_at, r.run_id) < (%s::timestamptz, %s)")
             params.extend([at, run_id])
         rows = self._query(
@@ -476,9 +484,17 @@ class Service:
         run["log_tail"] = "".join(r["data"] for r in tail)
         return run
 
+    MAX_LOG_CHUNKS = 10_000
+
     def logs(
-        self, who: Principal, run_id: str, attempt: int | None = None, stream: str | None = None
+        self,
+        who: Principal,
+        run_id: str,
+        attempt: int | None = None,
+        stream: str | None = None,
+        limit: int = MAX_LOG_CHUNKS,
     ) -> list[dict[str, Any]]:
+        """The run's log chunks in order, at most `limit` (the first ones)."""
         self._run_row(who, run_id)
         where: list[str] = ["run_id = %s"]
         params: list[Any] = [run_id]
@@ -492,8 +508,8 @@ class Service:
             _jsonable(r)
             for r in self._query(
                 "SELECT attempt, stream, seq, data, at FROM run_logs"
-                f" WHERE {' AND '.join(where)} ORDER BY attempt, at, stream, seq",
-                tuple(params),
+                f" WHERE {' AND '.join(where)} ORDER BY attempt, at, stream, seq LIMIT %s",
+                (*params, min(limit, self.MAX_LOG_CHUNKS)),
             )
         ]
 
@@ -606,16 +622,29 @@ class Service:
         return letters[:limit]
 
     # -- health ------------------------------------------------------------------------------
+    READY_CACHE_S = 2.0
+    _ready: tuple[float, dict[str, str]] = (0.0, {})
+
     def ready(self) -> dict[str, str]:
-        checks: dict[str, str] = {}
+        """Whether PostgreSQL and Kafka answer, checked at most every READY_CACHE_S
+        (the endpoint needs no token: a flood of probes must not become a flood of
+        broker calls). The answer names the failure's kind only; the details are in the
+        API's log."""
+        at, checks = self._ready
+        if checks and time.monotonic() - at < self.READY_CACHE_S:
+            return checks
+        checks = {}
         try:
             self._query("SELECT 1 FROM projector_offsets LIMIT 1")
             checks["database"] = "ok"
         except (ServiceError, psycopg.Error) as exc:
-            checks["database"] = f"unavailable: {exc}"
+            log.warning("readiness: PostgreSQL: %s", exc)
+            checks["database"] = "unavailable"
         try:
             self.producer.list_topics(self.settings.topic("commands"), timeout=3)
             checks["kafka"] = "ok"
         except KafkaException as exc:
-            checks["kafka"] = f"unavailable: {exc}"
+            log.warning("readiness: Kafka: %s", exc)
+            checks["kafka"] = "unavailable"
+        self._ready = (time.monotonic(), checks)
         return checks

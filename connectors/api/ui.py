@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from connectors.api import views
 from connectors.api.auth import Tokens
+from connectors.api.limits import read_body
 from connectors.api.service import Principal, Service, ServiceError
 
 COOKIE = "cronlog_token"
@@ -43,9 +44,8 @@ class _SignIn(Exception):
     """No valid token: the page sends the browser to the sign-in form."""
 
 
-def _form(raw: bytes) -> dict[str, str]:
-    if len(raw) > MAX_FORM_BYTES:
-        raise ServiceError(413, f"form is {len(raw)} bytes; at most {MAX_FORM_BYTES}")
+async def _form(request: Request) -> dict[str, str]:
+    raw = await read_body(request, MAX_FORM_BYTES)
     return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
 
 
@@ -83,7 +83,10 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
 
     @router.post("/login")
     async def login(request: Request) -> Response:
-        form = _form(await request.body())
+        try:
+            form = await _form(request)
+        except ServiceError as exc:
+            return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
         token, target = form.get("token", "").strip(), _local(form.get("next", "/ui"))
         who = tokens.principal(token) if token else None
         if who is None or who.kind == "worker":
@@ -143,8 +146,8 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
 
     @router.post("/jobs/{job_id}/{action}")
     async def act(request: Request, job_id: str, action: str) -> Response:
-        form = _form(await request.body())
         try:
+            form = await _form(request)
             who, token = principal(request)
             if not hmac.compare_digest(form.get("csrf", ""), csrf_token(token)):
                 raise ServiceError(403, "the form is stale or not from this dashboard; reload it")

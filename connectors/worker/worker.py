@@ -59,6 +59,7 @@ from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
 from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runlogs import LogTail
+from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
 from streams import metrics
@@ -115,6 +116,7 @@ class WorkerConfig:
     # Finished attempts (report acknowledged) are forgotten, their run directories
     # removed, this long after (connectors/worker/housekeeping.py).
     keep_s: float = DEFAULT_KEEP_S
+    secrets_dir: Path | None = None  # files named after secrets (connectors/worker/secrets.py)
 
 
 @dataclass
@@ -184,6 +186,7 @@ class Worker:
             metrics.WORKER_CAPACITY.labels(resource).set(offered)
         # What of the worker's own environment every job gets (taken once, not per run).
         self.base_env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
+        self.secrets = Secrets(config.secrets_dir)
         self.tailed = 0.0
         self.published = 0.0
         self.consume_error_logged = 0.0
@@ -473,6 +476,15 @@ class Worker:
             return  # no broker time yet: wait for it (a grant follows a claim's report)
         batch, self.granted = self.granted, []
         executor = self.executor
+        envs: dict[Key, dict[str, str]] = {}
+        for attempt in list(batch):
+            try:
+                envs[attempt.key] = self._env(attempt.dispatch)
+            except MissingSecret as exc:
+                # Never started: a failure of this attempt, with the secret's name only.
+                log.warning("run %s not started: %s", attempt.dispatch.run_id, exc)
+                batch.remove(attempt)
+                self._report(attempt, None, str(exc), self._now_ms())
         for attempt in batch:
             d = attempt.dispatch
             attempt.run_dir = self.dir / "runs" / _safe(d.run_id) / str(d.attempt)
@@ -495,7 +507,7 @@ class Worker:
                     attempt.key,
                     attempt.run_dir,
                     d.command,
-                    self._env(d),
+                    envs[attempt.key],
                     d.timeout_s,
                     d.resources.memory_mb,
                     d.not_before_ms,
@@ -528,6 +540,7 @@ class Worker:
         return {
             **self.base_env,
             **dict(d.env),
+            **self.secrets.resolve(d.secret_env),
             "CRONLOG_RUN_ID": d.run_id,
             "CRONLOG_JOB_ID": d.job_id,
             "CRONLOG_SCHEDULED_AT": iso_utc(d.scheduled_ms),

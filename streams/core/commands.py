@@ -55,6 +55,7 @@ MAX_ARG_CHARS: Final = 32 * 1024  # one argv element
 MAX_ENV_VARS: Final = 256
 MAX_ENV_NAME_CHARS: Final = 256
 MAX_ENV_VALUE_CHARS: Final = 32 * 1024
+MAX_SECRET_NAME_CHARS: Final = 128
 RESERVED_ENV_PREFIX: Final = "CRONLOG_"  # set by the worker for every run
 MAX_CPU: Final = 1024
 MAX_MEMORY_MB: Final = 4_194_304  # 4 TiB
@@ -223,7 +224,7 @@ def upsert_document(spec: JobSpec) -> dict[str, Any]:
     resources, retry = spec.resources, spec.retry
     doc |= {
         "command": list(spec.command),
-        "env": dict(spec.env),
+        "env": {**dict(spec.env), **{k: {"secret": v} for k, v in spec.secret_env}},
         "resources": {
             "cpu": resources.cpu,
             "memory_mb": resources.memory_mb,
@@ -398,6 +399,7 @@ def _job_spec(doc: _Doc) -> JobSpec:
             "schedule",
         )
     idempotent = _bool(doc, "idempotent", False)
+    env, secret_env = _env(doc.get("env"))
     sla_s = (
         None if doc.get("sla_s") is None else _number(doc, "sla_s", 0, 0, MAX_SLA_S, positive=True)
     )
@@ -406,7 +408,8 @@ def _job_spec(doc: _Doc) -> JobSpec:
         owner=owner,
         schedule=schedule,
         command=command,
-        env=_env(doc.get("env")),
+        env=env,
+        secret_env=secret_env,
         resources=_resources(doc.get("resources")),
         timeout_s=_number(doc, "timeout_s", DEFAULT_TIMEOUT_S, 0, MAX_TIMEOUT_S, positive=True),
         retry=_retry(doc.get("retry"), idempotent),
@@ -446,8 +449,12 @@ def _argv(value: object) -> tuple[str, ...]:
     return tuple(str(item) for item in items)
 
 
-def _env(value: object) -> tuple[tuple[str, str], ...]:
+def _env(value: object) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """Plain values, and references `{"secret": NAME}` the worker resolves (a secret's
+    value never travels with the job)."""
     doc = _object(value, "env", MAX_ENV_VARS)
+    plain: list[tuple[str, str]] = []
+    secret: list[tuple[str, str]] = []
     for name, item in doc.items():
         if len(name) > MAX_ENV_NAME_CHARS or not _ENV_NAME.fullmatch(name):
             raise _Invalid(
@@ -458,8 +465,16 @@ def _env(value: object) -> tuple[tuple[str, str], ...]:
         if name.startswith(RESERVED_ENV_PREFIX):
             reason = f"env.{name}: names starting with {RESERVED_ENV_PREFIX} are reserved"
             raise _Invalid(reason, f"env.{name}")
-        _text(item, f"env.{name}", MAX_ENV_VALUE_CHARS)
-    return tuple(sorted((name, str(item)) for name, item in doc.items()))
+        if isinstance(item, dict):
+            _only(item, ("secret",), f"env.{name}")
+            ref = _identifier(
+                item.get("secret"), f"env.{name}.secret", MAX_SECRET_NAME_CHARS,
+                f"env.{name}.secret (a secret's name)",
+            )  # fmt: skip
+            secret.append((name, ref))
+            continue
+        plain.append((name, _text(item, f"env.{name}", MAX_ENV_VALUE_CHARS)))
+    return tuple(sorted(plain)), tuple(sorted(secret))
 
 
 def _resources(value: object) -> Resources:

@@ -101,6 +101,9 @@ class Decision:
     # Messages to workers (worker-inbox): claim replies and orders to stop an attempt.
     replies: tuple[ClaimReply | CancelOrder, ...] = ()
     rejected: str = ""  # why the input changed nothing, for logs and metrics
+    # A user's command refused here rather than by ingress (it needs the job's state):
+    # the ledger sends its record to commands.dlq with `rejected` as the reason.
+    dead_letter: bool = False
 
     @property
     def changed(self) -> bool:
@@ -138,6 +141,16 @@ def decide(
     job-log record (LogAppendTime), which no producer can skew. Without it (pure tests,
     the simulation) the input's own `at_ms` stands in."""
     now = inp.at_ms if now_ms is None else now_ms
+    if isinstance(inp, JobUpserted) and job is not None and _owned_by_another(job, inp.spec):
+        # Checked here, where the decision is made, not only by the API against its
+        # projection (which may lag): a job id belongs to the owner that registered it,
+        # deleted or not, so no one else takes over its runs, logs or dependents.
+        return Decision(
+            rejected=f"job {inp.spec.job_id!r} belongs to owner {job.spec.owner!r}; "
+            f"owner {inp.spec.owner!r} cannot register or replace it (ids are never "
+            "passed on, even after a delete: use another job id)",
+            dead_letter=True,
+        )
     if isinstance(inp, JobUpserted) and (job is None or job.deleted):
         return _register(job, inp, now, _effective(inp.at_ms, now, config))
     if job is None and isinstance(inp, DependencyLinked):
@@ -197,6 +210,11 @@ def _stub(job_id: str, at: int) -> JobState:
         recent_requests=(),
         version=0,
     )
+
+
+def _owned_by_another(job: JobState, spec: JobSpec) -> bool:
+    """A placeholder (version 0: only named as an upstream so far) belongs to no one."""
+    return job.version > 0 and job.spec.owner != spec.owner
 
 
 def _job_id(inp: LedgerInput) -> str:
@@ -518,6 +536,7 @@ class _Builder:
                 owner=spec.owner,
                 command=spec.command,
                 env=spec.env,
+                secret_env=spec.secret_env,
                 resources=spec.resources,
                 timeout_s=spec.timeout_s,
                 priority=spec.priority,

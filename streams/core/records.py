@@ -373,6 +373,7 @@ class DispatchRequest:
     scheduled_ms: int
     not_before_ms: int  # start no earlier (pre-dispatch, jitter)
     at_ms: int
+    secret_env: tuple[tuple[str, str], ...] = ()  # (env name, secret name): the worker resolves
 
 
 # -- worker-inbox: messages to one worker, keyed by worker_id ----------------------------

@@ -102,3 +102,6 @@ class JobSpec:
     priority: int = 0
     notify: Notify | None = None
     sla_s: float | None = None  # a run not started this long after its time is late
+    # Env vars whose value is a secret the worker resolves (sorted (env name, secret
+    # name) pairs): only the name travels on topics and sits in projections.
+    secret_env: tuple[tuple[str, str], ...] = ()

@@ -3,6 +3,7 @@ and `cronlog api` as real processes; requests over HTTP with httpx."""
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import sys
@@ -514,3 +515,54 @@ def test_the_cli_for_humans(api: httpx.Client, topics: Settings, tmp_path: Path)
     missing = cli(topics, "jobs", "show", "no-such-job")
     assert missing.returncode == 1
     assert "not found" in missing.stderr
+
+
+def test_hostile_requests_get_clear_client_errors(api: httpx.Client) -> None:
+    """A non-ASCII token, a NUL in a path, a forged cursor: 4xx with a message, never 500."""
+    odd = api.get("/jobs", headers={b"Authorization": "Bearer t\u00f6k".encode()})
+    assert odd.status_code == 401, odd.text
+    nul = api.get("/jobs/a%00b", headers=A)
+    assert nul.status_code == 400, nul.text
+    assert "invalid value" in nul.json()["error"]["message"]
+    forged = base64.urlsafe_b64encode(orjson.dumps(["not a time", "x"])).decode()
+    bad_cursor = api.get("/runs", params={"cursor": forged}, headers=A)
+    assert bad_cursor.status_code == 400, bad_cursor.text
+    assert api.get("/runs", params={"cursor": "%%%"}, headers=A).status_code == 400
+    # Readiness names what is down, never the driver's words.
+    assert set(api.get("/readyz").json().values()) <= {True, False, "ok", "unavailable"}
+
+
+def test_a_flooding_token_gets_429_and_the_others_are_served(
+    topics: Settings, tmp_path: Path
+) -> None:
+    port = free_port()
+    limited = CronlogProcess(
+        topics,
+        "api-limited",
+        tmp_path,
+        ["api", "--port", str(port), "--loglevel", "warning"],
+        extra_env={**TOKENS, "CRONLOG_API_RATE": "5", "CRONLOG_API_BURST": "10"},
+    ).start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            eventually(lambda: _answers(client), "the limited API")
+            answers = [client.get("/jobs", headers=A) for _ in range(40)]
+            codes = [a.status_code for a in answers]
+            other = client.get("/jobs", headers=B)
+            health = client.get("/healthz")
+        refused = [a for a in answers if a.status_code == 429]
+        assert codes[:10] == [200] * 10  # the burst
+        assert len(refused) >= 20, codes  # 40 in well under 4 s at 5/s
+        assert int(refused[0].headers["Retry-After"]) >= 1
+        assert "rate limit" in refused[0].json()["error"]["message"]
+        assert other.status_code == 200  # another token is not slowed
+        assert health.status_code == 200  # probes are not limited
+    finally:
+        limited.stop()
+
+
+def _answers(client: httpx.Client) -> bool:
+    try:
+        return client.get("/healthz").status_code == 200
+    except httpx.TransportError:
+        return False

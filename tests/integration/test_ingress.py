@@ -14,6 +14,7 @@ import pytest
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 from tests.support.nodes import EventReader, Node, send_commands
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +102,47 @@ def test_bad_commands_go_to_the_dlq_and_good_ones_take_effect(topics: Settings, 
     # delivered twice shows as a repeated pair, never as another job).
     assert set(kinds) == {(job_id, "upserted") for job_id in expected} | {("good-0", "paused")}
     assert Path(node.log).exists()
+
+
+def test_another_owner_cannot_take_a_job_id_the_ledger_refuses_it(
+    topics: Settings, node: Node
+) -> None:
+    """Valid for ingress (it knows no job's owner), refused by the ledger, which does:
+    the job keeps its owner and command, deleted or not, and the refusal is in the DLQ."""
+    events = EventReader(topics, "owner-check")
+    try:
+        send_commands(topics, [upsert("owned", owner="team-a")])
+        events.wait_until(
+            lambda: any(e.job_id == "owned" for e in events.job_events()), 60, "registered"
+        )
+        thief = upsert("owned", owner="team-b", command=["cat", "/etc/shadow"])
+        send_commands(topics, [thief, {"type": "job.delete", "job_id": "owned"}, thief])
+        events.wait_until(
+            lambda: any(e.kind == "deleted" for e in events.job_events() if e.job_id == "owned"),
+            60,
+            "the delete",
+        )
+        dlq = consumer(topics, "commands.dlq")
+        refused: list[dict[str, object]] = []
+        try:
+
+            def both_refused() -> bool:
+                for m in drain(dlq, 1, timeout_s=1):
+                    letter = orjson.loads(m.value() or b"")
+                    if "belongs to owner" in letter["reason"]:
+                        refused.append(letter)
+                return len(refused) >= 2
+
+            eventually(both_refused, "the two refusals in the DLQ", 60)
+            both_refused()  # one more read: a third refusal would be counted
+        finally:
+            dlq.close()
+        events.poll_for(1)
+        upserts = [e for e in events.job_events() if e.job_id == "owned" and e.kind == "upserted"]
+    finally:
+        events.close()
+    assert len(refused) == 2  # before and after the delete
+    for letter in refused:
+        assert "owner 'team-b' cannot" in str(letter["reason"])
+        assert letter["topic"] == topics.topic("job-log")
+    assert {e.spec.owner for e in upserts if e.spec is not None} == {"team-a"}

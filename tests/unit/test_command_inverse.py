@@ -133,6 +133,8 @@ def specs(draw: st.DrawFn) -> JobSpec:
     depends_on = draw(st.lists(ids.filter(lambda up: up != job_id), max_size=4, unique=True))
     schedule = draw(schedules | st.none()) if depends_on else draw(schedules)
     sla_s = draw(st.none() | numbers(0, MAX_SLA_S, exclude_min=True))
+    env = draw(pairs(env_names, texts))
+    plain = {k for k, _ in env}
     events = [e for e in NOTIFY_ON if e != "late" or sla_s is not None]
     on = draw(st.none() | st.lists(st.sampled_from(events), min_size=1, unique=True).map(tuple))
     return JobSpec(
@@ -140,7 +142,12 @@ def specs(draw: st.DrawFn) -> JobSpec:
         owner=draw(identifiers(ALNUM + "._-", 64)),
         schedule=schedule,
         command=(draw(texts.filter(bool)), *draw(st.lists(texts, max_size=4))),
-        env=draw(pairs(env_names, texts)),
+        env=env,
+        secret_env=tuple(
+            (k, v)
+            for k, v in draw(pairs(env_names, identifiers(ALNUM + "._-", 128)))
+            if k not in plain
+        ),
         resources=Resources(
             cpu=draw(numbers(0, MAX_CPU)),
             memory_mb=draw(st.integers(0, MAX_MEMORY_MB)),

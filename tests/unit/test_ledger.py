@@ -451,3 +451,35 @@ def test_cron_firings_are_each_decided_once_whatever_proposals_arrive(
     assert {e.state for e in w.run_events()} <= {"due", "dispatched"}
     assert w.jobs["j"].fired_ms == times[-1]
     assert w.jobs["j"].next_due_ms == next_fire(job.schedule, times[-1])
+
+
+def test_a_job_id_stays_with_its_owner_even_after_a_delete() -> None:
+    """The ledger checks ownership where it decides: an upsert by another owner changes
+    nothing (and goes to the DLQ), whatever the API's projection showed at the time."""
+    w = world()
+    taken = w.apply(JobUpserted(spec(owner="mallory", command=("steal",)), T0 + 1_000))
+    assert taken.dead_letter
+    assert "belongs to owner 'o'" in taken.rejected
+    assert taken.job is None
+    assert not taken.events
+    assert w.jobs["j"].spec.owner == "o"
+    assert w.jobs["j"].spec.command == ("true",)
+    w.apply(JobDeleted("j", T0 + 2_000))
+    again = w.apply(JobUpserted(spec(owner="mallory"), T0 + 3_000))
+    assert again.dead_letter
+    assert w.jobs["j"].deleted
+    assert w.jobs["j"].spec.owner == "o"
+    # The owner itself may change and re-create it.
+    back = w.apply(JobUpserted(spec(command=("false",)), T0 + 4_000))
+    assert not back.rejected
+    assert not w.jobs["j"].deleted
+    assert w.jobs["j"].spec.command == ("false",)
+
+
+def test_a_placeholder_upstream_belongs_to_no_one_until_registered() -> None:
+    w = World()
+    w.apply(JobUpserted(spec(job_id="down", schedule=None, depends_on=("up",)), T0))
+    assert w.jobs["up"].version == 0  # the link made a placeholder, owned by no one
+    first = w.apply(JobUpserted(spec(job_id="up", owner="team-up"), T0 + 1_000))
+    assert not first.rejected
+    assert w.jobs["up"].spec.owner == "team-up"

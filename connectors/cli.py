@@ -467,6 +467,22 @@ def worker(
             "its report was acknowledged.",
         ),
     ] = 3600.0,
+    run_as: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CRONLOG_WORKER_RUN_AS",
+            help="Run every job as this user (name or uid), each in a directory it owns; "
+            "needs root. A worker running as root requires it, or --allow-root.",
+        ),
+    ] = None,
+    allow_root: Annotated[
+        bool,
+        typer.Option(
+            "--allow-root",
+            envvar="CRONLOG_WORKER_ALLOW_ROOT",
+            help="Let jobs run as root (a worker started as root without --run-as).",
+        ),
+    ] = False,
     secrets_dir: Annotated[
         Path | None,
         typer.Option(
@@ -480,10 +496,15 @@ def worker(
     metrics_port: MetricsPortOption = None,
 ) -> None:
     """A worker: advertises capacity, claims runs placed on it and executes them."""
+    from connectors.worker.runas import RunAsError, choose
     from connectors.worker.worker import Worker, WorkerConfig
     from streams.core.placement import Capacity
 
     settings = _settings()
+    try:
+        jobs_as = choose(run_as, allow_root) if executor == "process" else None
+    except RunAsError as exc:
+        raise _fail(str(exc), 2) from exc
     if executor not in ("process", "noop"):
         raise _fail("--executor must be process or noop", 2)
     if cpu < 0 or memory_mb < 0 or gpu < 0:
@@ -505,6 +526,7 @@ def worker(
         heartbeat_s,
         keep_s=keep_s,
         secrets_dir=secrets_dir,
+        run_as=jobs_as,
     )
     running = Worker(settings, config)
     port = _metrics_port(metrics_port)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import secrets
 import signal
 import subprocess
@@ -185,6 +186,18 @@ class Supervisor:
         self.say("stopped")
 
 
+def jobs_user() -> list[str]:
+    """As root, the demo's workers run jobs as `nobody` (never as root by default);
+    `--allow-root` only where no such user exists. As anyone else, as that user."""
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return ["--allow-root"]
+    return ["--run-as", "nobody"]
+
+
 def components(
     state: Path, lead_s: float, api_port: int, loglevel: str, metrics_port: int | None = None
 ) -> list[Child]:
@@ -205,6 +218,7 @@ def components(
     children = [Child("scheduler", scheduler, logs / "scheduler.log")]
     for n in (1, 2):
         worker = ["worker", "--id", f"local-{n}", "--cpu", str(cpus), "--memory-mb", str(memory)]
+        worker += jobs_user()
         children.append(
             Child(f"worker local-{n}", [*worker, *level, *port(9 + n)], logs / f"worker-{n}.log")
         )

@@ -81,6 +81,7 @@ from connectors.worker.procs import (
     group_alive,
     signal_group,
     spawn,
+    spawn_as,
     spawn_limited,
 )
 
@@ -129,6 +130,7 @@ class EngineConfig:
     grace_s: float = 1.0
     max_gap_s: float = 2.5
     start_wait_s: float = 30.0
+    run_as: tuple[int, int] | None = None  # (uid, gid) every job runs as (`--run-as`)
 
 
 @dataclass
@@ -354,13 +356,24 @@ class Engine:
             for u, n, c in zip(self.in_use, need, self.config.capacity, strict=True)
         )
 
+    def _spawn_as(self, job: Job, uid: int, gid: int) -> tuple[int, str]:
+        """A job as another user, in a directory of its own that it owns (0700): its
+        parents are traversable (0711), not readable, so it reaches its own directory
+        and no other job's, nor the worker's journal and logs (0600)."""
+        job.run_dir.parent.chmod(0o711)
+        os.chown(job.run_dir, uid, gid)
+        job.run_dir.chmod(0o700)
+        return spawn_as(job.argv, job.env, job.run_dir, uid, gid, job.memory_mb * MIB)
+
     def _spawn(self, job: Job, mono: float) -> None:
         # The intent first: if this process dies between the spawn and the "started"
         # line, the worker knows the job may exist and must not give the run back.
         self.log.write(orjson.dumps({"ev": "starting", "key": job.key}) + b"\n")
         try:
             job.run_dir.mkdir(parents=True, exist_ok=True)
-            if job.memory_mb > 0:
+            if self.config.run_as is not None:
+                pid, job.rlimit_error = self._spawn_as(job, *self.config.run_as)
+            elif job.memory_mb > 0:
                 pid, job.rlimit_error = spawn_limited(
                     job.argv, job.env, job.run_dir, job.memory_mb * MIB
                 )
@@ -549,7 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-s", type=float, default=1.0)
     parser.add_argument("--max-gap-s", type=float, default=2.5)
     parser.add_argument("--start-wait-s", type=float, default=30.0)
+    parser.add_argument("--run-as-uid", type=int, default=None)
+    parser.add_argument("--run-as-gid", type=int, default=None)
     args = parser.parse_args(argv)
+    run_as = None if args.run_as_uid is None else (args.run_as_uid, args.run_as_gid)
     if os.getsid(0) != os.getpid():
         with contextlib.suppress(OSError):
             os.setsid()
@@ -564,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             args.grace_s,
             args.max_gap_s,
             args.start_wait_s,
+            run_as,
         )
     )
     engine.install_signals()

@@ -174,6 +174,7 @@ class ProcessExecutor:
         max_gap_s: float = 2.5,
         silence_s: float = 3.0,
         stderr: Path | None = None,
+        run_as: tuple[int, int] | None = None,
     ) -> None:
         self.log_path = str(log_file)
         self.output = True
@@ -197,6 +198,8 @@ class ProcessExecutor:
             "--max-gap-s",
             repr(max_gap_s),
         ]
+        if run_as is not None:
+            argv += ["--run-as-uid", str(run_as[0]), "--run-as-gid", str(run_as[1])]
         with open(stderr or os.devnull, "ab") as err:
             self.proc = subprocess.Popen(
                 argv,

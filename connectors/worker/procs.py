@@ -139,6 +139,47 @@ def spawn_limited(
     return proc.pid, "" if report == b"ok" else report.decode(errors="replace") or "not confirmed"
 
 
+def spawn_as(
+    argv: Sequence[str], env: dict[str, str], cwd: Path, uid: int, gid: int, limit_bytes: int
+) -> tuple[int, str]:
+    """Like `spawn_limited` (fork + exec: posix_spawn cannot change the user), as `uid`
+    and `gid` with no supplementary groups. `limit_bytes` 0: no memory limit."""
+    report_r, report_w = os.pipe()
+    try:
+        try:
+            with open(cwd / "stdout", "ab") as out, open(cwd / "stderr", "ab") as err:
+                proc = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    user=uid,
+                    group=gid,
+                    extra_groups=[],
+                    preexec_fn=limit_address_space(limit_bytes, report_w)
+                    if limit_bytes > 0
+                    else _confirm(report_w),
+                )
+        finally:
+            os.close(report_w)
+        report = os.read(report_r, 4096)
+    finally:
+        os.close(report_r)
+    proc.returncode = 0  # subprocess must never wait for this pid: the caller reaps it
+    return proc.pid, "" if report == b"ok" else report.decode(errors="replace") or "not confirmed"
+
+
+def _confirm(report_fd: int) -> Callable[[], None]:
+    def apply() -> None:
+        with contextlib.suppress(OSError):
+            os.write(report_fd, b"ok")
+
+    return apply
+
+
 def job_processes(run_id: str, attempt: int) -> list[int]:
     """Pids whose environment names this (run, attempt): the processes of a job whose
     executor died before it could record the pid. A scan of /proc: for rare paths only."""

@@ -58,6 +58,7 @@ from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
 from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
+from connectors.worker.runas import RunAs
 from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
@@ -117,6 +118,7 @@ class WorkerConfig:
     # removed, this long after (connectors/worker/housekeeping.py).
     keep_s: float = DEFAULT_KEEP_S
     secrets_dir: Path | None = None  # files named after secrets (connectors/worker/secrets.py)
+    run_as: RunAs | None = None  # the user every job runs as (connectors/worker/runas.py)
 
 
 @dataclass
@@ -148,6 +150,18 @@ class Worker:
         self.config = config
         self.dir = config.state_dir / config.worker_id
         self.dir.mkdir(parents=True, exist_ok=True)
+        if config.run_as is not None:
+            # Jobs run as another user: what this worker writes from now on is its own
+            # (0600/0700), and its folders only traversable, so a job reaches its own
+            # run directory (which it owns) and nothing else here: not the journal (the
+            # dispatches of other jobs), not the executor's logs, not the leases.
+            os.umask(0o077)
+            for folder in (self.dir, self.dir / "runs"):
+                folder.mkdir(parents=True, exist_ok=True)
+                folder.chmod(0o711)
+            for left in self.dir.iterdir():  # an earlier incarnation's, made 0644
+                if left.is_file():
+                    left.chmod(0o600)
         self.journal = Journal(self.dir / "journal.jsonl")
         self.housekeeping = Housekeeping(
             self.dir,
@@ -205,6 +219,7 @@ class Worker:
             grace_s=self.config.fence_grace_s,
             max_gap_s=self.config.max_gap_s,
             stderr=self.dir / "executor.stderr",
+            run_as=None if self.config.run_as is None else self.config.run_as.ids,
         )
 
     def _now_ms(self) -> int:
@@ -539,6 +554,7 @@ class Worker:
     def _env(self, d: DispatchRequest) -> dict[str, str]:
         return {
             **self.base_env,
+            **({} if self.config.run_as is None else self.config.run_as.env),
             **dict(d.env),
             **self.secrets.resolve(d.secret_env),
             "CRONLOG_RUN_ID": d.run_id,

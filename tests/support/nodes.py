@@ -28,6 +28,9 @@ def env_for(settings: Settings) -> dict[str, str]:
         "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
         "CRONLOG_PARTITIONS": str(settings.partitions),
         "CRONLOG_DATABASE_URL": settings.database_url,
+        # The suite runs as root on CI: its workers run their (harmless) jobs as root on
+        # purpose; tests/integration/test_run_as.py covers --run-as and the refusal.
+        "CRONLOG_WORKER_ALLOW_ROOT": "1",
     }
 
 

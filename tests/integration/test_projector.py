@@ -172,7 +172,7 @@ def test_an_undecodable_event_goes_to_dead_letters(topics: Settings, tmp_path: P
     assert rows[0][3]
 
 
-def test_catches_up_after_postgres_is_down_for_30_s(
+def test_catches_up_after_postgres_is_down_for_20_s(
     topics: Settings, services: Services, tmp_path: Path
 ) -> None:
     if services.source != "native":
@@ -186,7 +186,7 @@ def test_catches_up_after_postgres_is_down_for_30_s(
         time.sleep(8)
         assert postgres.down()
         try:
-            time.sleep(30)  # runs keep flowing into Kafka meanwhile
+            time.sleep(20)  # runs keep flowing into Kafka meanwhile
         finally:
             postgres.up(log=lambda _: None)
         time.sleep(4)

@@ -102,7 +102,7 @@ def _ride_out(outage: Outage, down_s: float, late_node: bool, tag: str) -> None:
             120,
             "the first runs",
         )
-        events.poll_for(8)
+        events.poll_for(4)
 
         outage.broker.kill()
         killed_ms = int(time.time() * 1000)

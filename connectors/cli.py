@@ -412,11 +412,12 @@ def events(
 
     from schemas.codec import RUN_EVENTS, CodecError
     from schemas.json import to_json
+    from streams.kafka import connection_config
 
     settings = _settings()
     consumer = Consumer(
         {
-            "bootstrap.servers": settings.kafka,
+            **connection_config(settings),
             "group.id": f"cronlog-cli-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,

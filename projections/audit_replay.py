@@ -61,6 +61,7 @@ from projections.audit import AuditConfig, Auditor, AuditReport, format_report
 from schemas.codec import JOB_LOG, RUN_EVENTS, CodecError
 from schemas.registry import HEADER_LENGTH
 from streams.core.ids import iso_utc
+from streams.kafka import admin_config, connection_config
 from streams.settings import Settings
 
 __all__ = ["AuditError", "ReplayStats", "parse_time", "replay", "run_audit"]
@@ -125,7 +126,7 @@ def parse_time(text: str) -> int:
 def _consumer(settings: Settings) -> Any:
     return Consumer(
         {
-            "bootstrap.servers": settings.kafka,
+            **connection_config(settings),
             # assign() needs a group id, but no group is joined and nothing is committed.
             "group.id": f"{settings.group('audit')}-{uuid.uuid4().hex[:12]}",
             "enable.auto.commit": False,
@@ -194,7 +195,7 @@ def _ledger_offsets(
     of a transaction still open), or None when it has none or they cannot be read."""
     group = settings.group("ledger")
     try:
-        admin = AdminClient({"bootstrap.servers": settings.kafka, "log_level": 2})
+        admin = AdminClient(admin_config(settings, log_level=2))
         request = ConsumerGroupTopicPartitions(
             group, [TopicPartition(topic, p) for p in partitions]
         )

@@ -85,6 +85,48 @@ def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
     raise TypeError(f"unhandled command {command!r}")  # pragma: no cover - exhaustive
 
 
+class UnsupportedClientConfig(ValueError):
+    """A CRONLOG_KAFKA_CONFIG setting Faust's client (aiokafka) cannot be given."""
+
+
+def faust_credentials(props: dict[str, str]) -> Any:
+    """The CRONLOG_KAFKA_CONFIG properties (librdkafka's names) as Faust's credentials
+    (aiokafka's): TLS from `ssl.*` (CA, client certificate and key), SASL PLAIN or SCRAM
+    from `sasl.*`. None for PLAINTEXT. Raises UnsupportedClientConfig for what aiokafka
+    cannot do the same way, rather than connect with less security than configured."""
+    import ssl
+
+    from faust.auth import SASLCredentials, SSLCredentials
+
+    protocol = props.get("security.protocol", "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol not in ("SSL", "SASL_SSL", "SASL_PLAINTEXT"):
+        raise UnsupportedClientConfig(f"security.protocol={protocol} is not supported")
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=props.get("ssl.ca.location"))
+        if props.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+            context.check_hostname = False
+        if "ssl.certificate.location" in props:
+            context.load_cert_chain(
+                props["ssl.certificate.location"],
+                props.get("ssl.key.location"),
+                props.get("ssl.key.password"),
+            )
+    if protocol == "SSL":
+        return SSLCredentials(context)
+    mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms", "PLAIN")).upper()
+    if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+        raise UnsupportedClientConfig(f"sasl.mechanism={mechanism} is not supported by ingress")
+    return SASLCredentials(
+        username=props.get("sasl.username"),
+        password=props.get("sasl.password"),
+        ssl_context=context,
+        mechanism=mechanism,
+    )
+
+
 def route(raw: bytes | None, at_ms: int) -> tuple[str, bytes, bytes]:
     """Decide where one raw command goes: ("job-log"|"commands.dlq", key, value)."""
     parsed = parse_command(raw)
@@ -108,6 +150,7 @@ def build_app(settings: Settings) -> faust.App:
     app = faust.App(
         settings.group("ingress"),
         broker=f"kafka://{settings.kafka}",
+        broker_credentials=faust_credentials(dict(settings.kafka_config)),
         store="memory://",
         web_enabled=False,
         topic_partitions=settings.partitions,

@@ -45,9 +45,21 @@ HEARTBEAT_INTERVAL_MS = 1500
 TRANSACTION_TIMEOUT_MS = 7000
 
 
+def connection_config(settings: Settings) -> dict[str, Any]:
+    """Where the brokers are and how to reach them (the CRONLOG_KAFKA_CONFIG properties:
+    TLS, SASL): the base of every client cronlog builds. Every producer, consumer and
+    admin client is built from this module's functions (a unit test checks), so one
+    file configures them all."""
+    return {"bootstrap.servers": settings.kafka, **dict(settings.kafka_config)}
+
+
+def admin_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    return {**connection_config(settings), **kafka_log_settings(), **extra}
+
+
 def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     return {
-        "bootstrap.servers": settings.kafka,
+        **connection_config(settings),
         "partitioner": PARTITIONER,
         # Idempotence implies acks=all; said explicitly because a replicated cluster's
         # guarantee rests on it: a record is acknowledged only once every in-sync replica
@@ -73,7 +85,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str) -> 
 
 def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka,
+        **connection_config(settings),
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",

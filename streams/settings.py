@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 DEFAULT_KAFKA = "localhost:9092"
 DEFAULT_TOPIC_PREFIX = "cronlog."
@@ -41,6 +42,9 @@ class Settings:
     # at topic creation (streams/topics.py): 3 and 2 on three or more brokers, 1 and 1 on one.
     replication: int | None = None
     min_isr: int | None = None
+    # librdkafka client properties for every client (security.protocol, sasl.*, ssl.*),
+    # from the file CRONLOG_KAFKA_CONFIG names; sorted (key, value) pairs.
+    kafka_config: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -60,6 +64,7 @@ class Settings:
             or DEFAULT_DATABASE_URL,
             topic_prefix=env.get("CRONLOG_TOPIC_PREFIX", DEFAULT_TOPIC_PREFIX),
             partitions=partitions,
+            kafka_config=read_client_properties(env.get("CRONLOG_KAFKA_CONFIG") or None),
         )
         settings.validate()
         return settings
@@ -107,6 +112,38 @@ class Settings:
     def group(self, name: str) -> str:
         """Consumer group ids share the prefix so installations never collide."""
         return f"{self.topic_prefix}{name}"
+
+
+# What a properties file may not set: cronlog sets these itself, per client.
+OWN_CLIENT_KEYS = frozenset({"bootstrap.servers", "group.id", "transactional.id"})
+
+
+def read_client_properties(path: str | None) -> tuple[tuple[str, str], ...]:
+    """A librdkafka-style properties file (``key=value`` lines; ``#`` and ``!`` start a
+    comment), e.g. ``security.protocol=SASL_SSL``, ``sasl.mechanism=SCRAM-SHA-512``,
+    ``sasl.username``, ``sasl.password``, ``ssl.ca.location``."""
+    if path is None:
+        return ()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"CRONLOG_KAFKA_CONFIG: cannot read {path}: {exc}") from None
+    found: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise SettingsError(f"CRONLOG_KAFKA_CONFIG {path}:{n}: expected key=value")
+        if key in OWN_CLIENT_KEYS:
+            raise SettingsError(
+                f"CRONLOG_KAFKA_CONFIG {path}:{n}: {key} is set by cronlog "
+                "(CRONLOG_KAFKA for the servers; groups and transactional ids per client)"
+            )
+        found[key] = value
+    return tuple(sorted(found.items()))
 
 
 def _optional_count(env: Mapping[str, str], name: str) -> int | None:

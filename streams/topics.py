@@ -32,6 +32,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from confluent_kafka.cimpl import NewTopic
 
+from streams.kafka import admin_config
 from streams.settings import Settings
 
 DAY_MS = 24 * 60 * 60 * 1000
@@ -160,7 +161,7 @@ def choose_replication(
 
 
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka})
+    return AdminClient(admin_config(settings))
 
 
 def ensure_topics(

@@ -66,7 +66,7 @@ from streams.core.records import (
     WorkerAssignment,
     WorkerMessage,
 )
-from streams.kafka import consumer_config
+from streams.kafka import admin_config, consumer_config
 
 log = logging.getLogger("cronlog.api.workers")
 FORGET_AFTER_S = 60.0  # a worker silent this long gets no more buffering
@@ -205,7 +205,7 @@ class WorkerGateway:
 
     def _ends(self) -> dict[int, int]:
         topic = self.settings.topic("worker-inbox")
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka})
+        admin = AdminClient(admin_config(self.settings))
         try:
             latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
             futures = admin.list_offsets(

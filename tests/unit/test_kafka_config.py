@@ -1,0 +1,171 @@
+"""One place configures every Kafka client: CRONLOG_KAFKA_CONFIG's properties reach every
+confluent-kafka client through streams/kafka.py, and Faust's through its credentials; no
+client in the product is built any other way."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from streams.ingress import UnsupportedClientConfig, faust_credentials
+from streams.kafka import (
+    admin_config,
+    connection_config,
+    consumer_config,
+    producer_config,
+    transactional_producer_config,
+)
+from streams.settings import Settings, SettingsError, read_client_properties
+
+ROOT = Path(__file__).resolve().parents[2]
+SECURED = """
+# a managed cluster
+security.protocol=SASL_SSL
+sasl.mechanism = SCRAM-SHA-512
+sasl.username=cronlog-ledger
+sasl.password=pa=ss
+! another comment
+ssl.ca.location=/etc/ssl/certs/ca-certificates.crt
+"""
+
+
+def props(tmp_path: Path, text: str) -> tuple[tuple[str, str], ...]:
+    path = tmp_path / "client.properties"
+    path.write_text(text)
+    return read_client_properties(str(path))
+
+
+def test_the_properties_file_is_read_and_given_to_every_builder(tmp_path: Path) -> None:
+    found = props(tmp_path, SECURED)
+    assert dict(found) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "cronlog-ledger",
+        "sasl.password": "pa=ss",
+        "ssl.ca.location": "/etc/ssl/certs/ca-certificates.crt",
+    }
+    settings = Settings(kafka="k1:9093,k2:9093", kafka_config=found)
+    for config in (
+        connection_config(settings),
+        admin_config(settings),
+        producer_config(settings),
+        transactional_producer_config(settings, "t-1"),
+        consumer_config(settings, "g"),
+        consumer_config(settings, None),
+    ):
+        assert config["bootstrap.servers"] == "k1:9093,k2:9093"
+        assert {k: config[k] for k, _ in found} == dict(found)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("security.protocol SASL_SSL", "expected key=value"),
+        ("=x", "expected key=value"),
+        ("bootstrap.servers=evil:9092", "set by cronlog"),
+        ("group.id=x", "set by cronlog"),
+    ],
+)
+def test_a_bad_properties_file_is_refused_with_its_line(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    with pytest.raises(SettingsError, match=words):
+        props(tmp_path, text)
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read"):
+        Settings.from_env({"CRONLOG_KAFKA_CONFIG": str(tmp_path / "none.properties")})
+
+
+def test_faust_gets_the_same_security(tmp_path: Path) -> None:
+    from faust.types.auth import AuthProtocol, SASLMechanism
+
+    assert faust_credentials({}) is None
+    assert faust_credentials({"security.protocol": "PLAINTEXT"}) is None
+    scram = faust_credentials(dict(props(tmp_path, SECURED)))
+    assert scram.protocol == AuthProtocol.SASL_SSL
+    assert scram.mechanism == SASLMechanism.SCRAM_SHA_512
+    assert (scram.username, scram.password) == ("cronlog-ledger", "pa=ss")
+    assert scram.ssl_context is not None
+    plain = faust_credentials(
+        {"security.protocol": "SASL_PLAINTEXT", "sasl.username": "u", "sasl.password": "p"}
+    )
+    assert plain.protocol == AuthProtocol.SASL_PLAINTEXT
+    assert plain.mechanism == SASLMechanism.PLAIN
+    tls = faust_credentials(
+        {"security.protocol": "SSL", "ssl.ca.location": "/etc/ssl/certs/ca-certificates.crt"}
+    )
+    assert tls.protocol == AuthProtocol.SSL
+    for unsupported in (
+        {"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"},
+        {"security.protocol": "KERBEROS"},
+    ):
+        with pytest.raises(UnsupportedClientConfig):
+            faust_credentials(unsupported)
+
+
+# -- no client built anywhere else --------------------------------------------------------
+CLIENTS = {"Producer", "Consumer", "AdminClient"}
+BUILDERS = {
+    "connection_config",
+    "admin_config",
+    "producer_config",
+    "transactional_producer_config",
+    "consumer_config",
+}
+# The local stack's own probe of the plaintext broker it just started, before any
+# cronlog configuration applies (connectors/stack/kafka.py).
+EXEMPT = {("connectors/stack/kafka.py", "AdminClient")}
+
+
+def _is_builder(node: ast.expr, built: set[str]) -> bool:
+    if isinstance(node, ast.Call):
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        return name in BUILDERS
+    if isinstance(node, ast.Dict):  # {**connection_config(settings), ...}
+        return any(
+            k is None and _is_builder(v, built)
+            for k, v in zip(node.keys, node.values, strict=False)
+        )
+    return isinstance(node, ast.Name) and node.id in built
+
+
+def _violations(source: str, rel: str) -> list[str]:
+    tree = ast.parse(source)
+    found: list[str] = []
+    for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.Module)]:
+        built = {
+            target.id
+            for node in ast.walk(func)
+            if isinstance(node, ast.Assign) and _is_builder(node.value, set())
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                continue
+            if node.func.id not in CLIENTS or (rel, node.func.id) in EXEMPT:
+                continue
+            if not node.args or not _is_builder(node.args[0], built):
+                found.append(f"{rel}:{node.lineno} {node.func.id}(...)")
+    return sorted(set(found))  # a call inside a function is seen from the module too
+
+
+def test_every_kafka_client_of_the_product_is_built_from_streams_kafka() -> None:
+    files = [p for d in ("streams", "connectors", "projections") for p in (ROOT / d).rglob("*.py")]
+    assert len(files) > 50
+    bad = sorted(
+        {v for path in files for v in _violations(path.read_text(), str(path.relative_to(ROOT)))}
+    )
+    assert bad == [], "build Kafka clients with streams/kafka.py's functions: " + ", ".join(bad)
+
+
+def test_the_check_sees_a_client_built_by_hand() -> None:
+    by_hand = "def f(s):\n    return Consumer({'bootstrap.servers': s.kafka})\n"
+    assert _violations(by_hand, "x.py") == ["x.py:2 Consumer(...)"]
+    assert _violations("Producer(producer_config(s))", "x.py") == []
+    assert _violations("def f(s):\n    c = admin_config(s)\n    AdminClient(c)\n", "x.py") == []
+    assert _violations("Consumer({**connection_config(s), 'group.id': 'g'})", "x.py") == []

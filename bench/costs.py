@@ -41,6 +41,7 @@ from bench.common import (
     window_lateness,
 )
 from connectors.stack import Stack, StackPaths
+from streams.kafka import connection_config
 from streams.settings import Settings
 from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.nodes import EventReader, Node, ProjectorProc, WorkerProc, send_commands
@@ -112,7 +113,7 @@ def machine_ticks() -> tuple[int, int]:
 
 def end_offsets(settings: Settings) -> dict[str, int]:
     """Sum over partitions of the end offset of every topic under the bench's prefix."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka, "group.id": "bench-costs"})
+    consumer = Consumer({**connection_config(settings), "group.id": "bench-costs"})
     try:
         topics = consumer.list_topics(timeout=10).topics
         ends: dict[str, int] = {}

@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bench.common import audit, bench_settings, report, verdict
 from schemas.codec import RUN_EVENTS, CodecError
 from streams.core.records import JobEvent, RunEvent
+from streams.kafka import connection_config
 from streams.settings import Settings
 from tests.support.nodes import Node, send_commands
 
@@ -47,7 +48,7 @@ class Progress:
         self.topic = settings.topic("run-events")
         self.consumer = Consumer(
             {
-                "bootstrap.servers": settings.kafka,
+                **connection_config(settings),
                 "group.id": settings.group("bench-outage"),
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",

@@ -55,6 +55,7 @@ from bench.common import (
 )
 from schemas.codec import RUN_LOG, CodecError
 from streams.core.records import FINAL_STATES, RunEvent
+from streams.kafka import connection_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, EventReader, Node, WorkerProc, send_commands
 
@@ -213,7 +214,7 @@ def run_log_executions(settings: Settings) -> Counter[tuple[str, int]]:
     same seq: per seq only the longest chunk counts."""
     consumer = Consumer(
         {
-            "bootstrap.servers": settings.kafka,
+            **connection_config(settings),
             "group.id": settings.group(f"bench-realjobs-logs-{time.time_ns()}"),
             "enable.auto.commit": False,
             "enable.partition.eof": True,

@@ -23,19 +23,19 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient
 
 from bench.common import audit, bench_settings, report, tree_stats, verdict
-from streams.kafka import producer_config
+from streams.kafka import admin_config, connection_config, producer_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess
 
 
 def lag(settings: Settings, group: str, topic: str) -> int:
-    admin = AdminClient({"bootstrap.servers": settings.kafka})
+    admin = AdminClient(admin_config(settings))
     name = settings.topic(topic)
     partitions = [TopicPartition(name, p) for p in range(settings.partitions)]
     request = [ConsumerGroupTopicPartitions(settings.group(group), partitions)]
     future = admin.list_consumer_group_offsets(request)[settings.group(group)]
     committed = {tp.partition: tp.offset for tp in future.result(30).topic_partitions}
-    probe = Consumer({"bootstrap.servers": settings.kafka, "group.id": "bench-lag"})
+    probe = Consumer({**connection_config(settings), "group.id": "bench-lag"})
     try:
         total = 0
         for p in range(settings.partitions):

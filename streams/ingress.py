@@ -184,11 +184,11 @@ def build_app(settings: Settings) -> faust.App:
     def lag(events: list[faust.EventT[bytes]]) -> None:
         """Ingress's lag: each partition's high watermark of the last fetch (what
         aiokafka knows, no broker call) minus the next offset; set once a batch is in."""
-        for event in events:
-            tp = event.message.tp
+        last = {event.message.tp: event.message.offset for event in events}
+        for tp, offset in last.items():
             high = app.consumer.highwater(tp)
             if high is not None:
-                behind[tp.partition] = max(0, high - event.message.offset - 1)
+                behind[tp.partition] = max(0, high - offset - 1)
         _LAG.set(sum(behind.values()))
 
     @app.agent(commands, concurrency=1)

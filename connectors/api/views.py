@@ -16,19 +16,6 @@ from typing import Any
 # healthy scheduler lives (under a second), coarse where an operator only needs "late".
 LATENESS_BOUNDS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
-# The colour class of each run state (ui.css defines them).
-STATES = (
-    "waiting",
-    "due",
-    "dispatched",
-    "running",
-    "retrying",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "skipped",
-)
-
 
 def schedule_text(schedule: Mapping[str, Any] | None) -> str:
     """The projection's JSON schedule as an operator reads it."""

@@ -81,7 +81,6 @@ from connectors.worker.procs import (
     group_alive,
     signal_group,
     spawn,
-    spawn_as,
     spawn_limited,
 )
 
@@ -363,7 +362,7 @@ class Engine:
         job.run_dir.parent.chmod(0o711)
         os.chown(job.run_dir, uid, gid)
         job.run_dir.chmod(0o700)
-        return spawn_as(job.argv, job.env, job.run_dir, uid, gid, job.memory_mb * MIB)
+        return spawn_limited(job.argv, job.env, job.run_dir, job.memory_mb * MIB, (uid, gid))
 
     def _spawn(self, job: Job, mono: float) -> None:
         # The intent first: if this process dies between the spawn and the "started"

@@ -47,9 +47,14 @@ def become_subreaper() -> str:
 
 def limit_address_space(limit_bytes: int, report_fd: int) -> Callable[[], None]:
     """A ``preexec_fn`` that sets ``RLIMIT_AS`` (soft and hard, never above an existing
-    hard limit) and writes b'ok' or the error to ``report_fd``."""
+    hard limit) and writes b'ok' or the error to ``report_fd``. A limit of 0 or less
+    sets nothing (and says ok)."""
 
     def apply() -> None:
+        if limit_bytes <= 0:
+            with contextlib.suppress(OSError):
+                os.write(report_fd, b"ok")
+            return
         try:
             _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
             value = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
@@ -111,11 +116,16 @@ def spawn(argv: Sequence[str], env: dict[str, str], cwd: Path) -> int:
 
 
 def spawn_limited(
-    argv: Sequence[str], env: dict[str, str], cwd: Path, limit_bytes: int
+    argv: Sequence[str],
+    env: dict[str, str],
+    cwd: Path,
+    limit_bytes: int,
+    run_as: tuple[int, int] | None = None,
 ) -> tuple[int, str]:
     """Like `spawn`, with RLIMIT_AS set in the child before exec (fork + exec, since
-    posix_spawn cannot set limits). Returns the pid and '' or why the limit was not
-    applied (the job runs anyway)."""
+    posix_spawn can neither set limits nor change the user), and as `run_as` (uid, gid,
+    no supplementary groups) when given. `limit_bytes` 0: no limit. Returns the pid and
+    '' or why the limit was not applied (the job runs anyway)."""
     report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
     try:
         try:
@@ -129,6 +139,9 @@ def spawn_limited(
                     stderr=err,
                     start_new_session=True,
                     preexec_fn=limit_address_space(limit_bytes, report_w),
+                    user=None if run_as is None else run_as[0],
+                    group=None if run_as is None else run_as[1],
+                    extra_groups=None if run_as is None else [],
                 )
         finally:
             os.close(report_w)
@@ -137,47 +150,6 @@ def spawn_limited(
         os.close(report_r)
     proc.returncode = 0  # subprocess must never wait for this pid: the caller reaps it
     return proc.pid, "" if report == b"ok" else report.decode(errors="replace") or "not confirmed"
-
-
-def spawn_as(
-    argv: Sequence[str], env: dict[str, str], cwd: Path, uid: int, gid: int, limit_bytes: int
-) -> tuple[int, str]:
-    """Like `spawn_limited` (fork + exec: posix_spawn cannot change the user), as `uid`
-    and `gid` with no supplementary groups. `limit_bytes` 0: no memory limit."""
-    report_r, report_w = os.pipe()
-    try:
-        try:
-            with open(cwd / "stdout", "ab") as out, open(cwd / "stderr", "ab") as err:
-                proc = subprocess.Popen(
-                    list(argv),
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                    user=uid,
-                    group=gid,
-                    extra_groups=[],
-                    preexec_fn=limit_address_space(limit_bytes, report_w)
-                    if limit_bytes > 0
-                    else _confirm(report_w),
-                )
-        finally:
-            os.close(report_w)
-        report = os.read(report_r, 4096)
-    finally:
-        os.close(report_r)
-    proc.returncode = 0  # subprocess must never wait for this pid: the caller reaps it
-    return proc.pid, "" if report == b"ok" else report.decode(errors="replace") or "not confirmed"
-
-
-def _confirm(report_fd: int) -> Callable[[], None]:
-    def apply() -> None:
-        with contextlib.suppress(OSError):
-            os.write(report_fd, b"ok")
-
-    return apply
 
 
 def job_processes(run_id: str, attempt: int) -> list[int]:

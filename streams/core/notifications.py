@@ -22,12 +22,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from streams.core.records import RunEvent
+from streams.core.records import FINAL_STATES, RunEvent
 from streams.core.spec import JobSpec, Notify, NotifyOn
 
 T = TypeVar("T")
-FINAL = frozenset({"succeeded", "failed", "cancelled", "skipped"})
-STARTED = frozenset({"running"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +136,13 @@ class Lateness(Generic[T]):
         assert watch.sla_ms is not None
         deadline = event.scheduled_ms + watch.sla_ms
         run_id = event.run_id
-        if event.state in STARTED or event.state in FINAL:
+        if event.state == "running" or event.state in FINAL_STATES:
             resolved = self._pending.pop(run_id, None)
             freed = None if resolved is None else resolved[3]
             # Late by the events: started after the deadline, or ended after it without
             # ever starting (a pending entry means no start was seen).
-            started_late = event.state in STARTED and event.attempt == 1
-            ended_unstarted = event.state in FINAL and resolved is not None
+            started_late = event.state == "running" and event.attempt == 1
+            ended_unstarted = event.state in FINAL_STATES and resolved is not None
             if (
                 (started_late or ended_unstarted)
                 and event.at_ms > deadline

@@ -49,6 +49,7 @@ from streams.core.notifications import (
     backoff_s,
     final_alert,
     late_routes,
+    watch_after,
     watch_for,
 )
 from streams.core.records import JobEvent, RunEvent
@@ -263,10 +264,8 @@ class Notifier:
             log.warning("undecodable run event at %d/%d skipped: %s", p, offset, exc)
             return
         if isinstance(event, JobEvent):
-            if event.kind == "deleted" or event.spec is None:
-                self._watch(event.job_id, None)
-            else:
-                self._watch(event.job_id, watch_for(event.spec, self.owner_routes))
+            current = self.watches.get(event.job_id)
+            self._watch(event.job_id, watch_after(event, current, self.owner_routes))
             return
         self._run_event(event, (self.generation[p], p, offset))
 

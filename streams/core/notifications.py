@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from streams.core.records import FINAL_STATES, RunEvent
+from streams.core.records import FINAL_STATES, JobEvent, RunEvent
 from streams.core.spec import JobSpec, Notify, NotifyOn
 
 T = TypeVar("T")
@@ -74,6 +74,19 @@ def watch_for(spec: JobSpec, owner_routes: dict[str, Notify]) -> Watch | None:
     )
     routes = tuple(r for r in routes if r.on)
     return Watch(spec.owner, routes, sla_ms) if routes else None
+
+
+def watch_after(
+    event: JobEvent, current: Watch | None, owner_routes: dict[str, Notify]
+) -> Watch | None:
+    """The job's watch after one of its job events. Only an upsert carries a spec; a pause
+    or a resume leaves the watch as it was, since runs already decided still end (and
+    fail) while the job is paused, and its alerts go on after the resume."""
+    if event.kind == "deleted":
+        return None
+    if event.spec is None:
+        return current
+    return watch_for(event.spec, owner_routes)
 
 
 def final_kind(event: RunEvent) -> NotifyOn | None:

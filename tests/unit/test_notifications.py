@@ -13,9 +13,10 @@ from streams.core.notifications import (
     final_alert,
     final_kind,
     late_id,
+    watch_after,
     watch_for,
 )
-from streams.core.records import RunEvent
+from streams.core.records import JobEvent, RunEvent
 from streams.core.spec import EverySchedule, JobSpec, Notify
 
 HOOK = "https://hooks.example/cronlog"
@@ -141,3 +142,17 @@ def test_late_exactly_when_the_first_attempt_did_not_start_within_the_sla(
 
 def test_retries_back_off_by_doubling_up_to_the_cap() -> None:
     assert [backoff_s(n, 1.0, 10.0) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+def test_a_pause_or_resume_keeps_the_watch_an_upsert_replaces_it_a_delete_drops_it() -> None:
+    """Runs decided before a pause still fail while the job is paused (and after the
+    resume): their alerts must still go out."""
+    before = watch_for(spec(notify=Notify(HOOK, ("failed",))), {})
+    assert before is not None
+    for kind in ("paused", "resumed"):
+        assert watch_after(JobEvent("j#job#2", "j", kind, 5, None), before, {}) is before
+    quiet = JobEvent("j#job#3", "j", "upserted", 6, spec())
+    assert watch_after(quiet, before, {}) is None
+    louder = JobEvent("j#job#3", "j", "upserted", 6, spec(notify=Notify(HOOK, ("lost",))))
+    assert watch_after(louder, None, {}) == Watch("team", (Route(HOOK, frozenset({"lost"})),), None)
+    assert watch_after(JobEvent("j#job#4", "j", "deleted", 7, None), before, {}) is None

@@ -330,6 +330,25 @@ class Service:
             raise ServiceError(403, "workers cannot register jobs")
         return doc
 
+    def _check_upstreams(self, owner: str, upstreams: tuple[str, ...]) -> None:
+        """A prompt answer for what the ledger refuses anyway: an upstream registered by
+        another owner (an id not registered yet may be named; it must then be registered
+        by the same owner to drive this job)."""
+        if not upstreams:
+            return
+        rows = self._query(
+            "SELECT job_id FROM jobs WHERE job_id = ANY(%s) AND owner NOT IN (%s, '')"
+            " ORDER BY job_id",
+            (list(upstreams), owner),
+        )
+        if rows:
+            raise ServiceError(
+                422,
+                f"depends_on names {rows[0]['job_id']!r}, a job of another owner: a job may "
+                "depend only on jobs of its own owner",
+                "depends_on",
+            )
+
     def _until_spec(self, job_id: str, spec: dict[str, Any]) -> Callable[[], dict[str, Any] | None]:
         def check() -> dict[str, Any] | None:
             row = self._job_row(job_id)
@@ -366,6 +385,7 @@ class Service:
         return self._upsert(doc, command)
 
     def _upsert(self, doc: dict[str, Any], command: UpsertJob) -> Accepted:
+        self._check_upstreams(command.spec.owner, command.spec.depends_on)
         self._produce_command(doc, command)
         job_id = command.spec.job_id
         # As the projection stores it (JSON: tuples become lists).

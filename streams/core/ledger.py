@@ -217,6 +217,11 @@ def _owned_by_another(job: JobState, spec: JobSpec) -> bool:
     return job.version > 0 and job.spec.owner != spec.owner
 
 
+def _foreign(job: JobState, owner: str | None) -> bool:
+    """A dependency record from another owner's job (None: written before the rule)."""
+    return owner is not None and job.version > 0 and job.spec.owner != owner
+
+
 def _job_id(inp: LedgerInput) -> str:
     return inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
 
@@ -236,7 +241,7 @@ def _effective(stamp: int, now: int, config: LedgerConfig) -> int:
 def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Decision:
     """A new job, or one re-created after its deletion, registered at `at`."""
     spec = inp.spec
-    notices = _links(spec.job_id, (), spec.depends_on, at)
+    notices = _links(spec.job_id, spec.owner, (), spec.depends_on, at)
     # Only times after registration are due (a re-created job starts afresh, but never
     # below the old watermark: those times were decided once already)...
     old_fired = None if job is None else job.fired_ms
@@ -290,11 +295,12 @@ def _merge(spans: tuple[Span, ...], new: Span, keep: int) -> tuple[Span, ...]:
 
 
 def _links(
-    job_id: str, before: tuple[str, ...], after: tuple[str, ...], at: int
+    job_id: str, owner: str, before: tuple[str, ...], after: tuple[str, ...], at: int
 ) -> tuple[DependencyLinked, ...]:
-    """Tell each upstream added or removed that `job_id` depends on it (or no longer)."""
-    added = [DependencyLinked(u, job_id, True, at) for u in after if u not in before]
-    removed = [DependencyLinked(u, job_id, False, at) for u in before if u not in after]
+    """Tell each upstream added or removed that `job_id` (of `owner`) depends on it (or
+    no longer)."""
+    added = [DependencyLinked(u, job_id, True, at, owner) for u in after if u not in before]
+    removed = [DependencyLinked(u, job_id, False, at, owner) for u in before if u not in after]
     return tuple(added + removed)
 
 
@@ -403,6 +409,7 @@ class _Builder:
                             state == "succeeded",
                             self.at,
                             after,
+                            spec.owner,
                         )
                     )
         return moved
@@ -571,7 +578,7 @@ class _Builder:
             )
         job = self.job
         fired = at if retimed else job.fired_ms
-        self.notices.extend(_links(spec.job_id, old.depends_on, spec.depends_on, at))
+        self.notices.extend(_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at))
         self.set_job(
             spec=spec,
             fired_ms=fired,
@@ -645,7 +652,9 @@ class _Builder:
                 if run is not None and run.state in ("waiting", "due", "retrying"):
                     self._stop_order(run, "job deleted")
                     self._move(run, "cancelled", "job deleted")
-            self.notices.extend(_links(job.spec.job_id, job.spec.depends_on, (), at))
+            self.notices.extend(
+                _links(job.spec.job_id, job.spec.owner, job.spec.depends_on, (), at)
+            )
             self._compact_deleted(at)
             kind = "deleted"
         self.set_job(version=self.job.version + 1)
@@ -893,6 +902,14 @@ class _Builder:
 
     # -- dependencies -----------------------------------------------------------------
     def link(self, inp: DependencyLinked) -> None:
+        job = self.job
+        if inp.linked and _foreign(job, inp.owner):
+            # Another owner's job may not hang on this one: it would learn its outcomes
+            # (through its skip reasons) and grow its dependents without bound.
+            return self.reject(
+                f"{inp.dependent} (owner {inp.owner!r}) cannot depend on {job.spec.job_id} "
+                f"of owner {job.spec.owner!r}"
+            )
         dependents = tuple(d for d in self.job.dependents if d != inp.dependent)
         if inp.linked:
             dependents = (*dependents, inp.dependent)
@@ -904,6 +921,11 @@ class _Builder:
         job = self.job
         if job.deleted or inp.upstream not in job.spec.depends_on:
             return self.reject(f"{inp.upstream} is not an upstream of {job.spec.job_id}")
+        if _foreign(job, inp.owner):
+            # An upstream registered by another owner (the id was a placeholder when this
+            # job named it): its outcomes are not this job's to see; the periods it
+            # would have decided are skipped when the dependency wait runs out.
+            return self.reject(f"{inp.upstream} belongs to owner {inp.owner!r}")
         outcome = UpstreamOutcome(
             inp.upstream, inp.scheduled_ms, inp.succeeded, inp.upstream_next_ms
         )

@@ -188,6 +188,9 @@ class DependencyLinked:
     dependent: str
     linked: bool
     at_ms: int
+    # The dependent's owner: a registered upstream takes links only from its own owner's
+    # jobs (None: a record from before the rule, taken as it was).
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,8 @@ class UpstreamFinished:
     # The upstream's next fire after scheduled_ms: a dependent whose period reaches it
     # waits for that later run instead.
     upstream_next_ms: int | None = None
+    # The upstream's owner: a dependent takes outcomes only from its own owner's jobs.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

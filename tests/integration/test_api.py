@@ -194,6 +194,13 @@ def test_owners_are_scoped_and_tokens_checked(api: httpx.Client) -> None:
     assert other.json()["error"]["field"] == "owner"
     b_runs = api.get("/runs", params={"job_id": "mine-b"}, headers=A)
     assert b_runs.status_code == 404
+    # depends_on only on the owner's own jobs (the ledger refuses the link anyway).
+    spy = api.post("/jobs", json={**job_body("spy-a"), "depends_on": ["mine-b"]}, headers=A)
+    assert spy.status_code == 422
+    assert spy.json()["error"]["field"] == "depends_on"
+    assert "another owner" in spy.json()["error"]["message"]
+    own = {"job_id": "after-a", "command": ["true"], "depends_on": ["mine-a", "not-yet"]}
+    created(api, own, A)
 
 
 @pytest.mark.parametrize(

@@ -312,3 +312,34 @@ def test_a_late_misfire_never_overwrites_a_run_decided_before_a_change() -> None
     w.apply(JobUpserted(spec(every=5 * S, misfire="skip"), t - S), now=t - S)
     w.apply(JobPaused("j", t + 3 * MIN), now=t + 3 * MIN)  # decides (change, pause] late
     assert w.states(scheduled_run_id("j", t)) == ["due"]
+
+
+def test_a_job_cannot_hang_on_another_owners_job() -> None:
+    """depends_on names only the owner's own jobs: the ledger refuses the link at a
+    registered upstream, and an outcome from an upstream another owner registered after
+    the link (the id was a placeholder then) is not taken."""
+    config = LedgerConfig(dependency_wait_ms=HOUR)
+    w = registered(spec("a"), config=config)
+    w.apply(JobUpserted(spec("spy", owner="other", schedule=None, depends_on=("a",)), T0))
+    assert w.jobs["a"].dependents == ()
+    assert any("cannot depend on a of owner 'o'" in r for r in w.rejections)
+    t1 = T0 + MIN
+    w.apply(FireProposed("a", t1, t1, "n"))
+    run_to_end(w, "a", scheduled_run_id("a", t1), t1, code=1)
+    assert w.jobs["spy"].upstream_outcomes == ()  # nothing of a's reached it
+
+    # A placeholder upstream, then registered by another owner.
+    w.apply(JobUpserted(spec("mine", schedule=None, depends_on=("x",)), T0))
+    assert w.jobs["x"].dependents == ("mine",)  # a placeholder belongs to no one
+    w.apply(JobUpserted(spec("x", owner="other"), T0 + 1))
+    w.apply(FireProposed("x", t1, t1, "n"))
+    run_to_end(w, "x", scheduled_run_id("x", t1), t1)
+    assert w.jobs["mine"].upstream_outcomes == ()
+    assert any("x belongs to owner 'other'" in r for r in w.rejections)
+    # Its own owner's upstream still drives it.
+    w.apply(JobUpserted(spec("b"), T0))
+    w.apply(JobUpserted(spec("step", schedule=None, depends_on=("b",)), T0))
+    assert w.jobs["b"].dependents == ("step",)
+    w.apply(FireProposed("b", t1, t1, "n"))
+    run_to_end(w, "b", scheduled_run_id("b", t1), t1)
+    assert w.states(scheduled_run_id("step", t1)) == ["due"]

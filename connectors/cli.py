@@ -108,9 +108,11 @@ def _settings() -> Settings:
         raise _fail(str(exc), 2) from exc
 
 
-def _stack(brokers: int | None = None) -> Stack:
+def _stack(brokers: int | None = None, secure: bool | None = None) -> Stack:
     """``brokers``: --brokers, else CRONLOG_STACK_BROKERS, else what the state folder
-    holds (one broker for a new one)."""
+    holds (one broker for a new one). ``secure``: --secure, else CRONLOG_STACK_SECURE=1."""
+    if secure is None:
+        secure = os.environ.get("CRONLOG_STACK_SECURE", "") in ("1", "true", "yes")
     try:
         raw = os.environ.get("CRONLOG_STACK_BROKERS", "").strip()
         brokers = brokers if brokers is not None else (int(raw) if raw else None)
@@ -125,7 +127,8 @@ def _stack(brokers: int | None = None) -> Stack:
     except ValueError as exc:
         raise _fail(f"CRONLOG_STACK_*_PORT must be a port number: {exc}", 2) from exc
     try:
-        return Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")), ports, brokers)
+        paths = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))
+        return Stack(paths, ports, brokers, secure)
     except StackError as exc:
         raise _fail(str(exc), 2) from exc
 
@@ -158,16 +161,33 @@ def stack_up(
             "default: what it holds, 1 when new (or CRONLOG_STACK_BROKERS).",
         ),
     ] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="The broker with SASL_SSL (SCRAM-SHA-512 users per role, a local CA) and "
+            "ACLs per role for CRONLOG_TOPIC_PREFIX; client properties per role under "
+            "<state>/kafka-secure/tls/ (or CRONLOG_STACK_SECURE=1).",
+        ),
+    ] = False,
 ) -> None:
     """Install what is missing, start Kafka and PostgreSQL (or reuse them), and wait."""
+    stack = _stack(brokers, secure or None)
     try:
-        status = _stack(brokers).up(_log)
+        status = stack.up(_log)
+        granted = stack.grant(_settings().topic_prefix) if stack.secure else 0
     except StackError as exc:
         raise _fail(str(exc)) from exc
     typer.echo(
         f"Kafka:      {status.kafka.bootstrap}  (CRONLOG_KAFKA; {status.kafka.brokers} "
         f"broker{'s' if status.kafka.brokers > 1 else ''})"
     )
+    if stack.kafka.material is not None:
+        tls = stack.kafka.material.dir
+        typer.echo(
+            f"Security:   SASL_SSL, {granted} ACL entries; per role: CRONLOG_KAFKA_CONFIG="
+            f"{tls}/<role>.properties (admin node worker api projector notifier)"
+        )
     typer.echo(f"PostgreSQL: {status.postgres.database_url}  (CRONLOG_DATABASE_URL)")
     typer.echo(f"State:      {status.state_dir}   stop with: cronlog stack down")
 

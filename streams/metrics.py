@@ -152,6 +152,12 @@ COMMANDS = Counter(
     ["outcome"],
     registry=INGRESS,
 )
+WORKER_REPORTS = Counter(
+    "cronlog_worker_reports_total",
+    "Records read from worker-reports, by outcome (relayed to job-log, refused to the DLQ).",
+    ["outcome"],
+    registry=INGRESS,
+)
 INGRESS_DLQ = Counter(
     "cronlog_dlq_records_total",
     "Records sent to the dead-letter topic, by component.",

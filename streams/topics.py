@@ -53,7 +53,10 @@ class TopicSpec:
 # - run-events is the audit log, replayed by `cronlog audit`: kept forever by default.
 # - job-log is the ledger's ordered input; its state is checkpointed in jobs/runs, so
 #   it need not be kept forever, but a long window lets an operator replay decisions.
-# - commands, job-log and heartbeats carry the one clock (message.timestamp.type =
+# - worker-reports is written only by workers (and the API for HTTP workers): a worker's
+#   credentials need no write access to job-log, where registrations are, and ingress
+#   relays only claims and outcomes from it (anything else goes to commands.dlq).
+# - commands, job-log, worker-reports and heartbeats carry the one clock (message.timestamp.type =
 #   LogAppendTime): the broker stamps every record as it appends it, and the ledger takes
 #   its "now", ingress a command's time and the failure detector nothing but these
 #   stamps and durations on its own monotonic clock, so no producer's clock decides
@@ -74,6 +77,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         "job-log",
         "the ledger's ordered input, keyed by job_id",
         {"retention.ms": str(90 * DAY_MS), **BROKER_TIME},
+    ),
+    TopicSpec(
+        "worker-reports",
+        "workers' claims and outcomes, keyed by job_id; ingress relays them to job-log",
+        {"retention.ms": str(7 * DAY_MS), **BROKER_TIME},
     ),
     TopicSpec(
         "run-events", "every job and run transition: the audit log", {"retention.ms": str(FOREVER)}

@@ -473,4 +473,4 @@ class WorkerGateway:
             if not isinstance(error, str):
                 raise ServiceError(422, "error must be a string", "error")
             record = RunFinished(job_id, run_id, attempt, worker_id, exit_code, error[:2000], now)
-        self.service.produce("job-log", job_id, JOB_LOG.encode(record))
+        self.service.produce("worker-reports", job_id, JOB_LOG.encode(record))

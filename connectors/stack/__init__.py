@@ -15,7 +15,9 @@ from connectors.stack.paths import StackPaths
 from connectors.stack.postgres import PORT as POSTGRES_PORT
 from connectors.stack.postgres import PostgresStack, PostgresStatus
 from connectors.stack.process import Log, StackError
+from connectors.stack.secure import apply_acls
 from connectors.stack.tools import ensure_test_tools
+from streams.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +55,27 @@ class StackPorts:
 
 class Stack:
     def __init__(
-        self, paths: StackPaths, ports: StackPorts = StackPorts(), brokers: int | None = None
+        self,
+        paths: StackPaths,
+        ports: StackPorts = StackPorts(),
+        brokers: int | None = None,
+        secure: bool = False,
     ):
-        """``brokers``: None means what the state folder already holds (one if new)."""
+        """``brokers``: None means what the state folder already holds (one if new).
+        ``secure``: the SASL_SSL broker with per-role users and ACLs (its own folder)."""
         self.paths = paths
-        self.kafka = KafkaStack(paths, ports.kafka, ports.controller, brokers)
+        self.secure = secure
+        self.kafka = KafkaStack(paths, ports.kafka, ports.controller, brokers, secure=secure)
         self.postgres = PostgresStack(paths, ports.postgres)
+
+    def grant(self, prefix: str) -> int:
+        """The roles' ACLs for an installation's topic prefix (secure stacks only)."""
+        material = self.kafka.material
+        if material is None:
+            raise StackError("ACLs need the secured broker: cronlog stack up --secure")
+        props = material.client_properties("admin")
+        admin = Settings(kafka=self.kafka.bootstrap, kafka_config=tuple(sorted(props.items())))
+        return apply_acls(admin, prefix)
 
     def up(self, log: Log = print) -> StackStatus:
         # Check the broker count and every port before touching anything, so a mistake
@@ -73,8 +90,19 @@ class Stack:
         return self.status()
 
     def down(self) -> tuple[bool, bool]:
+        """Stop PostgreSQL and the broker, the plaintext one and the secured one both."""
         errors: list[str] = []
         stopped: list[bool] = []
+        other_dir = self.paths.kafka if self.secure else self.paths.kafka_secure
+        try:
+            other_ran = (
+                KafkaStack(self.paths, secure=not self.secure).down()
+                if other_dir.exists()
+                else False
+            )
+        except StackError as exc:
+            errors.append(str(exc))
+            other_ran = True
         for part in (self.kafka, self.postgres):
             try:
                 stopped.append(part.down())
@@ -83,7 +111,7 @@ class Stack:
                 stopped.append(True)
         if errors:
             raise StackError("; ".join(errors))
-        return stopped[0], stopped[1]
+        return stopped[0] or other_ran, stopped[1]
 
     def status(self) -> StackStatus:
         return StackStatus(self.kafka.status(), self.postgres.status(), str(self.paths.state))

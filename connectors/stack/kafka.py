@@ -43,6 +43,12 @@ from connectors.stack.process import (
     stop_pid,
     wait_until,
 )
+from connectors.stack.secure import (
+    SecureMaterial,
+    ensure_material,
+    listener_config,
+    scram_format_args,
+)
 
 PORT = 9092
 CONTROLLER_PORT = 9093
@@ -88,11 +94,19 @@ class KafkaStatus:
 class KafkaNode:
     """One KRaft process (broker and controller) of the local cluster."""
 
-    def __init__(self, node_id: int, directory: Path, port: int, controller_port: int):
+    def __init__(
+        self,
+        node_id: int,
+        directory: Path,
+        port: int,
+        controller_port: int,
+        client: dict[str, str] | None = None,
+    ):
         self.node_id = node_id
         self.dir = directory
         self.port = port
         self.controller_port = controller_port
+        self.client = client or {}  # how an admin client reaches it (TLS and SASL)
         self.config = directory / "server.properties"
         self.pid_file = directory / "kafka.pid"
         self.logs = directory / "logs"
@@ -116,7 +130,9 @@ class KafkaNode:
         if not port_open(self.port):
             return False
         try:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000})
+            admin = AdminClient(
+                {"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000, **self.client}
+            )
             metadata = admin.list_topics(timeout=timeout_s)
         except Exception:  # noqa: BLE001 - any failure means "not ready yet"
             return False
@@ -131,12 +147,19 @@ class KafkaStack:
         controller_port: int = CONTROLLER_PORT,
         brokers: int | None = None,
         node_ports: Sequence[tuple[int, int]] | None = None,
+        secure: bool = False,
     ):
         """``brokers``: None means what the state folder holds (one if it is new).
         ``node_ports``: explicit (client, controller) ports per node (tests use free
-        ports); otherwise the +2 scheme from ``port`` and ``controller_port``."""
+        ports); otherwise the +2 scheme from ``port`` and ``controller_port``.
+        ``secure``: the SASL_SSL broker with ACLs (connectors/stack/secure.py), in a
+        folder of its own (``kafka-secure``): its users are created when it is formatted."""
         self.paths = paths
-        self.dir = paths.kafka
+        self.dir = paths.kafka_secure if secure else paths.kafka
+        self.material: SecureMaterial | None = (
+            ensure_material(self.dir / "tls", lambda _: None) if secure else None
+        )
+        client = self.material.client_properties("admin") if self.material else {}
         self.cluster_file = self.dir / "cluster.json"
         self.requested = brokers
         recorded = self.recorded_brokers()
@@ -155,10 +178,10 @@ class KafkaStack:
                 "give the two ports different parities (e.g. 9092 and 9093)"
             )
         if count == 1:  # the historical one-broker layout, kept for existing state folders
-            self.nodes = [KafkaNode(1, self.dir, *node_ports[0])]
+            self.nodes = [KafkaNode(1, self.dir, *node_ports[0], client)]
         else:
             self.nodes = [
-                KafkaNode(i + 1, self.dir / f"node-{i + 1}", *ports)
+                KafkaNode(i + 1, self.dir / f"node-{i + 1}", *ports, client)
                 for i, ports in enumerate(node_ports)
             ]
         self.replication, self.min_isr = replication_for(count)
@@ -349,8 +372,23 @@ class KafkaStack:
         node.dir.mkdir(parents=True, exist_ok=True)
         template = Template((KAFKA_ASSETS / "server.properties.in").read_text())
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        if self.material is not None:
+            listeners = listener_config(self.material, node.port, node.controller_port)
+        else:
+            listeners = "\n".join(
+                [
+                    f"listeners=PLAINTEXT://127.0.0.1:{node.port},"
+                    f"CONTROLLER://127.0.0.1:{node.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                ]
+            )
+        node.config.touch(mode=0o600, exist_ok=True)  # a secured node's holds passwords
         node.config.write_text(
             template.substitute(
+                listener_config=listeners,
                 node_id=node.node_id,
                 voters=voters,
                 port=node.port,
@@ -384,6 +422,7 @@ class KafkaStack:
                 f"--cluster-id={cluster_id}",
                 "-c",
                 str(node.config),
+                *(scram_format_args(self.material) if self.material else []),
             ],
             "formatting Kafka storage",
             timeout_s=120,

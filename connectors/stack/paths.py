@@ -45,6 +45,10 @@ class StackPaths:
         return self.state / "kafka"
 
     @property
+    def kafka_secure(self) -> Path:
+        return self.state / "kafka-secure"
+
+    @property
     def kafka_libs(self) -> Path:
         return self.libs or self.state / "kafka-libs"
 

@@ -8,7 +8,7 @@ Its parts, and why:
   and when the lease expires: a worker that is SIGKILLed, paused or cut off stops its
   jobs before the failure detector declares it dead;
 - this main loop reads worker-inbox (assignments, claim replies, cancel orders), claims
-  through job-log, hands granted attempts to the executor, reports starts and outcomes,
+  through worker-reports, hands granted attempts to the executor, reports starts and outcomes,
   and streams logs.
 
 Guarantees: an attempt starts only after the ledger granted the claim, and at most once,
@@ -22,7 +22,7 @@ when the broker's time has reached it, not its own wall clock (a worker 8 s ahea
 start runs 8 s early; and the ledger, which dispatches again an attempt whose worker was
 declared lost before its start time, would then get two executions). The worker's broker
 clock (streams/core/clock.py) is a lower bound of the broker's time, fed by the delivery
-reports of its heartbeats and of its job-log records (both topics have LogAppendTime);
+reports of its heartbeats and of its reports (both topics have LogAppendTime);
 each granted attempt is handed to the executor with the monotonic instant at which that
 bound reaches its start time. Before its first sample the worker starts nothing (it has
 no lease either). The records it stamps itself carry that clock's time too.
@@ -61,7 +61,7 @@ from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runas import RunAs
 from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
-from schemas.codec import DISPATCH, JOB_LOG, WORKER_INBOX, CodecError
+from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
 from streams import metrics
 from streams.core.clock import BrokerClock, broker_stamp
@@ -182,7 +182,7 @@ class Worker:
         self.producer = Producer(producer_config(settings, **RECONNECT))
         self.topics = {
             n: settings.topic(n)
-            for n in ("job-log", "heartbeats", "worker-inbox", "run-logs", "dispatch")
+            for n in ("worker-reports", "heartbeats", "worker-inbox", "run-logs", "dispatch")
         }
         self.lease = self.dir / "lease.none"
         self.executor: Executor = NoopExecutor()
@@ -341,8 +341,9 @@ class Worker:
 
     # -- sending ---------------------------------------------------------------------------
     def _send(self, record: Any, on_ack: Callable[[], None] | None = None) -> None:
-        """Produce to job-log; `on_ack()` once Kafka acknowledged it. The acknowledgement
-        carries the broker's append time: a sample for the broker clock."""
+        """Produce to worker-reports (relayed to job-log by ingress); `on_ack()` once Kafka
+        acknowledged it. The acknowledgement carries the broker's append time: a sample
+        for the broker clock."""
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             if err is None:
@@ -356,7 +357,7 @@ class Worker:
                 self.resend.append((record, on_ack))
 
         self.producer.produce(
-            self.topics["job-log"],
+            self.topics["worker-reports"],
             key=record.job_id.encode(),
             value=JOB_LOG.encode(record),
             on_delivery=delivered,
@@ -364,7 +365,7 @@ class Worker:
 
     def _observe(self, stamp: int) -> None:
         """A broker time from a delivery report (of a beat, on the heartbeat thread, or of
-        a job-log record): the broker clock's sample."""
+        a report): the broker clock's sample."""
         first = not self.broker.synced
         self.broker.observe(stamp, time.monotonic())
         if first:
@@ -399,16 +400,20 @@ class Worker:
         if not labels_match(d.resources.labels, self.config.labels) or not self.timeline.fits(
             d.resources, d.not_before_ms, expected
         ):
-            # Hand it straight back to the dispatchers rather than leave it to the claim
-            # deadline (30 s after its time): the placement that sent it here is still
-            # booked on this worker in the dispatcher's view, so it goes elsewhere.
+            # Hand it straight back rather than leave it to the claim deadline (30 s
+            # after its time): the ledger places it again, and the placement that sent it
+            # here is still booked on this worker in the dispatcher's view, so it goes
+            # elsewhere. Through the ledger, not straight to `dispatch`: a worker's
+            # credentials must not write dispatch requests (any command, any worker).
             log.info(
                 "no room for %s#%d; handing it back for placement",
                 *key,
                 extra={"run_id": d.run_id, "job_id": d.job_id, "attempt": d.attempt},
             )
-            self.producer.produce(
-                self.topics["dispatch"], key=d.run_id.encode(), value=DISPATCH.encode(d)
+            at = self._now_ms()
+            why = "no room at its start time"
+            self._send(
+                RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at, False)
             )
             return
         self.timeline.plan(key, d.resources, d.not_before_ms, expected)

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 
+from schemas.codec import JOB_LOG
+from streams.core.records import ClaimRequested, FireProposed, JobUpserted
+from streams.core.spec import EverySchedule, JobSpec
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 from tests.support.nodes import EventReader, Node, send_commands
@@ -146,3 +150,53 @@ def test_another_owner_cannot_take_a_job_id_the_ledger_refuses_it(
         assert "owner 'team-b' cannot" in str(letter["reason"])
         assert letter["topic"] == topics.topic("job-log")
     assert {e.spec.owner for e in upserts if e.spec is not None} == {"team-a"}
+
+
+def test_a_registration_forged_with_a_workers_access_registers_nothing(
+    topics: Settings, node: Node
+) -> None:
+    """Workers write worker-reports, not job-log: a job.upsert (or a firing) a worker's
+    credentials put there is refused by the gate, with the record and the reason in the
+    DLQ, and never reaches the ledger; a real claim still does (the ledger answers it)."""
+    forged = JOB_LOG.encode(
+        JobUpserted(JobSpec("forged", "team-a", EverySchedule(1000), ("sh", "-c", "evil")), 1)
+    )
+    fire = JOB_LOG.encode(FireProposed("good-1", 1000, 1, "w-evil"))
+    claim = JOB_LOG.encode(ClaimRequested("good-1", "good-1@1000", 1, "w-evil", 1))
+    producer = Producer({"bootstrap.servers": topics.kafka})
+    for key, value in ((b"forged", forged), (b"good-1", fire), (b"good-1", claim)):
+        producer.produce(topics.topic("worker-reports"), key=key, value=value)
+    assert producer.flush(30) == 0
+
+    dlq = consumer(topics, "commands.dlq")
+    refused: dict[bytes, str] = {}
+    try:
+
+        def both_refused() -> bool:
+            for m in drain(dlq, 1, timeout_s=1):
+                letter = orjson.loads(m.value() or b"")
+                if letter["topic"] == topics.topic("worker-reports"):
+                    refused[base64.b64decode(letter["original_base64"])] = letter["reason"]
+            return len(refused) >= 2
+
+        eventually(both_refused, "the forged records in the DLQ", 60)
+    finally:
+        dlq.close()
+    assert refused == {
+        forged: "a worker may not write JobUpserted (only claims and outcomes)",
+        fire: "a worker may not write FireProposed (only claims and outcomes)",
+    }
+    # The claim passed the gate, as it was, onto job-log; nothing forged did.
+    log = consumer(topics, "job-log")
+    try:
+        relayed = [m.value() for m in drain(log, 10_000, timeout_s=5) if m.key() == b"good-1"]
+    finally:
+        log.close()
+    assert claim in relayed
+    assert fire not in relayed
+    events = EventReader(topics, "forged-check")
+    try:
+        events.poll_for(2)
+        assert not [e for e in events.job_events() if e.job_id == "forged"]
+    finally:
+        events.close()

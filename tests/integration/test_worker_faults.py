@@ -308,8 +308,8 @@ def test_a_killed_executor_is_replaced_and_its_jobs_killed(
     wait_state(events, "after@manual:x2", "succeeded", timeout_s=60)
 
 
-def _released_on_job_log(topics: Settings, worker: Worker) -> list[RunReleased]:
-    """The releases `worker` produced to job-log (read to its end)."""
+def _released_reports(topics: Settings, worker: Worker) -> list[RunReleased]:
+    """The releases `worker` produced (to worker-reports, read to its end)."""
     assert worker.producer.flush(30) == 0
     consumer = Consumer(
         {
@@ -321,7 +321,7 @@ def _released_on_job_log(topics: Settings, worker: Worker) -> list[RunReleased]:
     )
     found: list[RunReleased] = []
     try:
-        topic = topics.topic("job-log")
+        topic = topics.topic("worker-reports")
         consumer.assign([TopicPartition(topic, p, 0) for p in range(topics.partitions)])
         empty = 0
         while empty < 2:  # everything was acknowledged before: two idle seconds = the end
@@ -352,7 +352,7 @@ def test_a_grant_the_journal_forgot_is_given_back(topics: Settings, tmp_path: Pa
         ClaimReply("wforgot", "refused@2026-12-01T10:00:09Z", 1, False, "taken", 3),
     ):
         worker._handle(WORKER_INBOX.encode(reply))
-    released = _released_on_job_log(topics, worker)
+    released = _released_reports(topics, worker)
     assert [(r.job_id, r.run_id, r.attempt) for r in released] == [
         ("forgot", "forgot@2026-12-01T10:00:09Z", 1)
     ]

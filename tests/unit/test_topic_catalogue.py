@@ -15,6 +15,7 @@ CONTRACT = {
     "worker-inbox",
     "run-logs",
     "notifications.dlq",  # the notifier's dead letters (issue 15)
+    "worker-reports",  # what workers write, apart from registrations (issue 16)
 }
 
 

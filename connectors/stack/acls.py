@@ -1,0 +1,167 @@
+"""Least privilege per role: the Kafka ACLs each kind of cronlog process needs, as data.
+
+One principal per process kind (a process has one client configuration):
+- ``node``: ingress (and the worker-reports gate), scheduler, ledger and dispatcher, the
+  four loops of `cronlog node`;
+- ``worker``: `cronlog worker`; it reads its inbox and writes its reports, heartbeats and
+  logs, and nothing that registers, changes or fires a job, nor dispatch requests;
+- ``api``: `cronlog api` (commands; for HTTP workers what workers write; the dead
+  letters it shows);
+- ``projector`` and ``notifier``: readers, the notifier writing its dead letters;
+- ``admin``: the super user (`cronlog topics create`, `audit`, `events`, operators).
+
+Names are after the installation's prefix (`CRONLOG_TOPIC_PREFIX`), which topics and
+groups share. `cronlog stack up --secure` applies these; docs/security.md lists them.
+Why each grant exists is next to it; a test runs the product over SASL_SSL with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ROLES: tuple[str, ...] = ("admin", "node", "worker", "api", "projector", "notifier")
+Resource = Literal["topic", "group", "transactional_id"]
+Operation = Literal["read", "write", "create", "describe"]
+# The group id librdkafka is given by consumers that only assign() partitions and never
+# join a group (streams/kafka.py): it still looks up that group's coordinator.
+UNUSED_GROUP = "cronlog-unused"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    role: str
+    resource: Resource
+    name: str  # after the prefix, unless `absolute`
+    operations: tuple[Operation, ...]
+    prefixed: bool = False  # every name starting with it (ids with a variable part)
+    absolute: bool = False  # not under the installation's prefix
+    why: str = ""
+
+
+def _topics(role: str, ops: tuple[Operation, ...], why: str, names: str) -> list[Grant]:
+    """Grants on the topics `names` (separated by spaces)."""
+    return [Grant(role, "topic", name, ops, why=why) for name in names.split()]
+
+
+GRANTS: tuple[Grant, ...] = (
+    # -- node ------------------------------------------------------------------------------
+    *_topics(
+        "node",
+        ("read",),
+        "ingress reads commands and worker reports; the ledger job-log and its state; the "
+        "scheduler jobs, runs and heartbeats; the dispatcher dispatch and heartbeats",
+        "commands worker-reports job-log jobs runs heartbeats dispatch",
+    ),
+    *_topics(
+        "node",
+        ("write",),
+        "ingress and the gate write job-log and the dead letters; the scheduler proposes "
+        "to job-log; the ledger writes its state, run-events, dispatch, replies to workers "
+        "and notices to other jobs' logs; the dispatcher assignments and verdicts",
+        "job-log commands.dlq jobs runs run-events dispatch worker-inbox",
+    ),
+    Grant(
+        "node",
+        "topic",
+        "ingress-__assignor-__leader",
+        ("create", "read", "write"),
+        why="Faust's own topic of the ingress app, made on its first start",
+    ),
+    *(
+        Grant("node", "group", name, ("read",), why="the node loops' consumer groups")
+        for name in ("ingress", "scheduler", "ledger", "dispatcher")
+    ),
+    Grant(
+        "node",
+        "transactional_id",
+        "ledger-",
+        ("write", "describe"),
+        prefixed=True,
+        why="the ledger's fenced transactions, one id per node",
+    ),
+    # -- worker ----------------------------------------------------------------------------
+    *_topics("worker", ("read",), "assignments, claim replies, stop orders", "worker-inbox"),
+    *_topics(
+        "worker",
+        ("write",),
+        "claims and outcomes (to the gate), liveness, job output",
+        "worker-reports heartbeats run-logs",
+    ),
+    Grant(
+        "worker",
+        "group",
+        "worker-",
+        ("read",),
+        prefixed=True,
+        why="each worker's group on its inbox partition",
+    ),
+    # -- api -------------------------------------------------------------------------------
+    *_topics(
+        "api",
+        ("write",),
+        "commands; for HTTP workers their heartbeats and reports",
+        "commands heartbeats worker-reports",
+    ),
+    *_topics(
+        "api",
+        ("read",),
+        "HTTP workers' inboxes; the dead letters the dashboard shows",
+        "worker-inbox commands.dlq",
+    ),
+    # -- projector -------------------------------------------------------------------------
+    *_topics(
+        "projector",
+        ("read",),
+        "what PostgreSQL's tables are built from",
+        "run-events jobs heartbeats run-logs",
+    ),
+    Grant("projector", "group", "projector", ("read",), why="its group (offsets in PostgreSQL)"),
+    Grant(
+        "projector",
+        "group",
+        "projector-rebuild-",
+        ("read",),
+        prefixed=True,
+        why="`projector --rebuild`'s one-off groups",
+    ),
+    # -- notifier --------------------------------------------------------------------------
+    *_topics("notifier", ("read",), "runs' outcomes and the jobs to watch", "run-events jobs"),
+    *_topics("notifier", ("write",), "notifications a receiver refused", "notifications.dlq"),
+    Grant("notifier", "group", "notifier", ("read",), why="its consumer group"),
+    # -- every role that reads ---------------------------------------------------------------
+    *(
+        Grant(
+            role,
+            "group",
+            UNUSED_GROUP,
+            ("describe",),
+            absolute=True,
+            why="readers that assign() partitions still look up this group's coordinator",
+        )
+        for role in ("node", "worker", "api", "projector", "notifier")
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Acl:
+    """One ALLOW entry, ready for the broker."""
+
+    principal: str
+    resource: Resource
+    name: str
+    prefixed: bool
+    operation: Operation
+
+
+def acls(prefix: str, username: str = "cronlog-{role}") -> list[Acl]:
+    """Every ALLOW entry of the roles but admin (a super user), for one installation."""
+    found: list[Acl] = []
+    for grant in GRANTS:
+        name = grant.name if grant.absolute else f"{prefix}{grant.name}"
+        principal = "User:" + username.format(role=grant.role)
+        found.extend(
+            Acl(principal, grant.resource, name, grant.prefixed, op) for op in grant.operations
+        )
+    return found

@@ -9,11 +9,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics run test lint format bench bench-full chaos clean
+.PHONY: help venv stack topics run test test-secure lint format bench bench-full chaos clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
 	@echo "make test   - the same set-up, then the whole test suite"
+	@echo "make test-secure - the suite's core over SASL_SSL, a Kafka user per role, ACLs enforced"
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
 	@echo "make chaos  - long fault scenarios (every node down for 20 minutes; 10 minutes of random faults on 3 brokers)"
@@ -105,6 +106,16 @@ chaos: topics
 		tests/integration/test_broker_outage.py tests/integration/test_cluster_failover.py
 	$(BIN)/python -m bench.outage --jobs 2000 --outage-s 1200
 	$(BIN)/python -m bench.chaos --duration-s 600
+
+# The suite's core (registration to succeeded run, failover, the API, workers, ingress)
+# on a private secured broker: SASL_SSL, a SCRAM user per role with only its ACLs
+# (connectors/stack/acls.py), every process with its role's credentials. `make test`
+# runs tests/integration/test_secure.py, the short version.
+test-secure: topics
+	CRONLOG_TEST_SECURE=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \
+		tests/integration/test_failover.py tests/integration/test_api.py \
+		tests/integration/test_workers.py tests/integration/test_ingress.py \
+		tests/integration/test_dependencies.py
 
 clean:
 	-@test -x $(BIN)/cronlog && $(BIN)/cronlog stack down

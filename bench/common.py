@@ -35,7 +35,7 @@ def bench_settings(name: str, partitions: int = 12) -> Iterator[Settings]:
         try:
             yield settings
         finally:
-            delete_topics_with_prefix(settings.kafka, settings.topic_prefix)
+            delete_topics_with_prefix(settings, settings.topic_prefix)
 
 
 def percentile(values: list[float], q: float) -> float:

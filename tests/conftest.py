@@ -55,8 +55,11 @@ def settings(services: Services, request: pytest.FixtureRequest) -> Iterator[Set
         topic_prefix=f"{name}.",
         partitions=TEST_PARTITIONS,
     )
+    if services.secured is not None:  # CRONLOG_TEST_SECURE=1: the roles' ACLs, as admin
+        services.secured.grant(module_settings.topic_prefix)
+        module_settings = services.secured.settings("admin", module_settings)
     yield module_settings
-    delete_topics_with_prefix(services.kafka, module_settings.topic_prefix)
+    delete_topics_with_prefix(module_settings, module_settings.topic_prefix)
     drop_database(services.database_url, name, kind)
 
 

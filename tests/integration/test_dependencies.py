@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer
 
 from schemas.codec import DISPATCH, JOB_LOG
 from streams.core.records import ClaimRequested, RunFinished, RunStarted
-from streams.kafka import producer_config
+from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 
@@ -35,14 +35,7 @@ def good_period(scheduled_ms: int) -> bool:
 
 def play_worker_for_a(settings: Settings, seconds: float) -> set[int]:
     """Claim, start and finish every run of `a`; returns the periods that succeeded."""
-    dispatch = Consumer(
-        {
-            "bootstrap.servers": settings.kafka,
-            "group.id": settings.group("w"),
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        }
-    )
+    dispatch = Consumer(consumer_config(settings, settings.group("w")))
     dispatch.subscribe([settings.topic("dispatch")])
     producer = Producer(producer_config(settings))
     succeeded: set[int] = set()

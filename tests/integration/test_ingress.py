@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from schemas.codec import JOB_LOG
 from streams.core.records import ClaimRequested, FireProposed, JobUpserted
 from streams.core.spec import EverySchedule, JobSpec
+from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 from tests.support.nodes import EventReader, Node, send_commands
@@ -163,7 +164,7 @@ def test_a_registration_forged_with_a_workers_access_registers_nothing(
     )
     fire = JOB_LOG.encode(FireProposed("good-1", 1000, 1, "w-evil"))
     claim = JOB_LOG.encode(ClaimRequested("good-1", "good-1@1000", 1, "w-evil", 1))
-    producer = Producer({"bootstrap.servers": topics.kafka})
+    producer = Producer(producer_config(topics))
     for key, value in ((b"forged", forged), (b"good-1", fire), (b"good-1", claim)):
         producer.produce(topics.topic("worker-reports"), key=key, value=value)
     assert producer.flush(30) == 0

@@ -10,6 +10,9 @@ from confluent_kafka.admin import AdminClient
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from streams.kafka import admin_config
+from streams.settings import Settings
+
 
 def unique_name(module: str) -> str:
     """A short, unique, Kafka- and PostgreSQL-safe name for one test module."""
@@ -46,9 +49,9 @@ def drop_database(admin_url: str, name: str, kind: str) -> None:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
-def delete_topics_with_prefix(bootstrap: str, prefix: str, timeout_s: float = 30) -> None:
+def delete_topics_with_prefix(settings: Settings, prefix: str, timeout_s: float = 30) -> None:
     """Delete every topic under the prefix, Faust's changelogs included."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(admin_config(settings))
     names = [t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith(prefix)]
     if names:
         for future in admin.delete_topics(names, request_timeout=timeout_s).values():

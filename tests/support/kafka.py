@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Message, Producer
 
 from schemas.codec import RUN_EVENTS
 from streams.core.records import RunEvent, RunStateName
-from streams.kafka import producer_config
+from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 
 
@@ -18,13 +18,11 @@ def consumer(
 ) -> Consumer:
     """A consumer from the earliest offset in a fresh group under the module's prefix."""
     c = Consumer(
-        {
-            "bootstrap.servers": settings.kafka,
-            "group.id": group or settings.group(f"probe-{uuid.uuid4().hex[:8]}"),
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-        }
+        consumer_config(
+            settings,
+            group or settings.group(f"probe-{uuid.uuid4().hex[:8]}"),
+            **{"auto.offset.reset": "earliest", "isolation.level": isolation},
+        )
     )
     c.subscribe([settings.topic(t) for t in topics])
     return c

@@ -16,7 +16,9 @@ from confluent_kafka import Consumer, Producer
 
 from schemas.codec import RUN_EVENTS, CodecError
 from streams.core.records import JobEvent, RunEvent
+from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
+from tests.support.secure import role_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +59,7 @@ class CronlogProcess:
             self.proc = subprocess.Popen(
                 self.argv,
                 cwd=ROOT,
-                env={**env_for(self.settings), **self.extra_env},
+                env={**env_for(self.settings), **role_env(self.argv[3:]), **self.extra_env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -114,7 +116,7 @@ class ProjectorProc(CronlogProcess):
 
 
 def send_commands(settings: Settings, commands: list[bytes | dict[str, object]]) -> None:
-    producer = Producer({"bootstrap.servers": settings.kafka})
+    producer = Producer(producer_config(settings))
     for command in commands:
         # Keyed by job_id, as the contract asks: one job's commands stay in order.
         if isinstance(command, bytes):
@@ -136,13 +138,15 @@ class EventReader:
 
     def __init__(self, settings: Settings, group: str):
         self.consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka,
-                "group.id": settings.group(group),
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
+            consumer_config(
+                settings,
+                settings.group(group),
+                **{
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                },
+            )
         )
         self.consumer.subscribe([settings.topic("run-events")])
         self.seen: list[Seen] = []

@@ -8,6 +8,9 @@ operator would."""
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from connectors.stack import StackPaths
@@ -44,3 +47,38 @@ class SecureBroker:
 
     def grant(self, prefix: str) -> int:
         return apply_acls(self.settings("admin", Settings()), prefix)
+
+
+# The session's secured broker under CRONLOG_TEST_SECURE=1 (None: the plaintext one).
+ACTIVE: SecureBroker | None = None
+# The role a `cronlog` subcommand runs as (connectors/stack/acls.py); others: admin.
+ROLE_OF_COMMAND = {
+    "scheduler": "node",
+    "node": "node",
+    "worker": "worker",
+    "api": "api",
+    "projector": "projector",
+    "notifier": "notifier",
+}
+
+
+@contextmanager
+def active() -> Iterator[SecureBroker]:
+    """A secured broker for the whole session, stopped at its end."""
+    global ACTIVE
+    broker = SecureBroker(Path(tempfile.mkdtemp(prefix="cronlog-secure-")))
+    broker.up()
+    ACTIVE = broker
+    try:
+        yield broker
+    finally:
+        ACTIVE = None
+        broker.down()
+
+
+def role_env(args: list[str]) -> dict[str, str]:
+    """CRONLOG_KAFKA_CONFIG for a `cronlog <args>` process of the session's secured
+    broker, by the role its subcommand runs as; nothing on the plaintext broker."""
+    if ACTIVE is None:
+        return {}
+    return ACTIVE.env(ROLE_OF_COMMAND.get(args[0] if args else "", "admin"))

@@ -4,6 +4,10 @@ In order of preference: CRONLOG_KAFKA and CRONLOG_DATABASE_URL when both are set
 existing installation); the native local stack (`cronlog stack up`, Java + Debian
 packages); testcontainers when neither Java nor the native stack is available but a
 Docker engine is.
+
+CRONLOG_TEST_SECURE=1 (`make test-secure`): the tests that run over it talk to a private
+secured broker instead (tests/support/secure.py: SASL_SSL, a user per role, the ACLs),
+every process with its role's credentials, the tests' own clients as the admin user.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from connectors.stack import Stack, StackPaths
+from tests.support import secure
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,7 @@ class Services:
     kafka: str
     database_url: str
     source: str  # "env", "native" or "testcontainers"
+    secured: secure.SecureBroker | None = None  # CRONLOG_TEST_SECURE=1
 
 
 def _docker_engine() -> bool:
@@ -45,6 +51,10 @@ def real_services() -> Iterator[Services]:
             yield services
         return
     status = Stack(StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))).up(log=lambda _: None)
+    if os.environ.get("CRONLOG_TEST_SECURE") == "1":
+        with secure.active() as broker:
+            yield Services(broker.kafka.bootstrap, status.postgres.database_url, "secure", broker)
+        return
     yield Services(status.kafka.bootstrap, status.postgres.database_url, "native")
 
 

@@ -165,3 +165,20 @@ def acls(prefix: str, username: str = "cronlog-{role}") -> list[Acl]:
             Acl(principal, grant.resource, name, grant.prefixed, op) for op in grant.operations
         )
     return found
+
+
+def table() -> str:
+    """The grants as the Markdown table docs/security.md shows (a test keeps it equal)."""
+    rows: dict[tuple[str, str, tuple[Operation, ...], str], list[str]] = {}
+    for g in GRANTS:
+        name = f"`{g.name}{'*' if g.prefixed else ''}`" + (" (no prefix)" if g.absolute else "")
+        rows.setdefault((g.role, g.resource.replace("_", " "), g.operations, g.why), []).append(
+            name
+        )
+    lines = [
+        "| role | resource | name (after the prefix; `*`: prefixed) | operations | why |",
+        "|---|---|---|---|---|",
+    ]
+    for (role, resource, ops, why), names in rows.items():
+        lines.append(f"| {role} | {resource} | {', '.join(names)} | {', '.join(ops)} | {why} |")
+    return "\n".join(lines)

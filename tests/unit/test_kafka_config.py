@@ -170,3 +170,12 @@ def test_the_check_sees_a_client_built_by_hand() -> None:
     assert _violations("Producer(producer_config(s))", "x.py") == []
     assert _violations("def f(s):\n    c = admin_config(s)\n    AdminClient(c)\n", "x.py") == []
     assert _violations("Consumer({**connection_config(s), 'group.id': 'g'})", "x.py") == []
+
+
+def test_the_acl_table_in_docs_is_the_one_applied() -> None:
+    """docs/security.md shows exactly the grants `cronlog stack up --secure` applies."""
+    from connectors.stack.acls import table
+
+    doc = (ROOT / "docs" / "security.md").read_text()
+    shown = doc.split("<!-- acl-table -->\n", 1)[1].split("\n<!-- /acl-table -->", 1)[0]
+    assert shown == table()

@@ -42,8 +42,27 @@ topics: stack
 run: venv
 	$(BIN)/cronlog run
 
+# The whole suite. The pure unit tests (CPU only: no clock, process or broker) run niced
+# in the background on the cycles the integration tests leave idle, the rest in the
+# foreground; either failing fails the target. With PYTEST_ARGS, one plain pytest run.
+TIMED_UNIT := tests/unit/test_clock.py tests/unit/test_compose_file.py \
+	tests/unit/test_executor.py tests/unit/test_kafka_outage.py tests/unit/test_lifecycle.py \
+	tests/unit/test_liveness.py tests/unit/test_systemd_units.py
+PURE_UNIT := $(filter-out $(TIMED_UNIT),$(sort $(wildcard tests/unit/test_*.py)))
+
 test: topics
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@mkdir -p .state; \
+	nice -n 19 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_UNIT) \
+		> .state/unit-tests.out 2>&1 & unit=$$!; \
+	$(BIN)/python -m pytest tests/integration $(TIMED_UNIT); fg=$$?; \
+	wait $$unit; bg=$$?; \
+	echo "== the pure unit tests (run niced, in the background):"; \
+	cat .state/unit-tests.out; \
+	test $$fg -eq 0 && test $$bg -eq 0
+else
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+endif
 
 lint: venv
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import hypothesis
 import pytest
 
 from streams.settings import Settings
@@ -33,6 +34,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "long" in item.keywords:
             item.add_marker(skip)
 
+
+# No per-example deadline: properties are about results, never about speed (benchmarks
+# measure speed), and `make test` runs the pure unit tests niced beside the integration
+# tests, where an example may wait for a core.
+hypothesis.settings.register_profile("cronlog", deadline=None)
+hypothesis.settings.load_profile("cronlog")
 
 # Few partitions keep the shared broker light; the code never assumes a count.
 TEST_PARTITIONS = 3

@@ -60,7 +60,7 @@ pytestmark = pytest.mark.integration
 
 NODE_SKEW = ("+10m", 600.0)
 WORKER_SKEWS = {"w-behind": ("-8s", -8.0), "w-ahead": ("+8s", 8.0)}
-FIRING_S = 55  # how long the periodic jobs fire (the kill sequence takes ~25 s of it)
+FIRING_S = 42  # how long the periodic jobs fire (the kill sequence takes ~25 s of it)
 LEAD_MS = 10_000  # the node's pre-dispatch lead (`cronlog scheduler --lead-s`)
 LOOKAHEAD_MS = 45_000  # and its look-ahead (`--lookahead-s`), for a one-off
 FINALS = ("succeeded", "failed", "cancelled", "skipped")

@@ -82,7 +82,7 @@ def test_cronlog_run_brings_up_everything(topics: Settings, tmp_path: Path) -> N
             return {(job, state) for job, state in rows}
 
         # Every demo job runs: the interval job and the whole chain succeed, the flaky
-        # job fails after its three attempts. The flaky job fires on the minute.
+        # job fails after its three attempts. The flaky job fires every 30 s.
         eventually(
             lambda: (
                 {

@@ -117,15 +117,15 @@ def test_killed_projector_equals_a_fresh_replay(
     projector = ProjectorProc(topics, tmp_path / "projector.log").start()
     try:
         send_commands(
-            topics, [job("hello", ["sh", "-c", "echo out; echo err >&2"], schedule={"every": "2s"})]
+            topics, [job("hello", ["sh", "-c", "echo out; echo err >&2"], schedule={"every": "1s"})]
         )
-        time.sleep(10)
-        projector.kill()  # mid-stream: events keep flowing while it is dead
-        time.sleep(4)
-        projector.start()
         time.sleep(6)
+        projector.kill()  # mid-stream: events keep flowing while it is dead
+        time.sleep(3)
+        projector.start()
+        time.sleep(3)
         send_commands(topics, [{"type": "job.pause", "job_id": "hello"}])
-        time.sleep(5)
+        time.sleep(3)
     finally:
         worker.stop()
         node.stop()
@@ -172,7 +172,7 @@ def test_an_undecodable_event_goes_to_dead_letters(topics: Settings, tmp_path: P
     assert rows[0][3]
 
 
-def test_catches_up_after_postgres_is_down_for_20_s(
+def test_catches_up_after_postgres_is_down_for_12_s(
     topics: Settings, services: Services, tmp_path: Path
 ) -> None:
     if services.source != "native":
@@ -182,16 +182,21 @@ def test_catches_up_after_postgres_is_down_for_20_s(
     worker = WorkerProc(topics, "pgdown-w1", tmp_path, cpu=2, memory_mb=512).start()
     projector = ProjectorProc(topics, tmp_path / "pgdown.log").start()
     try:
-        send_commands(topics, [job("tick", ["true"], schedule={"every": "1s"})])
-        time.sleep(8)
+        # Two jobs every second: over 100 transitions in the 22 s, 12 of them while
+        # PostgreSQL is down.
+        send_commands(
+            topics,
+            [job(name, ["true"], schedule={"every": "1s"}) for name in ("tick", "tock")],
+        )
+        time.sleep(5)
         assert postgres.down()
         try:
-            time.sleep(20)  # runs keep flowing into Kafka meanwhile
+            time.sleep(12)  # runs keep flowing into Kafka meanwhile
         finally:
             postgres.up(log=lambda _: None)
-        time.sleep(4)
-        send_commands(topics, [{"type": "job.pause", "job_id": "tick"}])
-        time.sleep(4)
+        time.sleep(3)
+        send_commands(topics, [{"type": "job.pause", "job_id": n} for n in ("tick", "tock")])
+        time.sleep(2)
     finally:
         worker.stop()
         node.stop()

@@ -110,7 +110,9 @@ def _documents(file: Path) -> list[dict[str, Any]]:
 
 @jobs_app.command("add")
 def jobs_add(
-    job: Annotated[str | None, typer.Argument(help="A job as JSON (see design.md).")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="A job as JSON (the fields of a job.upsert command).")
+    ] = None,
     file: Annotated[
         Path | None, typer.Option("-f", "--file", help="A YAML/JSON file of jobs ('-': stdin).")
     ] = None,

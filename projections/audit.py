@@ -1,5 +1,5 @@
 """The audit of `run-events` and of the worker reports on `job-log`: a pure checker of
-the exactly-once promises (design.md §4).
+the exactly-once promises (docs/architecture.md, "The crash-safety argument").
 
 Feed it the events of the audit log in log order (`Auditor.record`, with the partition
 and offset each came from; undecodable records through `Auditor.undecodable`), then the

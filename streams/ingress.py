@@ -1,4 +1,4 @@
-"""Ingress: the Faust agents on `commands` and `worker-reports` (design.md section 3).
+"""Ingress: the Faust agents on `commands` and `worker-reports` (docs/architecture.md, "Ingress").
 
 Untrusted JSON in; validated commands out to `job-log` as Avro keyed by job_id, stamped
 with the broker's append time of the command (see `command_time`). A command that fails
@@ -8,9 +8,9 @@ sends can stop the agent.
 At-least-once, on purpose: a command delivered twice is harmless, because every command
 is idempotent at the ledger (upserts and flags converge, run_now and rerun dedup on
 request_id, backfills on (job, time)). The agent awaits the delivery of each batch
-before Faust may commit its offsets (notes/faust.md: "safe pattern"), and sends a batch
-it could not deliver again, for as long as the broker stays down, rather than ack it or
-exit.
+before Faust may commit its offsets (Faust commits an event's offset once the agent has
+taken it, so a send not awaited could be lost with a crash), and sends a batch it could
+not deliver again, for as long as the broker stays down, rather than ack it or exit.
 
 The gate (agent `gate`) does the same for `worker-reports`, the topic workers write
 instead of job-log: a claim, start, finish or release goes on to job-log as it is; any

@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 PARTITIONER = "murmur2_random"
 
-# Failover in seconds (design.md section 4, point 8): a member silent for the session
+# Failover in seconds (docs/architecture.md, "Failover timing"): a member silent for the session
 # timeout loses its partitions. 6 s tolerates a few missed 1.5 s heartbeats (GC pauses,
 # a saturated 2-core machine) while moving partitions of a killed node in ~6-8 s. The
 # broker's group.min.session.timeout.ms (2 s in the local stack) allows it.

@@ -2,7 +2,7 @@
 
 Library code never reads ``os.environ``: entry points call :func:`Settings.from_env`
 and pass the result down. Every variable carries the ``CRONLOG_`` prefix
-(design.md section 2).
+(README, "Configuration").
 """
 
 from __future__ import annotations

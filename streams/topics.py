@@ -1,4 +1,4 @@
-"""The topic catalogue of the public contract (design.md section 2) and its creation.
+"""The topic catalogue of the public contract (docs/architecture.md, "Topics") and its creation.
 
 Every topic is created with ``CRONLOG_PARTITIONS`` partitions: the ledger's inputs and
 state (``commands``, ``job-log``, ``jobs``, ``runs``, ``run-events``) must be

@@ -25,7 +25,14 @@ from starlette.exceptions import HTTPException
 from connectors.api import ui
 from connectors.api.auth import Tokens
 from connectors.api.limits import RateLimiter, caller_key, read_body
-from connectors.api.service import Accepted, Principal, Service, ServiceError, parse_body
+from connectors.api.service import (
+    MAX_PAGE,
+    Accepted,
+    Principal,
+    Service,
+    ServiceError,
+    parse_body,
+)
 from connectors.api.workers import WorkerGateway
 from streams import metrics
 from streams.core.commands import MAX_COMMAND_BYTES
@@ -37,7 +44,7 @@ JOB_BODY = {
             "application/json": {
                 "schema": {
                     "type": "object",
-                    "description": "A job.upsert command without its type (design.md section 2)",
+                    "description": "A job.upsert command without its type",
                     "properties": {
                         "job_id": {"type": "string"},
                         "owner": {"type": "string"},
@@ -124,7 +131,7 @@ def create_app(
         return who
 
     User = Annotated[Principal, Depends(user)]
-    Limit = Annotated[int, Query(ge=1, le=1000)]
+    Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 
     # -- rate limits (connectors/api/limits.py) ----------------------------------------------
     limiter = limiter or RateLimiter.from_env()

@@ -43,7 +43,7 @@ from streams.kafka import producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.api")
-MAX_PAGE = 1000
+MAX_PAGE = 1000  # the largest `limit` of a listing (the routes' Query bound)
 # How long a write waits for the broker's acknowledgement before answering 503.
 PRODUCE_TIMEOUT_S = 5.0
 LOG_TAIL_CHUNKS = 20

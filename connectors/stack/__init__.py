@@ -31,7 +31,7 @@ class StackStatus:
         return self.kafka.running and self.postgres.running
 
     def as_json(self) -> dict[str, object]:
-        # "kafka" and "database_url" are the contract (design.md section 2); the rest
+        # "kafka" and "database_url" are the contract (scripts read them); the rest
         # is for humans and scripts that want detail.
         return {
             "kafka": self.kafka.bootstrap,

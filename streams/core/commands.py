@@ -1,4 +1,4 @@
-"""Command validation (design.md section 2, "Commands").
+"""Command validation (docs/architecture.md, "Ingress").
 
 Turns untrusted input from the `commands` topic or an API body into typed, frozen command
 records, or a `Rejection` naming the offending field. Pure: no Kafka, HTTP or clock.

@@ -42,10 +42,6 @@ class DueQueue(Generic[K]):
         if len(self._heap) > 2 * len(self._due) + 1024:
             self._compact()
 
-    def peek(self) -> int | None:
-        self._drop_stale()
-        return self._heap[0][0] if self._heap else None
-
     def pop_due(self, now: int, limit: int = 10_000) -> list[tuple[K, int]]:
         """Remove and return up to `limit` keys due at or before `now`, earliest first."""
         out: list[tuple[K, int]] = []
@@ -60,10 +56,6 @@ class DueQueue(Generic[K]):
             del self._due[key]
             out.append((key, due))
         return out
-
-    def _drop_stale(self) -> None:
-        while self._heap and self._due.get(self._heap[0][1]) != self._heap[0][0]:
-            heapq.heappop(self._heap)
 
     def _compact(self) -> None:
         self._heap = [item for item in self._heap if self._due.get(item[1]) == item[0]]

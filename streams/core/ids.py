@@ -1,4 +1,4 @@
-"""Deterministic run ids (design.md section 2, "Runs")."""
+"""Deterministic run ids (docs/architecture.md, "Records and their topics")."""
 
 from __future__ import annotations
 

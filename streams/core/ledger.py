@@ -1,9 +1,11 @@
-"""The ledger: a deterministic state machine over one job's log (design.md section 4).
+"""The ledger: a deterministic state machine over one job's log.
+
+docs/architecture.md, "The ledger", has the rules in prose.
 
 `decide(job, runs, input, config)` returns what the input changes: the new job state,
 changed runs, run-events, dispatch requests and the runs to forget. It is pure: time
 comes from `input.at_ms`, ids are derived from the log, and nothing here knows Kafka.
-The process in streams/ledger_process.py feeds it from `job-log` inside Kafka
+The process in streams/ledger.py feeds it from `job-log` inside Kafka
 transactions and writes the decision back atomically.
 
 The rules, in short:

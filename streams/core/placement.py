@@ -1,4 +1,6 @@
-"""Placement of runs on workers, and the fair wait queue (design.md section 5). Pure.
+"""Placement of runs on workers, and the fair wait queue. Pure.
+
+docs/architecture.md, "Dispatch and workers", has the policy in prose.
 
 Vocabulary:
 

@@ -1,4 +1,4 @@
-"""Typed, frozen job specifications (design.md section 2, `job.upsert`).
+"""Typed, frozen job specifications (the fields of a `job.upsert` command).
 
 Times are UTC epoch milliseconds (int) everywhere in the domain: exact, hashable, cheap
 to compare, and what Avro's timestamp-millis carries.

@@ -1,7 +1,7 @@
 """Time zones and DST end to end: cron jobs in Europe/Berlin and America/New_York are
 backfilled across the 2026 transitions through the real pipeline (commands -> ingress ->
 job-log -> ledger -> run-events); the run ids carry the UTC instants the DST policy
-prescribes (design.md section 5)."""
+prescribes (docs/architecture.md, "The scheduler")."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ from streams.core.spec import (
     RetryPolicy,
 )
 
-# The example of design.md section 2, verbatim.
+# The README's job.upsert example, verbatim.
 DESIGN_EXAMPLE = b"""
 {"type": "job.upsert", "job_id": "nightly-etl", "owner": "team-a",
  "schedule": {"cron": "0 2 * * *", "timezone": "Europe/Berlin"},

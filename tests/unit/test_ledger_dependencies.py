@@ -1,5 +1,5 @@
-"""Dependencies (design.md section 1): a run waits for its upstreams' runs of the same
-period, is released when all succeeded, skipped when one finally did not."""
+"""Dependencies (docs/architecture.md, "The ledger"): a run waits for its upstreams' runs of
+the same period, is released when all succeeded, skipped when one finally did not."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from streams.topics import CATALOGUE, FOREVER, NAMES
 
-# design.md section 2, "Topics": the names users and outside tests rely on.
+# docs/architecture.md, "Topics": the names users and outside tests rely on.
 CONTRACT = {
     "commands",
     "commands.dlq",

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from streams.core.percentile import nearest_rank
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.isolation import delete_topics_with_prefix
@@ -39,10 +40,9 @@ def bench_settings(name: str, partitions: int = 12) -> Iterator[Settings]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """The nearest-rank percentile (streams/core/percentile.py); NaN for no values."""
+    found = nearest_rank(values, q)
+    return float("nan") if found is None else found
 
 
 def report(name: str, figures: dict[str, object]) -> None:

@@ -169,7 +169,6 @@ keys, to report each execution once, up to 100,000).
 from __future__ import annotations
 
 import bisect
-import math
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -177,6 +176,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TextIO, TypeAlias
 
 from streams.core.ids import iso_utc, scheduled_run_id
+from streams.core.percentile import nearest_rank_sorted
 from streams.core.records import (
     FINAL_STATES,
     TRANSITIONS,
@@ -1303,12 +1303,11 @@ def _lateness(values: array[int]) -> Lateness:
     if not values:
         return Lateness(0, None, None, None, histogram)
     ordered = sorted(values)
-    n = len(ordered)
 
-    def rank(q: float) -> int:  # nearest rank
-        return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))]
+    def rank(q: float) -> int:
+        return int(nearest_rank_sorted(ordered, q))
 
-    return Lateness(n, rank(0.50), rank(0.99), ordered[-1], histogram)
+    return Lateness(len(ordered), rank(0.50), rank(0.99), ordered[-1], histogram)
 
 
 def audit(

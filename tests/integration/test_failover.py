@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.core.percentile import nearest_rank
 from streams.core.schedule import fires_between
 from streams.core.spec import EverySchedule
 from streams.settings import Settings
@@ -35,8 +36,7 @@ def nodes(topics: Settings, tmp_path: Path) -> Iterator[list[Node]]:
 
 
 def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+    return nearest_rank(values, q) or 0.0
 
 
 def test_one_run_per_firing_through_a_kill(topics: Settings, nodes: list[Node]) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from projections.audit import format_report
 from projections.audit_replay import replay
+from streams.core.percentile import nearest_rank_sorted
 from streams.core.records import RunEvent
 from streams.core.schedule import fires_between
 from streams.core.spec import EverySchedule
@@ -150,8 +151,8 @@ def start_lateness(events: EventReader, from_ms: int, to_ms: int) -> Lateness:
     return Lateness(
         len(late),
         missing,
-        late[len(late) // 2],
-        late[min(len(late) - 1, int(0.99 * len(late)))],
+        nearest_rank_sorted(late, 0.5),
+        nearest_rank_sorted(late, 0.99),
         late[-1],
     )
 

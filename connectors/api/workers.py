@@ -57,6 +57,7 @@ from connectors.api.service import Principal, Service, ServiceError
 from connectors.worker.worker import inbox_partition
 from schemas.codec import HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import to_plain
+from streams.core.ids import parse_run_id
 from streams.core.records import (
     ClaimReply,
     ClaimRequested,
@@ -448,9 +449,10 @@ class WorkerGateway:
         return self._answer(box, ack)
 
     def report(self, worker_id: str, run_id: str, kind: str, body: dict[str, Any]) -> None:
-        job_id, at, _ = run_id.partition("@")
-        if not at or not job_id:
+        parts = parse_run_id(run_id)
+        if parts is None or not parts.job_id:
             raise ServiceError(422, f"{run_id!r} is not a run id", "run_id")
+        job_id = parts.job_id
         attempt = _attempt(body)
         now = int(time.time() * 1000)
         record: ClaimRequested | RunStarted | RunFinished | RunReleased

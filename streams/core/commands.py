@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from streams.core.ids import MANUAL, parse_run_id
 from streams.core.schedule import ScheduleError, parse_schedule
 from streams.core.spec import (
     CONCURRENCY_POLICIES,
@@ -101,8 +102,7 @@ _ID_RULE = "start with a letter or digit and contain only letters, digits, '.', 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*", re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_RUN_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.(?!000)\d{3})?Z", re.ASCII)
-_MANUAL = "manual:"
+_MANUAL = MANUAL
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _UPSERT_FIELDS = (
@@ -346,26 +346,16 @@ def _run_command(doc: _Doc, kind: str) -> Command:
 def _run_id(value: object) -> tuple[str, str]:
     """(run_id, job_id) of a well-formed run id."""
     run_id = _text(value, "run_id", MAX_JOB_ID_CHARS + 1 + len(_MANUAL) + MAX_REQUEST_ID_CHARS)
-    job_id, at, suffix = run_id.partition("@")
     shape = "run_id must be '{job_id}@{ISO-8601 UTC time}' or '{job_id}@manual:{request_id}'"
-    if not at:
+    if "@" not in run_id:
         raise _Invalid(f"{shape}, got {_show(run_id)}", "run_id")
-    _identifier(job_id, "run_id", MAX_JOB_ID_CHARS, "the job id in run_id")
-    if suffix.startswith(_MANUAL):
-        _identifier(
-            suffix[len(_MANUAL) :], "run_id", MAX_REQUEST_ID_CHARS, "the request id in run_id"
-        )
-    elif not _RUN_TIME.fullmatch(suffix) or not _valid_time(suffix):
+    _identifier(run_id.partition("@")[0], "run_id", MAX_JOB_ID_CHARS, "the job id in run_id")
+    parts = parse_run_id(run_id)
+    if parts is None:
         raise _Invalid(f"{shape}, got {_show(run_id)}", "run_id")
-    return run_id, job_id
-
-
-def _valid_time(text: str) -> bool:
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
+    if parts.request_id is not None:
+        _identifier(parts.request_id, "run_id", MAX_REQUEST_ID_CHARS, "the request id in run_id")
+    return run_id, parts.job_id
 
 
 def _instant(doc: _Doc, key: str) -> int:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
+
+MANUAL = "manual:"
+# What iso_utc writes: seconds always, milliseconds only when not zero, Z.
+_RUN_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.(?!000)\d{3})?Z", re.ASCII)
 
 
 def iso_utc(ms: int) -> str:
@@ -18,9 +24,37 @@ def scheduled_run_id(job_id: str, scheduled_ms: int) -> str:
 
 
 def manual_run_id(job_id: str, request_id: str) -> str:
-    return f"{job_id}@manual:{request_id}"
+    return f"{job_id}@{MANUAL}{request_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunId:
+    """The parts of a run id: a scheduled run's time, or a manual run's request id."""
+
+    job_id: str
+    scheduled_ms: int | None = None
+    request_id: str | None = None
+
+
+def parse_run_id(run_id: str) -> RunId | None:
+    """The parts of an id of the shape `scheduled_run_id` or `manual_run_id` builds; None
+    for another shape. The one parser (commands, the API and the processes use it); what
+    characters a job or request id may have is checked by streams/core/commands.py."""
+    job_id, at, suffix = run_id.partition("@")
+    if not at:
+        return None
+    if suffix.startswith(MANUAL):
+        return RunId(job_id, request_id=suffix[len(MANUAL) :])
+    if not _RUN_TIME.fullmatch(suffix):
+        return None
+    try:
+        moment = datetime.fromisoformat(suffix)
+    except ValueError:  # the right shape, no such time (a 31st of February)
+        return None
+    return RunId(job_id, scheduled_ms=round(moment.timestamp() * 1000))
 
 
 def job_of(run_id: str) -> str:
-    """The job id of a run id: the part before the first `@` (a job id has none)."""
+    """The job id of a run id: the part before the first `@` (a job id has none), the
+    split `parse_run_id` makes, without checking the rest (the hot loops' fast path)."""
     return run_id.partition("@")[0]

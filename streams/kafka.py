@@ -31,6 +31,16 @@ T = TypeVar("T")
 
 PARTITIONER = "murmur2_random"
 
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition every cronlog producer puts `key` in (PARTITIONER: murmur2 of the
+    key's bytes, as the Java client and aiokafka do), for readers that must know it (a
+    worker's inbox partition, the API's mailboxes)."""
+    from aiokafka.partitioner import murmur2
+
+    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
 # Failover in seconds (docs/architecture.md, "Failover timing"): a member silent for the session
 # timeout loses its partitions. 6 s tolerates a few missed 1.5 s heartbeats (GC pauses,
 # a saturated 2-core machine) while moving partitions of a killed node in ~6-8 s. The

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from aiokafka.partitioner import murmur2
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from connectors.stack.process import pid_alive
@@ -78,7 +77,7 @@ from streams.core.records import (
     WorkerAssignment,
 )
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
-from streams.kafka import committed_or, consumer_config, producer_config
+from streams.kafka import committed_or, consumer_config, partition_for, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.worker")
@@ -140,8 +139,8 @@ class Attempt:
 
 
 def inbox_partition(worker_id: str, partitions: int) -> int:
-    """The worker-inbox partition of `worker_id`: murmur2, as every producer uses."""
-    return int(murmur2(worker_id.encode()) & 0x7FFFFFFF) % partitions
+    """The worker-inbox partition of `worker_id` (keyed by it, like every producer)."""
+    return partition_for(worker_id, partitions)
 
 
 class Worker:

@@ -72,7 +72,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from schemas.codec import DISPATCH, HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from streams import metrics
@@ -85,7 +93,13 @@ from streams.core.placement import (
     could_ever_fit,
     spread_fit,
 )
-from streams.core.records import DispatchFailed, DispatchRequest, WorkerAssignment, WorkerLost
+from streams.core.records import (
+    DispatchFailed,
+    DispatchRequest,
+    RunReleased,
+    WorkerAssignment,
+    WorkerLost,
+)
 from streams.core.spec import Resources
 from streams.core.timeline import Timeline
 from streams.kafka import (
@@ -250,6 +264,9 @@ class Dispatcher:
         # last minute's): what spreads a burst (DispatcherConfig.spread_starts_above).
         self.placed: dict[int, dict[str, int]] = {}
         self.origin: dict[str, tuple[int, int]] = {}  # pending key -> (partition, offset)
+        # What this dispatcher placed, for hand-backs: (run, attempt) -> (request, worker,
+        # placed at); kept for a reservation's time.
+        self.assigned: dict[Key, tuple[DispatchRequest, str, int]] = {}
         self.progress = Progress()
         self.committed: dict[int, int] = {}
         self.started = time.monotonic()
@@ -266,6 +283,8 @@ class Dispatcher:
         self.watch = GroupWatch(settings, f"dispatcher {node_id}")
         self.dispatch_consumer = self._new_consumer()
         self.heartbeat_consumer = Consumer(consumer_config(settings, None))
+        self.handbacks_topic = settings.topic("worker-handbacks")
+        self.handback_consumer = Consumer(consumer_config(settings, None))
         self.producer = Producer(producer_config(settings))
 
     def stop(self) -> None:
@@ -295,11 +314,18 @@ class Dispatcher:
         lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
         self._subscribe()
         self._follow_heartbeats()
+        self.handback_consumer.assign(
+            [
+                TopicPartition(self.handbacks_topic, p, OFFSET_END)
+                for p in range(self.settings.partitions)
+            ]
+        )
         try:
             while not self._stop.is_set():
                 if self.watch.stuck():
                     self._replace_consumer()
                 self._read_heartbeats()
+                self._read_handbacks()
                 for msg in self.dispatch_consumer.consume(500, timeout=0.05):
                     self._consumed(msg)
                 now = int(time.time() * 1000)
@@ -315,6 +341,7 @@ class Dispatcher:
             self._commit(asynchronous=False)
             self.dispatch_consumer.close()
             self.heartbeat_consumer.close()
+            self.handback_consumer.close()
 
     # -- dispatch offsets ----------------------------------------------------------------------
     def _consumed(self, msg: Message) -> None:
@@ -485,6 +512,34 @@ class Dispatcher:
                 info.maybe[key] = info.reserved[key][1]
                 info.release(key)
 
+    def _read_handbacks(self) -> None:
+        """Assignments a worker had no room for: placed again at once, elsewhere (the
+        worker's booking of it stays until its next heartbeat). A hand-back only names a
+        run: it counts when this dispatcher placed that attempt on that worker, so a
+        worker can make it place again only what it placed there. One not taken (another
+        dispatcher's, or read after a restart) is left to the claim deadline; that is
+        why these are read from the end, with no group and no commits."""
+        for msg in self.handback_consumer.consume(500, timeout=0):
+            if msg.error() is not None or not msg.value():
+                continue
+            try:
+                back = JOB_LOG.decode(msg.value() or b"")
+            except CodecError as exc:
+                log.warning("undecodable hand-back skipped: %s", exc)
+                continue
+            if not isinstance(back, RunReleased):
+                continue
+            key = (back.run_id, back.attempt)
+            placed = self.assigned.get(key)
+            if placed is None or placed[1] != back.worker_id:
+                continue
+            del self.assigned[key]
+            request = placed[0]
+            pending = f"{request.run_id}#{request.attempt}"
+            if pending not in self.pending:
+                self.pending[pending] = request
+                self.queue.push(Item(pending, request.resources, request.priority, request.owner))
+
     # -- queueing and placing ----------------------------------------------------------------
     def _queue(self, raw: bytes, where: tuple[int, int] | None = None) -> bool:
         """Queue a dispatch record for placement; False if there is nothing to place."""
@@ -568,6 +623,7 @@ class Dispatcher:
     ) -> None:
         info = self.workers[worker_id]
         _PLACED.inc()
+        self.assigned[(request.run_id, request.attempt)] = (request, worker_id, now)
         placed = self.placed.setdefault(request.not_before_ms // 1000, {})
         placed[worker_id] = placed.get(worker_id, 0) + 1
         info.reserve(
@@ -587,6 +643,9 @@ class Dispatcher:
     def _expire(self, now: int) -> None:
         for second in [s for s in self.placed if s < now // 1000 - 60]:
             del self.placed[second]
+        forget = now - self.config.reservation_ms
+        for key in [k for k, (_, _, at) in self.assigned.items() if at < forget]:
+            del self.assigned[key]
         for info in self.workers.values():
             for key, (_, until, _) in list(info.reserved.items()):
                 if until <= now:

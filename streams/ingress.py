@@ -70,8 +70,8 @@ BATCH = 1000
 _ACCEPTED = metrics.COMMANDS.labels("accepted")
 _REJECTED = metrics.COMMANDS.labels("rejected")
 _DLQ = metrics.INGRESS_DLQ.labels("ingress")
-_RELAYED = metrics.WORKER_REPORTS.labels("relayed")
-_REFUSED = metrics.WORKER_REPORTS.labels("refused")
+_RELAYED = metrics.GATE_RECORDS.labels("relayed")
+_REFUSED = metrics.GATE_RECORDS.labels("refused")
 _GATE_DLQ = metrics.INGRESS_DLQ.labels("gate")
 _LAG = metrics.CONSUMER_LAG["ingress"].labels("ingress", "commands")
 

@@ -152,9 +152,10 @@ COMMANDS = Counter(
     ["outcome"],
     registry=INGRESS,
 )
-WORKER_REPORTS = Counter(
-    "cronlog_worker_reports_total",
-    "Records read from worker-reports, by outcome (relayed to job-log, refused to the DLQ).",
+GATE_RECORDS = Counter(
+    "cronlog_gate_records_total",
+    "Records the gate read from worker-reports, by outcome (relayed to job-log, refused to "
+    "the DLQ).",
     ["outcome"],
     registry=INGRESS,
 )

@@ -105,6 +105,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         "worker-inbox", "assignments to workers, keyed by worker_id", {"retention.ms": str(DAY_MS)}
     ),
+    TopicSpec(
+        "worker-handbacks",
+        "assignments a worker had no room for, keyed by run_id: the dispatchers place them again",
+        {"retention.ms": str(DAY_MS)},
+    ),
     TopicSpec("run-logs", "stdout/stderr chunks of runs", {"retention.ms": str(7 * DAY_MS)}),
     TopicSpec(
         "notifications.dlq",

@@ -50,8 +50,9 @@ GRANTS: tuple[Grant, ...] = (
         "node",
         ("read",),
         "ingress reads commands and worker reports; the ledger job-log and its state; the "
-        "scheduler jobs, runs and heartbeats; the dispatcher dispatch and heartbeats",
-        "commands worker-reports job-log jobs runs heartbeats dispatch",
+        "scheduler jobs, runs and heartbeats; the dispatcher dispatch, heartbeats and "
+        "hand-backs",
+        "commands worker-reports job-log jobs runs heartbeats dispatch worker-handbacks",
     ),
     *_topics(
         "node",
@@ -85,8 +86,8 @@ GRANTS: tuple[Grant, ...] = (
     *_topics(
         "worker",
         ("write",),
-        "claims and outcomes (to the gate), liveness, job output",
-        "worker-reports heartbeats run-logs",
+        "claims and outcomes (to the gate), liveness, job output, assignments handed back",
+        "worker-reports heartbeats run-logs worker-handbacks",
     ),
     Grant(
         "worker",

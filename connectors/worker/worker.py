@@ -181,7 +181,13 @@ class Worker:
         self.producer = Producer(producer_config(settings, **RECONNECT))
         self.topics = {
             n: settings.topic(n)
-            for n in ("worker-reports", "heartbeats", "worker-inbox", "run-logs", "dispatch")
+            for n in (
+                "worker-reports",
+                "heartbeats",
+                "worker-inbox",
+                "run-logs",
+                "worker-handbacks",
+            )
         }
         self.lease = self.dir / "lease.none"
         self.executor: Executor = NoopExecutor()
@@ -400,19 +406,20 @@ class Worker:
             d.resources, d.not_before_ms, expected
         ):
             # Hand it straight back rather than leave it to the claim deadline (30 s
-            # after its time): the ledger places it again, and the placement that sent it
-            # here is still booked on this worker in the dispatcher's view, so it goes
-            # elsewhere. Through the ledger, not straight to `dispatch`: a worker's
-            # credentials must not write dispatch requests (any command, any worker).
+            # after its time): the dispatcher that placed it places it again, and that
+            # placement is still booked on this worker in its view, so it goes
+            # elsewhere. A hand-back names the run only (worker-handbacks): a worker's
+            # credentials never write dispatch requests (any command, for any worker).
             log.info(
                 "no room for %s#%d; handing it back for placement",
                 *key,
                 extra={"run_id": d.run_id, "job_id": d.job_id, "attempt": d.attempt},
             )
-            at = self._now_ms()
-            why = "no room at its start time"
-            self._send(
-                RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at, False)
+            back = RunReleased(
+                d.job_id, d.run_id, d.attempt, self.config.worker_id, "no room", self._now_ms()
+            )
+            self.producer.produce(
+                self.topics["worker-handbacks"], key=d.run_id.encode(), value=JOB_LOG.encode(back)
             )
             return
         self.timeline.plan(key, d.resources, d.not_before_ms, expected)

@@ -1154,14 +1154,6 @@ class _Builder:
         run = self._current(inp.run_id, inp.attempt)
         if run is None:
             return None
-        if not inp.held:
-            # An assignment handed back unclaimed: place the same attempt again, with its
-            # start time (a repeated hand-back places it again: the first claim wins).
-            if run.state != "due":
-                return self.reject(f"hand-back by {inp.worker_id} while {run.state}")
-            start = self._not_before(run)
-            self._dispatch(run, self.at if start is None else max(start, self.at))
-            return None
         if run.worker_id != inp.worker_id or run.state != "dispatched":
             return self.reject(
                 f"release by {inp.worker_id} while {run.state} on {run.worker_id or 'nobody'}"

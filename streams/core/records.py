@@ -177,11 +177,6 @@ class RunReleased:
     worker_id: str
     reason: str
     at_ms: int
-    # False: an assignment the worker was sent but never claimed (no room at its start
-    # time) and hands back for placement elsewhere; the attempt stays `due`. Workers
-    # hand it back through the ledger, never by writing `dispatch` themselves, so no
-    # worker credential can put a command before another worker.
-    held: bool = True
 
 
 @dataclass(frozen=True, slots=True)

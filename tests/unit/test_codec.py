@@ -160,7 +160,6 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "dependent": ids,
     "upstream": ids,
     "linked": st.booleans(),
-    "held": st.booleans(),
     "succeeded": st.booleans(),
     "dependents": id_tuples,
     "upstream_outcomes": st.lists(

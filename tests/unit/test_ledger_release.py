@@ -322,24 +322,3 @@ def test_a_worker_reporting_an_attempt_lost_retries_only_idempotent_jobs(
     other.apply(RunStarted("j", RUN, 1, "w1", T))
     other.apply(RunFinished("j", RUN, 1, "w1", 3, "", T + 500))
     assert other.runs[RUN].state == "retrying"
-
-
-def test_an_unclaimed_assignment_handed_back_is_placed_again_and_nothing_else() -> None:
-    """A worker with no room hands an assignment back through the ledger (it may not
-    write dispatch requests): the same attempt, with its start time, is dispatched again
-    and stays due; a hand-back of an attempt someone holds changes nothing."""
-    w = World()
-    w.apply(JobUpserted(spec(), T0))
-    w.apply(FireProposed("j", T, AHEAD, "a"))
-    before = w.runs[RUN]
-    d = w.apply(RunReleased("j", RUN, 1, "w1", "no room at its start time", AHEAD + 50, False))
-    assert d.rejected == ""
-    (again,) = d.dispatch
-    assert (again.run_id, again.attempt, again.not_before_ms) == (RUN, 1, T)
-    assert again.command == ("true",)
-    assert w.runs[RUN] == before  # still due, same claim deadline
-    assert grants(w, "w2", AHEAD + 100) == [True]
-    held = w.apply(RunReleased("j", RUN, 1, "w1", "no room", AHEAD + 200, False))
-    assert held.rejected == "hand-back by w1 while dispatched"
-    assert held.dispatch == ()
-    assert w.runs[RUN].worker_id == "w2"

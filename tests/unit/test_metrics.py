@@ -57,3 +57,31 @@ def test_the_port_comes_from_the_option_then_the_environment(
         metrics_port(None)
     with pytest.raises(ValueError, match=r"0\.\.65535"):
         metrics_port(70000)
+
+
+def test_no_metric_is_defined_twice_in_one_module_name_or_one_metric_name() -> None:
+    """A second `X = Counter(...)` would silently take the first one's place for every
+    module that reads `metrics.X` (and its series would vanish from that process). One
+    name may be defined once per registry (a process's), as `cronlog_dlq_records_total`
+    is for ingress and the notifier."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(metrics.__file__).read_text())
+    kinds = {"Counter", "Gauge", "Histogram", "Summary"}
+    assigned: list[str] = []
+    named: list[tuple[str, str]] = []
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id in kinds
+        ):
+            assigned += [t.id for t in node.targets if isinstance(t, ast.Name)]
+            first = node.value.args[0]
+            assert isinstance(first, ast.Constant)
+            registry = [ast.unparse(k.value) for k in node.value.keywords if k.arg == "registry"]
+            named.append((str(first.value), registry[0] if registry else "default"))
+    assert len(assigned) == len(set(assigned)), sorted(assigned)
+    assert len(named) == len(set(named)), sorted(named)

@@ -16,6 +16,7 @@ CONTRACT = {
     "run-logs",
     "notifications.dlq",  # the notifier's dead letters (issue 15)
     "worker-reports",  # what workers write, apart from registrations (issue 16)
+    "worker-handbacks",  # assignments handed back: workers never write dispatch (issue 16)
 }
 
 

@@ -229,7 +229,7 @@ def test_restart_gives_back_runs_claimed_ahead_that_never_started(
     once, as attempt 1 (it used to fail or wait for its claim deadline)."""
     _, workers = cluster
     marks = tmp_path / "starts.txt"
-    run_id, victim = claimed_ahead(topics, events, "ahead1", marks, in_s=30)
+    run_id, victim = claimed_ahead(topics, events, "ahead1", marks, in_s=24)
     wait_handed_to_executor(workers[victim], run_id)
     workers[victim].kill()
     workers[victim].start()
@@ -246,12 +246,12 @@ def test_worker_lost_before_the_start_dispatches_again(
     events: EventReader,
     tmp_path: Path,
 ) -> None:
-    """A worker killed for longer than the failure detector's verdict while it held a run
-    claimed 40 s ahead: the verdict comes before the run's time, so the run is dispatched
-    again (not failed: lost) and runs once, on the other worker."""
+    """A worker killed for longer than the failure detector's verdict (10 s of silence)
+    while it held a run claimed 34 s ahead: the verdict comes before the run's time, so
+    the run is dispatched again (not failed: lost) and runs once, on the other worker."""
     _, workers = cluster
     marks = tmp_path / "starts.txt"
-    run_id, victim = claimed_ahead(topics, events, "ahead2", marks, in_s=42)
+    run_id, victim = claimed_ahead(topics, events, "ahead2", marks, in_s=34)
     workers[victim].kill()
     try:
         done = wait_state(events, run_id, "succeeded", timeout_s=90)

@@ -1,4 +1,4 @@
-"""Ingress: the Faust agents on `commands` and `worker-reports` (docs/architecture.md, "Ingress").
+"""Ingress: the Faust agent on `commands` (docs/architecture.md, "Ingress").
 
 Untrusted JSON in; validated commands out to `job-log` as Avro keyed by job_id, stamped
 with the broker's append time of the command (see `command_time`). A command that fails
@@ -12,10 +12,7 @@ before Faust may commit its offsets (Faust commits an event's offset once the ag
 taken it, so a send not awaited could be lost with a crash), and sends a batch it could
 not deliver again, for as long as the broker stays down, rather than ack it or exit.
 
-The gate (agent `gate`) does the same for `worker-reports`, the topic workers write
-instead of job-log: a claim, start, finish or release goes on to job-log as it is; any
-other record (a forged registration, garbage) goes to `commands.dlq` with the reason.
-So workers' credentials need no access to job-log (docs/security.md).
+Workers' records reach job-log through the gate (streams/gate.py), not through here.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from typing import Any
 
 import faust
 
-from schemas.codec import JOB_LOG, CodecError
+from schemas.codec import JOB_LOG
 from schemas.json import dlq_record
 from streams import metrics
 from streams.core.commands import (
@@ -49,17 +46,13 @@ from streams.core.commands import (
 from streams.core.records import (
     BackfillRequested,
     CancelRequested,
-    ClaimRequested,
     JobDeleted,
     JobPaused,
     JobResumed,
     JobUpserted,
     LedgerInput,
     RerunRequested,
-    RunFinished,
     RunNowRequested,
-    RunReleased,
-    RunStarted,
 )
 from streams.settings import Settings
 
@@ -70,9 +63,6 @@ BATCH = 1000
 _ACCEPTED = metrics.COMMANDS.labels("accepted")
 _REJECTED = metrics.COMMANDS.labels("rejected")
 _DLQ = metrics.INGRESS_DLQ.labels("ingress")
-_RELAYED = metrics.GATE_RECORDS.labels("relayed")
-_REFUSED = metrics.GATE_RECORDS.labels("refused")
-_GATE_DLQ = metrics.INGRESS_DLQ.labels("gate")
 _LAG = metrics.CONSUMER_LAG["ingress"].labels("ingress", "commands")
 
 
@@ -148,25 +138,6 @@ def route(raw: bytes | None, at_ms: int) -> tuple[str, bytes, bytes]:
     return "job-log", job_id.encode(), JOB_LOG.encode(to_ledger_input(parsed, at_ms))
 
 
-def report_route(raw: bytes | None) -> tuple[str, bytes, bytes]:
-    """Decide where one record from `worker-reports` goes: job-log (its own bytes, keyed
-    by the job it names, so it lands on that job's partition whatever key it was sent
-    with) when it is a worker's claim or outcome; else commands.dlq with the reason. A
-    worker's credentials reach no further: they cannot register, change or fire a job."""
-    try:
-        record = JOB_LOG.decode(raw or b"")
-    except CodecError as exc:
-        return "commands.dlq", b"", f"undecodable worker report: {exc}".encode()
-    if not isinstance(record, ClaimRequested | RunStarted | RunFinished | RunReleased):
-        kind = type(record).__name__
-        return (
-            "commands.dlq",
-            b"",
-            f"a worker may not write {kind} (only claims and outcomes)".encode(),
-        )
-    return "job-log", record.job_id.encode(), raw or b""
-
-
 def command_time(message: Any, fallback_ms: int) -> int:
     """A command's time: the broker's append time of its record on `commands`
     (LogAppendTime), the one clock no producer and no ingress node can skew; the ledger
@@ -207,7 +178,6 @@ def build_app(settings: Settings) -> faust.App:
         )
 
     commands = raw_topic("commands")
-    reports = raw_topic("worker-reports")
     job_log = settings.topic("job-log")
     dlq = settings.topic("commands.dlq")
 
@@ -248,34 +218,6 @@ def build_app(settings: Settings) -> faust.App:
             _REJECTED.inc(rejected)
             _DLQ.inc(rejected)
             lag(events)
-
-    @app.agent(reports, concurrency=1)
-    async def gate(stream: faust.StreamT[bytes]) -> None:
-        """Workers' records to job-log, the same at-least-once way as commands: a report
-        relayed twice is harmless (the ledger answers a repeated claim again and ignores
-        a repeated outcome)."""
-        async for events in stream.take_events(BATCH, within=0.01):  # type: ignore[attr-defined]
-            outputs: list[tuple[str, bytes | None, bytes]] = []
-            for event in events:
-                raw = event.value
-                try:
-                    where, key, value = report_route(raw)
-                except Exception as exc:  # noqa: BLE001 - a bug must not drop the report
-                    where, key, value = "commands.dlq", b"", f"internal error: {exc!r}".encode()
-                if where == "job-log":
-                    outputs.append((job_log, key, value))
-                else:
-                    message = event.message
-                    record = dlq_record(
-                        raw or b"", value.decode(), message.topic, message.partition, message.offset
-                    )
-                    outputs.append((dlq, event.key, record))
-                    log.warning("worker report refused: %s", value.decode())
-            await deliver(outputs)
-            refused = sum(1 for topic, _, _ in outputs if topic == dlq)
-            _RELAYED.inc(len(outputs) - refused)
-            _REFUSED.inc(refused)
-            _GATE_DLQ.inc(refused)
 
     async def deliver(outputs: list[tuple[str, bytes | None, bytes]]) -> None:
         """Send the batch and await every delivery; until all are delivered, send the

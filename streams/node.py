@@ -38,6 +38,7 @@ from streams import metrics
 from streams.core.ledger import LedgerConfig
 from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
+from streams.gate import Gate
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
 from streams.lifecycle import die_with_parent as _die_with_parent
@@ -140,9 +141,10 @@ def run_node(
     )
     scheduler = Scheduler(settings, node_id, SchedulerConfig(proposals=policy))
     dispatcher = Dispatcher(settings, node_id)
-    parts: dict[str, Ledger | Scheduler | Dispatcher] = {
+    parts: dict[str, Ledger | Scheduler | Dispatcher | Gate] = {
         "scheduler": scheduler,
         "dispatcher": dispatcher,
+        "gate": Gate(settings),
     }
     stopping = threading.Event()
     child: multiprocessing.process.BaseProcess | None = None
@@ -171,7 +173,7 @@ def run_node(
             lambda: next((why for check in ready if (why := check())), None),
             alive=lambda: all(thread.is_alive() for thread in threads),
         ).start()
-    log.info("node %s started: ingress, ledger, scheduler, dispatcher", node_id)
+    log.info("node %s started: ingress, gate, ledger, scheduler, dispatcher", node_id)
     # Faust is imported only now (~0.8 s): the scheduler is already reading ahead, and
     # the ledger's process, which imports this module, never loads it.
     from faust.worker import Worker

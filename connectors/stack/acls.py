@@ -71,7 +71,7 @@ GRANTS: tuple[Grant, ...] = (
     ),
     *(
         Grant("node", "group", name, ("read",), why="the node loops' consumer groups")
-        for name in ("ingress", "scheduler", "ledger", "dispatcher")
+        for name in ("ingress", "gate", "scheduler", "ledger", "dispatcher")
     ),
     Grant(
         "node",

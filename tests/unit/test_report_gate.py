@@ -1,4 +1,4 @@
-"""The gate between workers and job-log (streams/ingress.py `report_route`), without I/O:
+"""The gate between workers and job-log (streams/gate.py `report_route`), without I/O:
 a worker's claims and outcomes pass as they are, onto their job's partition; nothing else
 a worker's credentials can write reaches the ledger."""
 
@@ -19,7 +19,7 @@ from streams.core.records import (
     RunStarted,
 )
 from streams.core.spec import EverySchedule, JobSpec
-from streams.ingress import report_route
+from streams.gate import report_route
 
 REPORTS: list[LedgerInput] = [
     ClaimRequested("j", "j@1", 1, "w1", 5),

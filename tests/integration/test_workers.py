@@ -293,6 +293,12 @@ def test_priority_and_fairness_under_contention(
     assert sorted(started) == sorted(["hog-a"] * 6 + ["small-b"] * 2 + ["urgent-c"])
     # The first hog run may already hold the slot; the urgent run comes right after.
     assert started.index("urgent-c") <= 2, started
-    # Both of owner-b's runs start before owner-a's last three.
-    last_b = max(i for i, j in enumerate(started) if j == "small-b")
-    assert last_b < len(started) - 3, started
+    # Weighted fair queueing once owner-b's runs wait: owner-b joins level with owner-a
+    # (the tie goes to owner-a, active first), so after the urgent run the two alternate
+    # while both have runs waiting: at most one hog run before each of owner-b's. (How
+    # many hog runs were placed before owner-b's requests arrived, one or two, depends on
+    # the second the first hog run started in: not part of the property.)
+    after = started[started.index("urgent-c") + 1 :]
+    b_at = [i for i, j in enumerate(after) if j == "small-b"]
+    assert b_at[0] <= 1, started
+    assert b_at[1] - b_at[0] <= 2, started

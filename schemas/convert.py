@@ -310,6 +310,7 @@ def dispatch_to_avro(r: DispatchRequest) -> AvroDict:
         "not_before_ms": r.not_before_ms,
         "at_ms": r.at_ms,
         "secret_env": dict(r.secret_env),
+        "placement": r.placement,
     }
 
 
@@ -328,6 +329,7 @@ def dispatch_from_avro(d: AvroDict) -> DispatchRequest:
         not_before_ms=d["not_before_ms"],
         at_ms=d["at_ms"],
         secret_env=pairs(d.get("secret_env") or {}),
+        placement=d.get("placement") or "",
     )
 
 

@@ -70,7 +70,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import (
     OFFSET_END,
@@ -100,6 +100,7 @@ from streams.core.records import (
     WorkerAssignment,
     WorkerLost,
 )
+from streams.core.seals import seal
 from streams.core.spec import Resources
 from streams.core.timeline import Timeline
 from streams.kafka import (
@@ -109,6 +110,7 @@ from streams.kafka import (
     producer_config,
     until_done,
 )
+from streams.keys import placement_key
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")
@@ -286,6 +288,7 @@ class Dispatcher:
         self.handbacks_topic = settings.topic("worker-handbacks")
         self.handback_consumer = Consumer(consumer_config(settings, None))
         self.producer = Producer(producer_config(settings))
+        self.key: bytes | None = None  # the placement key, read at the start of run()
 
     def stop(self) -> None:
         self._stop.set()
@@ -312,6 +315,10 @@ class Dispatcher:
 
     def run(self) -> None:
         lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
+        try:
+            self.key = placement_key(self.settings, self._stop)
+        except KeyError:
+            return  # stopped while waiting for the broker
         self._subscribe()
         self._follow_heartbeats()
         self.handback_consumer.assign(
@@ -335,6 +342,7 @@ class Dispatcher:
                 self.producer.poll(0)
                 if time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
                     self._commit(asynchronous=True)
+                    self._report_reserved()
                 lag.report(self.dispatch_consumer)
         finally:
             self.producer.flush(10)
@@ -342,6 +350,17 @@ class Dispatcher:
             self.dispatch_consumer.close()
             self.heartbeat_consumer.close()
             self.handback_consumer.close()
+
+    def _report_reserved(self) -> None:
+        cpu, memory_mb, gpu = 0.0, 0, 0
+        for info in self.workers.values():
+            for need, _, _ in info.reserved.values():
+                cpu += need.cpu
+                memory_mb += need.memory_mb
+                gpu += need.gpu
+        metrics.RESERVED.labels("cpu").set(cpu)
+        metrics.RESERVED.labels("memory_mb").set(memory_mb)
+        metrics.RESERVED.labels("gpu").set(gpu)
 
     # -- dispatch offsets ----------------------------------------------------------------------
     def _consumed(self, msg: Message) -> None:
@@ -636,9 +655,17 @@ class Dispatcher:
         self._produce(
             self.settings.topic("worker-inbox"),
             worker_id,
-            WORKER_INBOX.encode(WorkerAssignment(worker_id, now, request)),
+            WORKER_INBOX.encode(WorkerAssignment(worker_id, now, self._sealed(request, worker_id))),
             self._handled_when_delivered(where, f"assignment of {request.run_id}"),
         )
+
+    def _sealed(self, request: DispatchRequest, worker_id: str) -> DispatchRequest:
+        """The copy of `request` assigned to `worker_id`: with the seal of that placement,
+        without which the ledger grants the worker no claim (streams/core/seals.py)."""
+        if self.key is None:
+            self.key = placement_key(self.settings, self._stop)
+        mark = seal(self.key, request.run_id, request.attempt, worker_id)
+        return replace(request, placement=mark)
 
     def _expire(self, now: int) -> None:
         for second in [s for s in self.placed if s < now // 1000 - 60]:

@@ -85,7 +85,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,7 @@ from streams.kafka import (
     consumer_config,
     transactional_producer_config,
 )
+from streams.keys import placement_key
 from streams.settings import Settings
 from streams.state_store import DiskStore, MemoryStates, Topic
 from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
@@ -359,6 +360,13 @@ class Ledger:
 
     def run(self) -> None:
         self._lag = metrics.ConsumerLag("ledger", self.settings.topic_prefix)
+        if self.config.placement_key is None:
+            # The seals of claims are checked with the nodes' key (streams/keys.py).
+            try:
+                key = placement_key(self.settings, self._stop)
+            except KeyError:
+                return  # stopped while waiting for the broker
+            self.config = replace(self.config, placement_key=key)
         self._subscribe()
         self._start_read_ahead()
         try:

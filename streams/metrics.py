@@ -119,6 +119,13 @@ WORKER_VERDICTS = Counter(
     ["verdict"],
     registry=DISPATCHER,
 )
+RESERVED = Gauge(
+    "cronlog_dispatcher_reserved",
+    "Worker capacity this dispatcher holds for runs it placed that have not started yet, "
+    "by resource (the sum over its workers).",
+    ["resource"],
+    registry=DISPATCHER,
+)
 # -- ledger -----------------------------------------------------------------------------------
 DECISIONS = Counter(
     "cronlog_ledger_decisions_total",

@@ -110,6 +110,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         "assignments a worker had no room for, keyed by run_id: the dispatchers place them again",
         {"retention.ms": str(DAY_MS)},
     ),
+    TopicSpec(
+        "node-keys",
+        "the scheduler nodes' placement key (its first record on partition 0): nodes only",
+        {"cleanup.policy": "compact"},
+    ),
     TopicSpec("run-logs", "stdout/stderr chunks of runs", {"retention.ms": str(7 * DAY_MS)}),
     TopicSpec(
         "notifications.dlq",

@@ -339,7 +339,8 @@ def create_app(
     async def heartbeat(worker_id: str, request: Request, who: Caller) -> dict[str, Any]:
         """Say the worker is alive (at least every 3 s) and collect its messages.
 
-        The answer has `assignments` (claim them with `/runs/{id}/ack`), `grants` (start
+        The answer has `assignments` (claim them with `/runs/{id}/ack`, sending back
+        the assignment's `attempt` and `placement`), `grants` (start
         only after a granted reply) and `kills` (stop that attempt now), each item with its
         `seq`, and, when the heartbeat carried an `ack` (send `ack: 0` first), a top-level
         `seq`. Handle the items in `seq` order across the three lists, then send

@@ -67,6 +67,7 @@ from streams.core.records import (
     WorkerAssignment,
     WorkerMessage,
 )
+from streams.core.seals import SEAL_CHARS
 from streams.kafka import admin_config, consumer_config
 
 log = logging.getLogger("cronlog.api.workers")
@@ -457,7 +458,14 @@ class WorkerGateway:
         now = int(time.time() * 1000)
         record: ClaimRequested | RunStarted | RunFinished | RunReleased
         if kind == "ack":
-            record = ClaimRequested(job_id, run_id, attempt, worker_id, now)
+            # The assignment's seal, sent back as it came: the ledger grants the claim
+            # only to the worker the attempt was placed on (streams/core/seals.py).
+            placement = body.get("placement", "")
+            if not isinstance(placement, str) or len(placement) > SEAL_CHARS:
+                raise ServiceError(
+                    422, "placement must be the assignment's placement string", "placement"
+                )
+            record = ClaimRequested(job_id, run_id, attempt, worker_id, now, placement)
         elif kind == "started":
             record = RunStarted(job_id, run_id, attempt, worker_id, now)
         elif kind == "released":

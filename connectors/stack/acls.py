@@ -56,6 +56,13 @@ GRANTS: tuple[Grant, ...] = (
     ),
     *_topics(
         "node",
+        ("read", "write"),
+        "the placement key: the dispatcher seals assignments with it and the ledger checks "
+        "the seals of claims; the first node writes it; no other role may read it",
+        "node-keys",
+    ),
+    *_topics(
+        "node",
         ("write",),
         "ingress and the gate write job-log and the dead letters; the scheduler proposes "
         "to job-log; the ledger writes its state, run-events, dispatch, replies to workers "

@@ -430,7 +430,9 @@ class Worker:
 
     def _claim(self, d: DispatchRequest) -> int:
         at = self._now_ms()
-        self._send(ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
+        self._send(
+            ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at, d.placement)
+        )
         return at
 
     def _replied(self, reply: ClaimReply) -> None:

@@ -62,6 +62,7 @@ from streams.core.records import (
     WorkerLost,
 )
 from streams.core.schedule import fires_between, jitter_ms, next_fire
+from streams.core.seals import sealed
 from streams.core.spec import AtSchedule, JobSpec
 
 
@@ -88,6 +89,11 @@ class LedgerConfig:
     # A run waiting on its upstreams is skipped if they have not all finished by then.
     dependency_wait_ms: int = 24 * 3600 * 1000
     keep_upstream_outcomes: int = 256
+    # The scheduler nodes' key for placement seals (streams/core/seals.py): when set, a
+    # claim is granted only with the dispatcher's seal of that attempt on the claiming
+    # worker. The ledger of a node always has it (streams/keys.py); None, no check, is
+    # for the pure tests and benchmarks that play both the dispatcher and the worker.
+    placement_key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1039,7 +1045,18 @@ class _Builder:
     def claim(self, inp: ClaimRequested) -> None:
         """First claim of the current attempt wins; every claimant gets an answer."""
         run = self._current(inp.run_id, inp.attempt)
-        if run is not None and run.state == "due":
+        key = self.config.placement_key
+        if (
+            run is not None
+            and run.state == "due"
+            and key is not None
+            and not sealed(key, inp.placement, inp.run_id, inp.attempt, inp.worker_id)
+        ):
+            # Not placed there (or a forged claim): the attempt stays due for the worker
+            # it was placed on, and its claim deadline re-dispatches it if none claims.
+            self.reject(f"{inp.run_id}#{inp.attempt} was not placed on {inp.worker_id}")
+            granted, reason = False, self.rejected
+        elif run is not None and run.state == "due":
             # Counted from the start time: the timeout never strikes before the run could
             # start (a jitter may put that well after the scheduled time).
             start = self._not_before(run)

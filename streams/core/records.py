@@ -122,6 +122,9 @@ class ClaimRequested:
     attempt: int
     worker_id: str
     at_ms: int
+    # The dispatcher's seal of this attempt's placement on this worker (streams/core/
+    # seals.py), as the assignment carried it: the ledger grants nothing without it.
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +382,9 @@ class DispatchRequest:
     not_before_ms: int  # start no earlier (pre-dispatch, jitter)
     at_ms: int
     secret_env: tuple[tuple[str, str], ...] = ()  # (env name, secret name): the worker resolves
+    # Set by the dispatcher in the copy it assigns to a worker: the seal of this
+    # attempt's placement on that worker (streams/core/seals.py); "" on `dispatch`.
+    placement: str = ""
 
 
 # -- worker-inbox: messages to one worker, keyed by worker_id ----------------------------

@@ -417,10 +417,21 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
             lambda: [a for a in beat()["assignments"] if a["run_id"] == run_id], what
         )[0]
         attempt = assignment["attempt"]
-        ack = api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W)
+        if what == "the assignment":
+            # A claim without the assignment's seal is refused by the ledger.
+            bare = api.post(f"/runs/{run_id}/ack", json={"attempt": attempt}, headers=W)
+            assert bare.status_code == 202
+            refused = eventually(
+                lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], "a refusal"
+            )[0]
+            assert refused["granted"] is False
+            assert "was not placed on" in refused["reason"]
+        body = {"attempt": attempt, "placement": assignment["placement"]}
+        ack = api.post(f"/runs/{run_id}/ack", json=body, headers=W)
         assert ack.status_code == 202
         grant = eventually(
-            lambda: [g for g in beat()["grants"] if g["run_id"] == run_id], f"{what}'s reply"
+            lambda: [g for g in beat()["grants"] if g["run_id"] == run_id and g["granted"]],
+            f"{what}'s reply",
         )[0]
         assert grant["granted"] is True
         running.append({"run_id": run_id, "attempt": attempt})

@@ -1,6 +1,7 @@
 """Dependencies end to end: upstream `a` fires every 2 s; `b` (same schedule) and the DAG
 step `c` (no schedule) depend on it. The test plays a worker for `a` through the real log
-(claims and reports on job-log, exactly what a worker sends), succeeding on some periods
+(claims, sealed as the dispatcher would, and reports on job-log, exactly what a worker
+sends), succeeding on some periods
 and failing on others; the ledger must release `b` and `c` for the good periods and skip
 them, with a reason, for the bad ones."""
 
@@ -15,7 +16,9 @@ from confluent_kafka import Consumer, Producer
 
 from schemas.codec import DISPATCH, JOB_LOG
 from streams.core.records import ClaimRequested, RunFinished, RunStarted
+from streams.core.seals import seal
 from streams.kafka import consumer_config, producer_config
+from streams.keys import placement_key
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 
@@ -34,7 +37,10 @@ def good_period(scheduled_ms: int) -> bool:
 
 
 def play_worker_for_a(settings: Settings, seconds: float) -> set[int]:
-    """Claim, start and finish every run of `a`; returns the periods that succeeded."""
+    """Claim, start and finish every run of `a`; returns the periods that succeeded.
+    Reading `dispatch`, it plays the dispatcher too: it seals its placement on w1 with
+    the nodes' key, or the ledger would grant it no claim."""
+    key = placement_key(settings)
     dispatch = Consumer(consumer_config(settings, settings.group("w")))
     dispatch.subscribe([settings.topic("dispatch")])
     producer = Producer(producer_config(settings))
@@ -54,7 +60,14 @@ def play_worker_for_a(settings: Settings, seconds: float) -> set[int]:
                 ok = good_period(request.scheduled_ms)
                 code = 0 if ok else 1
                 for record in (
-                    ClaimRequested("a", request.run_id, request.attempt, "w1", now),
+                    ClaimRequested(
+                        "a",
+                        request.run_id,
+                        request.attempt,
+                        "w1",
+                        now,
+                        seal(key, request.run_id, request.attempt, "w1"),
+                    ),
                     RunStarted("a", request.run_id, request.attempt, "w1", now + 1),
                     RunFinished("a", request.run_id, request.attempt, "w1", code, "", now + 2),
                 ):

@@ -180,6 +180,14 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
     assert value(node, "cronlog_scheduler_partitions", status="owned") == topics.partitions
     assert value(node, "cronlog_dispatcher_placements_total", outcome="placed") >= len(started)
     assert value(node, "cronlog_ingress_commands_total", outcome="accepted") >= 2 * len(jobs)
+    # Capacity reserved by the dispatcher, per resource, never negative.
+    reserved = {
+        s.labels["resource"]: s.value
+        for s in samples(node)
+        if s.name == "cronlog_dispatcher_reserved"
+    }
+    assert set(reserved) == {"cpu", "memory_mb", "gpu"}
+    assert all(v >= 0 for v in reserved.values())
     _, ledger = get(processes["ledger"], "/metrics")
     assert value(ledger, "cronlog_ledger_partitions") == topics.partitions
     # Each started run: at least its claim, its start and its finish were applied.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,22 @@ def _produce_as(settings: Settings, topic: str, key: bytes, value: bytes) -> Kaf
     producer.flush(20)
     assert len(errors) == 1, "no delivery report"
     return errors[0]
+
+
+def _read_error(settings: Settings, topic: str) -> KafkaError | None:
+    """What the broker answers `settings`' credentials reading partition 0 of `topic`."""
+    reader = Consumer(consumer_config(settings, None))
+    try:
+        reader.assign([TopicPartition(settings.topic(topic), 0, -2)])
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            msg = reader.poll(1)
+            if msg is None:
+                continue
+            return msg.error()
+        return None
+    finally:
+        reader.close()
 
 
 def _read_all(settings: Settings, topic: str) -> list[tuple[bytes, bytes]]:
@@ -146,6 +163,12 @@ def test_the_core_over_sasl_ssl_with_least_privilege_per_role(
             error = _produce_as(role[who], topic, b"sec-forged", value)
             assert error is not None, f"{who} wrote {topic}"
             assert error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (who, topic, error)
+        # Only nodes read the placement key: a worker cannot seal a placement for itself.
+        assert _read_all(admin, "node-keys"), "the node wrote no placement key"
+        for who in ("worker", "api", "projector"):
+            error = _read_error(role[who], "node-keys")
+            assert error is not None, f"{who} read the placement key"
+            assert error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (who, error)
         # The topic a worker may write: the gate refuses what is not a claim or outcome.
         assert _produce_as(role["worker"], "worker-reports", b"sec-forged", forged) is None
 

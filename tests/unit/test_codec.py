@@ -123,6 +123,7 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "run_id": ids,
     "request_id": ids,
     "worker_id": ids,
+    "placement": st.text(alphabet="0123456789abcdef", max_size=32),
     "event_id": ids,
     "proposer": ids,
     "owner": ids,
@@ -247,6 +248,7 @@ DISPATCH_SAMPLE = DispatchRequest(
     scheduled_ms=1_000,
     not_before_ms=1_000,
     at_ms=900,
+    placement="0123456789abcdef" * 2,
 )
 RUN_STATE_SAMPLE = RunState(
     run_id="r@1",

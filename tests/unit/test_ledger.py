@@ -29,6 +29,7 @@ from streams.core.records import (
     WorkerLost,
 )
 from streams.core.schedule import fires_between, next_fire
+from streams.core.seals import seal, sealed
 from streams.core.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
 from tests.support.world import World
 
@@ -171,6 +172,50 @@ def test_first_claim_wins_and_stale_attempts_are_rejected() -> None:
     assert w.states(run_id) == ["due", "dispatched", "running", "succeeded"]
     assert not w.apply(RunFinished("j", run_id, 1, "w1", 1, "", T0 + MIN + 4)).changed
     assert w.jobs["j"].live_runs == ()
+
+
+def test_a_claim_is_granted_only_with_the_seal_of_its_placement_on_that_worker() -> None:
+    key = b"k" * 32
+    w = world()
+    w.config = LedgerConfig(placement_key=key)
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    run_id = rid(T0 + MIN)
+    on_w1 = seal(key, run_id, 1, "w1")
+
+    def answer(claim: ClaimRequested) -> list[tuple[str, bool]]:
+        replies = w.apply(claim).replies
+        return [(r.worker_id, r.granted) for r in replies if isinstance(r, ClaimReply)]
+
+    # No seal, w1's seal under another worker id, a seal of another attempt or under
+    # another key: refused, and the run stays due for the worker it was placed on.
+    assert answer(ClaimRequested("j", run_id, 1, "w2", T0 + MIN)) == [("w2", False)]
+    assert answer(ClaimRequested("j", run_id, 1, "w2", T0 + MIN, on_w1)) == [("w2", False)]
+    assert (
+        "was not placed on w2"
+        in w.apply(ClaimRequested("j", run_id, 1, "w2", T0 + MIN, on_w1)).rejected
+    )
+    other_attempt = seal(key, run_id, 2, "w2")
+    assert answer(ClaimRequested("j", run_id, 1, "w2", T0 + MIN, other_attempt)) == [("w2", False)]
+    other_key = seal(b"x" * 32, run_id, 1, "w2")
+    assert answer(ClaimRequested("j", run_id, 1, "w2", T0 + MIN, other_key)) == [("w2", False)]
+    assert w.runs[run_id].state == "due"
+    # The worker it was placed on, with its seal: granted; asking again needs none.
+    assert answer(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 1, on_w1)) == [("w1", True)]
+    assert w.runs[run_id].worker_id == "w1"
+    assert answer(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 2)) == [("w1", True)]
+    assert w.states(run_id) == ["due", "dispatched"]
+
+
+@given(st.text(max_size=40), st.integers(1, 50), st.text(min_size=1, max_size=20))
+def test_a_seal_proves_one_placement_only(run_id: str, attempt: int, worker: str) -> None:
+    key = b"s" * 32
+    mark = seal(key, run_id, attempt, worker)
+    assert sealed(key, mark, run_id, attempt, worker)
+    assert not sealed(key, mark, run_id, attempt + 1, worker)
+    assert not sealed(key, mark, run_id, attempt, worker + "x")
+    assert not sealed(key, mark, run_id + "x", attempt, worker)
+    assert not sealed(b"t" * 32, mark, run_id, attempt, worker)
+    assert not sealed(key, "", run_id, attempt, worker)
 
 
 def test_failure_of_a_non_idempotent_job_is_final() -> None:

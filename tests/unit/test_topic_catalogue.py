@@ -17,6 +17,7 @@ CONTRACT = {
     "notifications.dlq",  # the notifier's dead letters (issue 15)
     "worker-reports",  # what workers write, apart from registrations (issue 16)
     "worker-handbacks",  # assignments handed back: workers never write dispatch (issue 16)
+    "node-keys",  # the nodes' placement key for sealing assignments (issue 16)
 }
 
 
@@ -25,9 +26,10 @@ def test_catalogue_is_exactly_the_contract() -> None:
     assert len(NAMES) == len(CONTRACT)
 
 
-def test_ledger_state_topics_are_compacted_and_nothing_else_is() -> None:
+def test_ledger_state_topics_and_the_key_are_compacted_and_nothing_else_is() -> None:
     compacted = {s.name for s in CATALOGUE if s.config.get("cleanup.policy") == "compact"}
-    assert compacted == {"jobs", "runs"}
+    # node-keys too: keyed by writer, so compaction keeps its first record, the key.
+    assert compacted == {"jobs", "runs", "node-keys"}
 
 
 def test_audit_and_input_logs_keep_long_history() -> None:

@@ -115,7 +115,9 @@ def test_the_core_over_sasl_ssl_with_least_privilege_per_role(
     admin = broker.settings("admin", settings)
     assert broker.grant(settings.topic_prefix) > 0
     ensure_topics(admin)
-    role = {name: broker.settings(name, settings) for name in ("node", "worker", "api", "projector")}
+    role = {
+        name: broker.settings(name, settings) for name in ("node", "worker", "api", "projector")
+    }
     port = free_port()
     procs: list[CronlogProcess] = [
         Node(role["node"], "sec-n1", tmp_path, broker.env("node")),

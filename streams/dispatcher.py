@@ -226,6 +226,7 @@ class WorkerInfo:
     dead: bool = False
     booked: Timeline = field(default_factory=lambda: Timeline(Capacity(0.0, 0, 0)))
     maybe: dict[Key, int] = field(default_factory=dict)  # released early, until (ms)
+    cut: tuple[str, ...] = ()  # what the worker limits cut from its last offer
 
     def view(self, at_ms: int) -> WorkerView:
         """What this dispatcher believes is free on the worker in the second of `at_ms`."""
@@ -495,29 +496,33 @@ class Dispatcher:
         info = self.workers.get(worker_id)
         if info is not None and not newer(info.mark, mark):
             return  # an older beat (replay, reordering)
-        capacity = _capacity(beat["capacity"])
+        offer = self.settings.worker_limits.bound(
+            _capacity(beat["capacity"]),
+            _capacity(beat["free"]),
+            tuple(sorted(beat["labels"].items())),
+        )
         running = {(r["run_id"], int(r["attempt"])) for r in beat["running"]}
         if info is None:
-            info = WorkerInfo(
-                worker_id,
-                capacity,
-                _capacity(beat["free"]),
-                tuple(sorted(beat["labels"].items())),
-                mark,
-                received_s,
-            )
+            info = WorkerInfo(worker_id, offer.capacity, offer.free, offer.labels, mark, received_s)
             self.workers[worker_id] = info
+        if offer.cut:
+            metrics.WORKER_OFFERS_BOUNDED.inc()
+            if offer.cut != info.cut:  # once per change, not once per beat
+                log.warning(
+                    "worker %s offers more than allowed: %s", worker_id, "; ".join(offer.cut)
+                )
+        info.cut = offer.cut
         if info.dead:
             log.warning("worker %s is back after being declared dead", worker_id)
             metrics.WORKER_VERDICTS.labels("back").inc()
         info.capacity, info.free, info.mark, info.received_s, info.dead = (
-            capacity,
-            _capacity(beat["free"]),
+            offer.capacity,
+            offer.free,
             mark,
             received_s,
             False,
         )
-        info.labels = tuple(sorted(beat["labels"].items()))
+        info.labels = offer.labels
         info.running = running
         for key, (_, _, placed_s) in list(info.reserved.items()):
             if key in running:

@@ -119,6 +119,12 @@ WORKER_VERDICTS = Counter(
     ["verdict"],
     registry=DISPATCHER,
 )
+WORKER_OFFERS_BOUNDED = Counter(
+    "cronlog_dispatcher_worker_offers_bounded_total",
+    "Heartbeats whose capacity or labels were above the configured worker limits "
+    "(CRONLOG_WORKER_MAX_*, CRONLOG_WORKER_LABELS) and were cut to them.",
+    registry=DISPATCHER,
+)
 RESERVED = Gauge(
     "cronlog_dispatcher_reserved",
     "Worker capacity this dispatcher holds for runs it placed that have not started yet, "

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from streams.core.placement import UNBOUNDED, WorkerLimits
+
 DEFAULT_KAFKA = "localhost:9092"
 DEFAULT_TOPIC_PREFIX = "cronlog."
 DEFAULT_PARTITIONS = 12
@@ -45,6 +47,9 @@ class Settings:
     # librdkafka client properties for every client (security.protocol, sasl.*, ssl.*),
     # from the file CRONLOG_KAFKA_CONFIG names; sorted (key, value) pairs.
     kafka_config: tuple[tuple[str, str], ...] = ()
+    # The most the dispatcher believes of any worker's heartbeat (CRONLOG_WORKER_MAX_*,
+    # CRONLOG_WORKER_LABELS): a worker's word does not bound itself.
+    worker_limits: WorkerLimits = UNBOUNDED
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -65,6 +70,7 @@ class Settings:
             topic_prefix=env.get("CRONLOG_TOPIC_PREFIX", DEFAULT_TOPIC_PREFIX),
             partitions=partitions,
             kafka_config=read_client_properties(env.get("CRONLOG_KAFKA_CONFIG") or None),
+            worker_limits=worker_limits_from_env(env),
         )
         settings.validate()
         return settings
@@ -144,6 +150,48 @@ def read_client_properties(path: str | None) -> tuple[tuple[str, str], ...]:
             )
         found[key] = value
     return tuple(sorted(found.items()))
+
+
+def worker_limits_from_env(env: Mapping[str, str]) -> WorkerLimits:
+    """CRONLOG_WORKER_MAX_CPU (a number), CRONLOG_WORKER_MAX_MEMORY_MB and
+    CRONLOG_WORKER_MAX_GPU (integers), CRONLOG_WORKER_LABELS (comma-separated ``key=value``
+    or ``key=*``); unset: unbounded."""
+    raw_cpu = env.get("CRONLOG_WORKER_MAX_CPU", "").strip()
+    cpu: float | None = None
+    if raw_cpu:
+        try:
+            cpu = float(raw_cpu)
+        except ValueError:
+            raise SettingsError(
+                f"CRONLOG_WORKER_MAX_CPU must be a number, got {raw_cpu!r}"
+            ) from None
+        if not cpu >= 0 or cpu == float("inf"):
+            raise SettingsError(
+                f"CRONLOG_WORKER_MAX_CPU must be a finite number >= 0, got {raw_cpu!r}"
+            )
+    counts: dict[str, int | None] = {}
+    for name in ("CRONLOG_WORKER_MAX_MEMORY_MB", "CRONLOG_WORKER_MAX_GPU"):
+        count = _optional_count(env, name)
+        if count is not None and count < 0:
+            raise SettingsError(f"{name} must be >= 0, got {count}")
+        counts[name] = count
+    raw_labels = env.get("CRONLOG_WORKER_LABELS", "").strip()
+    labels: frozenset[str] | None = None
+    if raw_labels:
+        entries = [entry.strip() for entry in raw_labels.split(",") if entry.strip()]
+        for entry in entries:
+            key, sep, value = entry.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise SettingsError(
+                    f"CRONLOG_WORKER_LABELS: expected key=value or key=*, got {entry!r}"
+                )
+        labels = frozenset(entries)
+    return WorkerLimits(
+        cpu=cpu,
+        memory_mb=counts["CRONLOG_WORKER_MAX_MEMORY_MB"],
+        gpu=counts["CRONLOG_WORKER_MAX_GPU"],
+        labels=labels,
+    )
 
 
 def _optional_count(env: Mapping[str, str], name: str) -> int | None:

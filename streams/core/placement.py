@@ -42,10 +42,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from streams.core.spec import Resources
 
 CPU_EPSILON = 1e-9
+N = TypeVar("N", int, float)
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -84,6 +86,74 @@ class WorkerView:
     def admits(self, need: Resources) -> bool:
         """`need` fits the free capacity now and the worker offers its labels."""
         return self.free.fits(need) and labels_match(need.labels, self.labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """A heartbeat's offer as placement may believe it, and what was cut from it."""
+
+    capacity: Capacity
+    free: Capacity
+    labels: Labels
+    cut: tuple[str, ...]  # one phrase per bound applied, empty when the offer was within
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLimits:
+    """The most placement believes of any worker's heartbeat: operator configuration
+    (CRONLOG_WORKER_MAX_CPU, _MAX_MEMORY_MB, _MAX_GPU, CRONLOG_WORKER_LABELS), not the
+    worker's word. Without them a worker could advertise a huge capacity, or every label,
+    and draw the runs of the whole installation to itself. None: unbounded.
+
+    `labels` holds the allowed offers, each ``key=value`` or ``key=*`` (any value).
+    """
+
+    cpu: float | None = None
+    memory_mb: int | None = None
+    gpu: int | None = None
+    labels: frozenset[str] | None = None
+
+    def bound(self, capacity: Capacity, free: Capacity, labels: Labels) -> Bounded:
+        """Total capacity cut to the limits; free is what is left of the bounded total
+        after what the worker says it uses (total - free), within [0, total]; labels
+        outside the allowed offers dropped."""
+        cut: list[str] = []
+        cpu = _limit(capacity.cpu, self.cpu, "cpu", cut)
+        memory_mb = _limit(capacity.memory_mb, self.memory_mb, "memory_mb", cut)
+        gpu = _limit(capacity.gpu, self.gpu, "gpu", cut)
+        total = Capacity(float(cpu), memory_mb, gpu)
+        left = Capacity(
+            _left(cpu, capacity.cpu, free.cpu),
+            _left(memory_mb, capacity.memory_mb, free.memory_mb),
+            _left(gpu, capacity.gpu, free.gpu),
+        )
+        offered = labels
+        if self.labels is not None:
+            allowed = self.labels
+            offered = tuple(
+                (k, v) for k, v in labels if f"{k}={v}" in allowed or f"{k}=*" in allowed
+            )
+            dropped = [f"{k}={v}" for k, v in labels if (k, v) not in offered]
+            if dropped:
+                cut.append(f"labels {', '.join(dropped)} not allowed")
+        return Bounded(total, left, offered, tuple(cut))
+
+
+UNBOUNDED = WorkerLimits()
+
+
+def _left(total: N, said: N, free: N) -> N:
+    """Free of a bounded `total`: what the worker said is free when its total was not cut
+    (no float round trip), else the bounded total less what it says it uses; in [0, total]."""
+    left = free if total == said else total - (said - free)
+    return min(max(left, type(total)(0)), total)
+
+
+def _limit(value: N, limit: N | None, name: str, cut: list[str]) -> N:
+    if limit is None or value <= limit:
+        return value
+    cut.append(f"{name} {value} above the limit {limit}")
+    return limit
 
 
 @dataclass(frozen=True, slots=True)

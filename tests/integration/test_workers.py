@@ -31,11 +31,15 @@ def cluster(
     topics: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Node, list[WorkerProc]]]:
     logs = tmp_path_factory.mktemp("cluster")
-    node = Node(topics, "wk-n1", logs).start()
+    # The limits bound what any heartbeat is believed: `liar` says 64 cpu and a label the
+    # operator did not allow (its memory, 32 MB, keeps it out of the other tests' runs).
+    limits = {"CRONLOG_WORKER_MAX_CPU": "2", "CRONLOG_WORKER_LABELS": "zone=*"}
+    node = Node(topics, "wk-n1", logs, extra_env=limits).start()
     workers = [
         WorkerProc(topics, "small", logs, cpu=1, memory_mb=256).start(),
         WorkerProc(topics, "big", logs, cpu=2, memory_mb=2048, labels=("zone=b",)).start(),
         WorkerProc(topics, "gpu", logs, cpu=1, memory_mb=1024, gpu=1).start(),
+        WorkerProc(topics, "liar", logs, cpu=64, memory_mb=32, labels=("rogue=yes",)).start(),
     ]
     yield node, workers
     for worker in workers:
@@ -114,7 +118,11 @@ def test_one_run_per_firing_across_three_workers(
     assert len(workers) >= 2  # overlapping runs spread over the workers
 
 
-def test_placement_respects_resources_and_labels(topics: Settings, events: EventReader) -> None:
+def test_placement_respects_resources_and_labels(
+    topics: Settings, events: EventReader, cluster: tuple[Node, list[WorkerProc]]
+) -> None:
+    """Also the worker limits: `liar` (64 cpu, label rogue=yes) is believed 2 cpu and no
+    label, so neither the 64-cpu run nor the rogue one is placed on it."""
     send_commands(
         topics,
         [
@@ -122,6 +130,7 @@ def test_placement_respects_resources_and_labels(topics: Settings, events: Event
             job("needs-zone-b", ["true"], resources={"cpu": 0.1, "labels": {"zone": "b"}}),
             job("needs-gpu", ["true"], resources={"cpu": 0.1, "gpu": 1}),
             job("too-big", ["true"], resources={"cpu": 64}),
+            job("needs-rogue", ["true"], resources={"cpu": 0.1, "labels": {"rogue": "yes"}}),
         ],
     )
     time.sleep(1)
@@ -129,11 +138,11 @@ def test_placement_respects_resources_and_labels(topics: Settings, events: Event
         topics,
         [
             {"type": "job.run_now", "job_id": jid, "request_id": f"r{i}"}
-            for jid in ("needs-2cpu", "needs-zone-b", "needs-gpu", "too-big")
+            for jid in ("needs-2cpu", "needs-zone-b", "needs-gpu", "too-big", "needs-rogue")
             for i in range(3)
         ],
     )
-    for jid in ("needs-2cpu", "needs-zone-b", "needs-gpu", "too-big"):
+    for jid in ("needs-2cpu", "needs-zone-b", "needs-gpu", "too-big", "needs-rogue"):
         wait_final(events, jid, 3)
     expected = {"needs-2cpu": "big", "needs-zone-b": "big", "needs-gpu": "gpu"}
     for jid, worker in expected.items():
@@ -145,9 +154,14 @@ def test_placement_respects_resources_and_labels(topics: Settings, events: Event
         }
         assert placed == {worker}, jid
         assert all(s[-1] == "succeeded" for s in final_states(events, jid).values()), jid
-    too_big = [evs[-1] for evs in runs_by_id(events).values() if evs[0].job_id == "too-big"]
-    assert {e.state for e in too_big} == {"failed"}
-    assert all("no worker could ever fit" in e.reason for e in too_big)
+    for jid in ("too-big", "needs-rogue"):
+        ends = [evs[-1] for evs in runs_by_id(events).values() if evs[0].job_id == jid]
+        assert len(ends) == 3, jid
+        assert {e.state for e in ends} == {"failed"}, jid
+        assert all("no worker could ever fit" in e.reason for e in ends), jid
+    node_log = cluster[0].log.read_text(errors="replace")
+    assert "worker liar offers more than allowed: cpu 64.0 above the limit 2.0" in node_log
+    assert "labels rogue=yes not allowed" in node_log
 
 
 def _alive(marker: str) -> bool:

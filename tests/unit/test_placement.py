@@ -13,6 +13,7 @@ from streams.core.placement import (
     Capacity,
     FairQueue,
     Item,
+    WorkerLimits,
     WorkerView,
     batch_order,
     best_fit,
@@ -740,3 +741,80 @@ def test_a_burst_that_fits_one_worker_is_dealt_out_evenly(workers: int, runs: in
         assert max(starts.values()) - min(starts.values()) <= 1
     else:
         assert max(starts.values()) <= 10
+
+
+# -- Worker limits: the most a heartbeat is believed ---------------------------------------
+
+_caps = st.builds(
+    Capacity,
+    st.floats(0, 64, allow_nan=False),
+    st.integers(0, 65_536),
+    st.integers(0, 8),
+)
+_label_pairs = st.lists(
+    st.tuples(st.sampled_from(["zone", "os", "gpu"]), st.sampled_from(["a", "b"])),
+    max_size=4,
+    unique_by=lambda kv: kv[0],
+).map(lambda pairs: tuple(sorted(pairs)))
+_limits = st.builds(
+    WorkerLimits,
+    st.none() | st.floats(0, 64, allow_nan=False),
+    st.none() | st.integers(0, 65_536),
+    st.none() | st.integers(0, 8),
+    st.none() | st.frozensets(st.sampled_from(["zone=a", "zone=*", "os=b", "gpu=a"])),
+)
+
+
+@given(_limits, _caps, _caps, _label_pairs)
+def test_a_bounded_offer_never_exceeds_the_limits_nor_what_the_worker_said(
+    limits: WorkerLimits, capacity: Capacity, free: Capacity, labels: Labels
+) -> None:
+    offer = limits.bound(capacity, free, labels)
+    total = offer.capacity
+    for have, said, limit in (
+        (total.cpu, capacity.cpu, limits.cpu),
+        (total.memory_mb, capacity.memory_mb, limits.memory_mb),
+        (total.gpu, capacity.gpu, limits.gpu),
+    ):
+        assert have <= said
+        assert limit is None or have <= limit
+        assert have == (said if limit is None else min(said, limit))
+    for left, whole in ((offer.free.cpu, total.cpu), (offer.free.memory_mb, total.memory_mb)):
+        assert 0 <= left <= whole
+    assert 0 <= offer.free.gpu <= total.gpu
+    assert set(offer.labels) <= set(labels)
+    if limits.labels is not None:
+        assert all(
+            f"{k}={v}" in limits.labels or f"{k}=*" in limits.labels for k, v in offer.labels
+        )
+    # Something was cut exactly when the offer changed.
+    assert bool(offer.cut) == ((total, offer.labels) != (capacity, labels))
+
+
+@given(_caps, _caps, _label_pairs)
+def test_without_limits_the_offer_is_believed_as_is(
+    capacity: Capacity, free: Capacity, labels: Labels
+) -> None:
+    honest = Capacity(
+        min(free.cpu, capacity.cpu),
+        min(free.memory_mb, capacity.memory_mb),
+        min(free.gpu, capacity.gpu),
+    )
+    offer = WorkerLimits().bound(capacity, honest, labels)
+    assert (offer.capacity, offer.free, offer.labels, offer.cut) == (capacity, honest, labels, ())
+
+
+def test_a_worker_over_its_limit_keeps_what_it_uses_counted() -> None:
+    limits = WorkerLimits(cpu=4, memory_mb=1024, labels=frozenset({"zone=*"}))
+    offer = limits.bound(
+        Capacity(64, 1_000_000, 0), Capacity(60, 999_000, 0), (("zone", "a"), ("os", "x"))
+    )
+    # It says it uses 4 cpu and 1,000 MB of what it claims: of the 4 allowed, none is left.
+    assert offer.capacity == Capacity(4.0, 1024, 0)
+    assert offer.free == Capacity(0.0, 24, 0)
+    assert offer.labels == (("zone", "a"),)
+    assert offer.cut == (
+        "cpu 64 above the limit 4",
+        "memory_mb 1000000 above the limit 1024",
+        "labels os=x not allowed",
+    )

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streams.core.placement import WorkerLimits
 from streams.settings import (
     DEFAULT_DATABASE_URL,
     DEFAULT_KAFKA,
@@ -61,3 +62,37 @@ def test_any_legal_prefix_and_count_round_trips(prefix: str, partitions: int) ->
 def test_with_validates_the_copy() -> None:
     with pytest.raises(SettingsError):
         Settings().with_(partitions=0)
+
+
+def test_worker_limits_are_read_from_the_environment_and_unbounded_by_default() -> None:
+    assert Settings.from_env({}).worker_limits == WorkerLimits()
+    limits = Settings.from_env(
+        {
+            "CRONLOG_WORKER_MAX_CPU": "8.5",
+            "CRONLOG_WORKER_MAX_MEMORY_MB": "16384",
+            "CRONLOG_WORKER_MAX_GPU": "0",
+            "CRONLOG_WORKER_LABELS": "zone=*, os=linux,",
+        }
+    ).worker_limits
+    assert limits == WorkerLimits(8.5, 16384, 0, frozenset({"zone=*", "os=linux"}))
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "says"),
+    [
+        ("CRONLOG_WORKER_MAX_CPU", "lots", "must be a number"),
+        ("CRONLOG_WORKER_MAX_CPU", "-1", "finite number >= 0"),
+        ("CRONLOG_WORKER_MAX_CPU", "inf", "finite number >= 0"),
+        ("CRONLOG_WORKER_MAX_CPU", "nan", "finite number >= 0"),
+        ("CRONLOG_WORKER_MAX_MEMORY_MB", "1.5", "must be an integer"),
+        ("CRONLOG_WORKER_MAX_GPU", "-2", "must be >= 0"),
+        ("CRONLOG_WORKER_LABELS", "zone", "expected key=value or key=*"),
+        ("CRONLOG_WORKER_LABELS", "zone=a,=b", "expected key=value or key=*"),
+    ],
+)
+def test_bad_worker_limits_are_refused_with_the_variable_named(
+    name: str, raw: str, says: str
+) -> None:
+    with pytest.raises(SettingsError, match=name) as refused:
+        Settings.from_env({name: raw})
+    assert says in str(refused.value)

@@ -26,7 +26,8 @@ for room holds the point, but not for long: the ledger dispatches an unclaimed a
 again at its claim deadline, which replaces it. After a crash the records handled since
 the last commit are sent again (at least once): about a second's worth.
 
-Failure detection: one clock. Liveness is judged only on this dispatcher's
+Failure detection (the judgement itself is pure: `streams/core/liveness.py`): one clock.
+Liveness is judged only on this dispatcher's
 `time.monotonic()`: each worker's last beat is remembered by the time it was *received*
 (read from `heartbeats`), never by the time the worker stamped on it, so no worker's
 clock, ahead or behind, moves a verdict. Which of two beats of one worker is newer is
@@ -85,6 +86,7 @@ from confluent_kafka import (
 from schemas.codec import DISPATCH, HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from streams import metrics
 from streams.core.ids import job_of
+from streams.core.liveness import BeatMark, Liveness, newer
 from streams.core.placement import (
     Capacity,
     FairQueue,
@@ -135,56 +137,6 @@ class DispatcherConfig:
     # worker is preferred (placement.spread_fit): a burst is spread over the workers'
     # start loops instead of queueing behind the tightest fit's.
     spread_starts_above: int = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Liveness:
-    """The failure detector's judgement, on one clock: this dispatcher's monotonic
-    seconds. A worker's beats count by when they were received, never by their stamps
-    (module docstring: why the verdict then always follows the worker's lease)."""
-
-    heartbeat_s: float = 3.0
-    dead_after_missed: int = 3
-    grace_s: float = 1.0
-
-    @property
-    def dead_after_s(self) -> float:
-        return self.heartbeat_s * self.dead_after_missed + self.grace_s
-
-    @property
-    def suspect_after_s(self) -> float:
-        return 2 * self.heartbeat_s
-
-    def suspected(self, received_s: float, now_s: float) -> bool:
-        """No beat received for two intervals: no new placements there."""
-        return now_s - received_s > self.suspect_after_s
-
-    def dead(self, received_s: float, reading_since_s: float, now_s: float) -> bool:
-        """No beat received for `dead_after_s`, and this dispatcher has been reading
-        heartbeats for at least that long (one that just started, or restarted reading,
-        has not seen the beats a live worker sent meanwhile)."""
-        return now_s - max(received_s, reading_since_s) > self.dead_after_s
-
-
-@dataclass(frozen=True, slots=True)
-class BeatMark:
-    """Where a beat was in the log, and the worker's own stamp on it."""
-
-    partition: int
-    offset: int
-    stamp_ms: int
-
-
-def newer(last: BeatMark | None, beat: BeatMark) -> bool:
-    """Is `beat` newer than `last`, of the same worker? Their order in the log (a worker's
-    beats share its key, so a partition) where they share a partition; else the worker's
-    own stamps, one clock. The log order also survives a worker restarted with its clock
-    set back, whose beats would otherwise be ignored until its clock caught up."""
-    if last is None:
-        return True
-    if beat.partition == last.partition:
-        return beat.offset > last.offset
-    return beat.stamp_ms > last.stamp_ms
 
 
 class Progress:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.dispatcher import BeatMark, Liveness, Progress, newer
+from streams.core.liveness import BeatMark, Liveness, newer
+from streams.dispatcher import Progress
 
 LIVENESS = Liveness(heartbeat_s=3.0, dead_after_missed=3, grace_s=1.0)  # the node's defaults
 LEASE_S = 7.0  # the worker's lease (connectors/worker/worker.py): from the beat's making

@@ -1,0 +1,62 @@
+"""Worker liveness: the failure detector's judgement and the order of heartbeats. Pure.
+
+The dispatcher (streams/dispatcher.py, its module docstring has the safety argument)
+judges each worker on one clock, its own monotonic seconds: a worker's beats count by
+when they were received, never by the stamps the worker put on them, so no worker's
+clock moves a verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """The failure detector's judgement, on one clock: this dispatcher's monotonic
+    seconds. A worker's beats count by when they were received, never by their stamps
+    (the dispatcher's module docstring: why the verdict then always follows the
+    worker's lease)."""
+
+    heartbeat_s: float = 3.0
+    dead_after_missed: int = 3
+    grace_s: float = 1.0
+
+    @property
+    def dead_after_s(self) -> float:
+        return self.heartbeat_s * self.dead_after_missed + self.grace_s
+
+    @property
+    def suspect_after_s(self) -> float:
+        return 2 * self.heartbeat_s
+
+    def suspected(self, received_s: float, now_s: float) -> bool:
+        """No beat received for two intervals: no new placements there."""
+        return now_s - received_s > self.suspect_after_s
+
+    def dead(self, received_s: float, reading_since_s: float, now_s: float) -> bool:
+        """No beat received for `dead_after_s`, and this dispatcher has been reading
+        heartbeats for at least that long (one that just started, or restarted reading,
+        has not seen the beats a live worker sent meanwhile)."""
+        return now_s - max(received_s, reading_since_s) > self.dead_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class BeatMark:
+    """Where a beat was in the log, and the worker's own stamp on it."""
+
+    partition: int
+    offset: int
+    stamp_ms: int
+
+
+def newer(last: BeatMark | None, beat: BeatMark) -> bool:
+    """Is `beat` newer than `last`, of the same worker? Their order in the log (a worker's
+    beats share its key, so a partition) where they share a partition; else the worker's
+    own stamps, one clock. The log order also survives a worker restarted with its clock
+    set back, whose beats would otherwise be ignored until its clock caught up."""
+    if last is None:
+        return True
+    if beat.partition == last.partition:
+        return beat.offset > last.offset
+    return beat.stamp_ms > last.stamp_ms

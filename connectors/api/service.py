@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from connectors.api.dead_letters import DeadLetterView, recent_dead_letters
+from projections import queries
 from schemas.json import from_plain, to_plain
 from streams.core.commands import (
     MAX_COMMAND_BYTES,
@@ -79,6 +80,11 @@ class Accepted:
 
     body: dict[str, Any]
     applied: bool
+
+
+def _scope(who: Principal) -> str | None:
+    """The owner a caller's reads are limited to; None for an admin (everything)."""
+    return None if who.kind == "admin" else who.name
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
@@ -197,9 +203,8 @@ class Service:
         self.pool.close()
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _query(
-        self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
-    ) -> list[dict[str, Any]]:
+    def _query(self, query: queries.Query) -> list[dict[str, Any]]:
+        sql, params = query
         try:
             with self.pool.connection(timeout=5) as conn:
                 rows: list[dict[str, Any]] = conn.execute(sql, params).fetchall()  # type: ignore[assignment]
@@ -274,11 +279,7 @@ class Service:
 
     # -- jobs --------------------------------------------------------------------------------
     def _job_row(self, job_id: str) -> dict[str, Any] | None:
-        rows = self._query(
-            "SELECT job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at"
-            " FROM jobs WHERE job_id = %s",
-            (job_id,),
-        )
+        rows = self._query(queries.job(job_id))
         return _jsonable(rows[0]) if rows else None
 
     def job(self, who: Principal, job_id: str) -> dict[str, Any]:
@@ -296,25 +297,8 @@ class Service:
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        where: list[str] = ["NOT deleted"]
-        params: list[Any] = []
-        if who.kind != "admin":
-            where.append("owner = %s")
-            params.append(who.name)
-        if owner is not None:
-            where.append("owner = %s")
-            params.append(owner)
-        if paused is not None:
-            where.append("paused = %s")
-            params.append(paused)
-        if cursor:
-            where.append("job_id > %s")
-            params.append(_uncursor(cursor, 1)[0])
-        rows = self._query(
-            "SELECT job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at"
-            f" FROM jobs WHERE {' AND '.join(where)} ORDER BY job_id LIMIT %s",
-            (*params, limit + 1),
-        )
+        after = _uncursor(cursor, 1)[0] if cursor else None
+        rows = self._query(queries.jobs_page(_scope(who), owner, paused, after, limit))
         items = [_jsonable(r) for r in rows[:limit]]
         more = len(rows) > limit
         return {"items": items, "next": _cursor(items[-1]["job_id"]) if more else None}
@@ -336,11 +320,7 @@ class Service:
         by the same owner to drive this job)."""
         if not upstreams:
             return
-        rows = self._query(
-            "SELECT job_id FROM jobs WHERE job_id = ANY(%s) AND owner NOT IN (%s, '')"
-            " ORDER BY job_id",
-            (list(upstreams), owner),
-        )
+        rows = self._query(queries.foreign_jobs(list(upstreams), owner))
         if rows:
             raise ServiceError(
                 422,
@@ -421,11 +401,6 @@ class Service:
         return Accepted(body, False)
 
     # -- runs --------------------------------------------------------------------------------
-    RUN_COLUMNS = (
-        "r.run_id, r.job_id, r.scheduled_at, r.trigger, r.state, r.attempt, r.worker_id,"
-        " r.created_at, r.started_at, r.finished_at, r.exit_code, r.error, r.updated_at"
-    )
-
     def runs(
         self,
         who: Principal,
@@ -440,32 +415,16 @@ class Service:
         """Newest first by scheduled time; `since` inclusive, `until` exclusive."""
         if job_id is not None:
             self.job(who, job_id)
-        where: list[str] = ["TRUE"]
-        params: list[Any] = []
-        if who.kind != "admin":
-            where.append("j.owner = %s")
-            params.append(who.name)
-        for clause, value in (
-            ("r.job_id = %s", job_id),
-            ("r.state = %s", state),
-            ("r.scheduled_at >= %s", since),
-            ("r.scheduled_at < %s", until),
-        ):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
+        before: tuple[str, str] | None = None
         if cursor:
             at, run_id = _uncursor(cursor, 2)
             try:
                 datetime.fromisoformat(at)
             except ValueError:
                 raise ServiceError(400, "malformed cursor", "cursor") from None
-            where.append("(r.scheduled_at, r.run_id) < (%s::timestamptz, %s)")
-            params.extend([at, run_id])
+            before = (at, run_id)
         rows = self._query(
-            f"SELECT {self.RUN_COLUMNS} FROM runs r JOIN jobs j ON j.job_id = r.job_id"
-            f" WHERE {' AND '.join(where)} ORDER BY r.scheduled_at DESC, r.run_id DESC LIMIT %s",
-            (*params, limit + 1),
+            queries.runs_page(_scope(who), job_id, state, since, until, before, limit)
         )
         items = [_jsonable(r) for r in rows[:limit]]
         last = rows[limit - 1] if len(rows) > limit else None
@@ -475,11 +434,7 @@ class Service:
         }
 
     def _run_row(self, who: Principal, run_id: str) -> dict[str, Any]:
-        rows = self._query(
-            f"SELECT {self.RUN_COLUMNS}, j.owner FROM runs r JOIN jobs j ON j.job_id = r.job_id"
-            " WHERE r.run_id = %s",
-            (run_id,),
-        )
+        rows = self._query(queries.run(run_id))
         if not rows or not who.may_see(rows[0]["owner"]):
             raise ServiceError(404, f"run {run_id!r} not found", "run_id")
         row = _jsonable(rows[0])
@@ -488,19 +443,8 @@ class Service:
 
     def run(self, who: Principal, run_id: str, log_chunks: int = LOG_TAIL_CHUNKS) -> dict[str, Any]:
         run = self._run_row(who, run_id)
-        run["transitions"] = [
-            _jsonable(r)
-            for r in self._query(
-                "SELECT attempt, state, at, worker_id, detail FROM run_transitions"
-                " WHERE run_id = %s ORDER BY seq, at",
-                (run_id,),
-            )
-        ]
-        tail = self._query(
-            "SELECT * FROM (SELECT attempt, stream, seq, data, at FROM run_logs"
-            " WHERE run_id = %s ORDER BY at DESC, seq DESC LIMIT %s) t ORDER BY at, seq",
-            (run_id, log_chunks),
-        )
+        run["transitions"] = [_jsonable(r) for r in self._query(queries.transitions(run_id))]
+        tail = self._query(queries.log_tail(run_id, log_chunks))
         run["log_tail"] = "".join(r["data"] for r in tail)
         return run
 
@@ -516,22 +460,8 @@ class Service:
     ) -> list[dict[str, Any]]:
         """The run's log chunks in order, at most `limit` (the first ones)."""
         self._run_row(who, run_id)
-        where: list[str] = ["run_id = %s"]
-        params: list[Any] = [run_id]
-        if attempt is not None:
-            where.append("attempt = %s")
-            params.append(attempt)
-        if stream is not None:
-            where.append("stream = %s")
-            params.append(stream)
-        return [
-            _jsonable(r)
-            for r in self._query(
-                "SELECT attempt, stream, seq, data, at FROM run_logs"
-                f" WHERE {' AND '.join(where)} ORDER BY attempt, at, stream, seq LIMIT %s",
-                (*params, min(limit, self.MAX_LOG_CHUNKS)),
-            )
-        ]
+        query = queries.logs(run_id, attempt, stream, min(limit, self.MAX_LOG_CHUNKS))
+        return [_jsonable(r) for r in self._query(query)]
 
     def run_command(self, who: Principal, run_id: str, kind: str, **fields: Any) -> Accepted:
         """cancel or rerun of a run the caller may see."""
@@ -550,13 +480,7 @@ class Service:
     ) -> dict[str, list[dict[str, str]]]:
         """The newest `per_job` runs of each job (oldest first): run_id and state. The
         caller has already scoped `job_ids` to what it may see."""
-        rows = self._query(
-            "SELECT x.job_id, r.run_id, r.state, r.scheduled_at FROM unnest(%s::text[]) x(job_id)"
-            " CROSS JOIN LATERAL (SELECT run_id, state, scheduled_at FROM runs"
-            "  WHERE runs.job_id = x.job_id ORDER BY scheduled_at DESC, run_id DESC LIMIT %s) r"
-            " ORDER BY x.job_id, r.scheduled_at, r.run_id",
-            (job_ids, per_job),
-        )
+        rows = self._query(queries.recent_states(job_ids, per_job))
         found: dict[str, list[dict[str, str]]] = {job_id: [] for job_id in job_ids}
         for row in rows:
             found[row["job_id"]].append({"run_id": row["run_id"], "state": row["state"]})
@@ -566,56 +490,30 @@ class Service:
         """Start lateness in seconds of the job's newest `limit` scheduled runs that
         started (manual runs have no schedule to be late for)."""
         self.job(who, job_id)
-        rows = self._query(
-            "SELECT lateness_s FROM run_lateness WHERE job_id = %s"
-            " ORDER BY scheduled_at DESC LIMIT %s",
-            (job_id, limit),
-        )
+        rows = self._query(queries.lateness(job_id, limit))
         return [float(r["lateness_s"]) for r in rows]
 
     def workers(self) -> list[dict[str, Any]]:
         """Every worker the projection knows: capacity offered, free, liveness. Not scoped:
         workers belong to the installation, not to an owner, and carry no job data."""
-        return [
-            _jsonable(r)
-            for r in self._query(
-                "SELECT worker_id, capacity, free, labels, last_heartbeat_at, state"
-                " FROM workers ORDER BY worker_id"
-            )
-        ]
+        return [_jsonable(r) for r in self._query(queries.workers())]
 
     MAX_GRAPH_JOBS = 1000
-
-    def _visible(self, who: Principal) -> tuple[str, tuple[str, ...]]:
-        if who.kind == "admin":
-            return "NOT deleted", ()
-        return "NOT deleted AND owner = %s", (who.name,)
 
     def dependencies(self, who: Principal) -> dict[str, list[str]]:
         """The visible jobs that depend on others, with their upstreams, and the visible
         upstreams themselves (with theirs): the dependency view's graph, at most
         MAX_GRAPH_JOBS dependents."""
-        where, params = self._visible(who)
-        rows = self._query(
-            f"SELECT job_id, spec->'depends_on' AS ups FROM jobs WHERE {where}"
-            " AND jsonb_array_length(spec->'depends_on') > 0 ORDER BY job_id LIMIT %s",
-            (*params, self.MAX_GRAPH_JOBS),
-        )
+        rows = self._query(queries.dependents(_scope(who), self.MAX_GRAPH_JOBS))
         graph = {r["job_id"]: [str(u) for u in r["ups"]] for r in rows}
         roots = sorted({u for ups in graph.values() for u in ups} - set(graph))
-        for r in self._query(
-            f"SELECT job_id FROM jobs WHERE {where} AND job_id = ANY(%s)", (*params, roots)
-        ):
+        for r in self._query(queries.visible_among(_scope(who), roots)):
             graph[r["job_id"]] = []
         return graph
 
     def downstream(self, who: Principal, job_id: str) -> list[str]:
         """The visible jobs that name `job_id` as an upstream."""
-        where, params = self._visible(who)
-        rows = self._query(
-            f"SELECT job_id FROM jobs WHERE {where} AND spec->'depends_on' ? %s ORDER BY job_id",
-            (*params, job_id),
-        )
+        rows = self._query(queries.downstream(_scope(who), job_id))
         return [r["job_id"] for r in rows]
 
     def dead_letters(self, who: Principal, limit: int = 50) -> list[DeadLetterView]:
@@ -627,13 +525,7 @@ class Service:
             raise ServiceError(503, f"Kafka is unavailable: {exc}") from exc
         if who.kind != "admin":
             job_ids = sorted({d.job_id for d in letters if d.job_id})
-            mine = {
-                r["job_id"]
-                for r in self._query(
-                    "SELECT job_id FROM jobs WHERE job_id = ANY(%s) AND owner = %s",
-                    (job_ids, who.name),
-                )
-            }
+            mine = {r["job_id"] for r in self._query(queries.owned_jobs(job_ids, who.name))}
             letters = [
                 d
                 for d in letters
@@ -655,7 +547,7 @@ class Service:
             return checks
         checks = {}
         try:
-            self._query("SELECT 1 FROM projector_offsets LIMIT 1")
+            self._query(queries.projector_alive())
             checks["database"] = "ok"
         except (ServiceError, psycopg.Error) as exc:
             log.warning("readiness: PostgreSQL: %s", exc)

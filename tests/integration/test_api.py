@@ -19,6 +19,7 @@ import pytest
 from streams.core.commands import MAX_COMMAND_BYTES
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, env_for
+from tests.support.secure import role_env
 from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
@@ -470,7 +471,7 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
 def cli(topics: Settings, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "connectors.cli", *args],
-        env=env_for(topics),
+        env={**env_for(topics), **role_env(list(args))},  # the admin's, on a secured broker
         input=stdin,
         capture_output=True,
         text=True,

@@ -40,6 +40,7 @@ import bisect
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,7 @@ MAX_ANSWER = 1_000  # messages per heartbeat answer; the rest come with the next
 REPLAY_S = 300.0  # a rebuilt mailbox reads worker-inbox at most this far back
 REPLAY_TIMEOUT_S = 10.0
 MAX_SEQ = 2**63 - 1
+MAX_SEALS = 100_000  # placement seals remembered for reports that do not carry theirs
 KINDS = ("assignments", "grants", "kills")
 
 
@@ -134,6 +136,7 @@ def _item(message: WorkerMessage) -> tuple[str, dict[str, Any]]:
             "attempt": message.attempt,
             "granted": message.granted,
             "reason": message.reason,
+            "placement": message.placement,
         }
     # a CancelOrder: a stop order
     return "kills", {"run_id": message.run_id, "attempt": message.attempt, "reason": message.reason}
@@ -182,6 +185,10 @@ class WorkerGateway:
         # Per worker-inbox partition: the follower has read everything before this seq.
         self.positions: dict[int, int] = {}
         self.max_pending = MAX_PENDING
+        # The seals of the attempts placed on HTTP workers, by (worker, run, attempt), as
+        # their assignments and grants carried them: a report without its `placement`
+        # (the protocol before seals) gets it from here, oldest forgotten first.
+        self.seals: OrderedDict[tuple[str, str, int], str] = OrderedDict()
         self.max_answer = MAX_ANSWER
         self.starts: dict[int, int] = {}  # where the follower starts, per partition
         self.lock = threading.Lock()
@@ -285,6 +292,21 @@ class WorkerGateway:
                 return  # not an HTTP worker (or one long gone)
             kind, item = _item(message)
             box.add(message.worker_id, offset + 1, kind, item, self.max_pending)
+            self._remember(message)
+
+    def _remember(self, message: WorkerMessage) -> None:
+        """Keep the seal a message carries (the caller holds the lock)."""
+        if isinstance(message, WorkerAssignment):
+            d = message.dispatch
+            key, seal = (message.worker_id, d.run_id, d.attempt), d.placement
+        elif isinstance(message, ClaimReply) and message.placement:
+            key, seal = (message.worker_id, message.run_id, message.attempt), message.placement
+        else:
+            return
+        self.seals[key] = seal
+        self.seals.move_to_end(key)
+        while len(self.seals) > MAX_SEALS:
+            self.seals.popitem(last=False)
 
     def _replay(self, worker_id: str, partition: int, ack: int) -> list[tuple[int, WorkerMessage]]:
         """The worker's messages in its worker-inbox partition from seq `ack` on (at most
@@ -382,6 +404,7 @@ class WorkerGateway:
                 for seq, message in replayed:
                     kind, item = _item(message)
                     box.add(worker_id, seq, kind, item, self.max_pending)
+                    self._remember(message)
             box.ready.set()
         elif not box.ready.wait(3 * REPLAY_TIMEOUT_S) or box.failed:
             raise ServiceError(503, "this worker's mailbox is being rebuilt; try again")
@@ -457,22 +480,27 @@ class WorkerGateway:
         attempt = _attempt(body)
         now = int(time.time() * 1000)
         record: ClaimRequested | RunStarted | RunFinished | RunReleased
+        # The assignment's seal, sent back as it came: the ledger grants the claim, and
+        # takes the reports, only from the worker the attempt was placed on
+        # (streams/core/seals.py). An ack carries it (the assignment is at hand); a later
+        # report without it (the protocol before seals) gets the one this API delivered.
+        placement = body.get("placement", "")
+        if not isinstance(placement, str) or len(placement) > SEAL_CHARS:
+            raise ServiceError(
+                422, "placement must be the assignment's placement string", "placement"
+            )
+        if not placement and kind != "ack":
+            with self.lock:
+                placement = self.seals.get((worker_id, run_id, attempt), "")
         if kind == "ack":
-            # The assignment's seal, sent back as it came: the ledger grants the claim
-            # only to the worker the attempt was placed on (streams/core/seals.py).
-            placement = body.get("placement", "")
-            if not isinstance(placement, str) or len(placement) > SEAL_CHARS:
-                raise ServiceError(
-                    422, "placement must be the assignment's placement string", "placement"
-                )
             record = ClaimRequested(job_id, run_id, attempt, worker_id, now, placement)
         elif kind == "started":
-            record = RunStarted(job_id, run_id, attempt, worker_id, now)
+            record = RunStarted(job_id, run_id, attempt, worker_id, now, placement)
         elif kind == "released":
             reason = body.get("reason", "")
             if not isinstance(reason, str):
                 raise ServiceError(422, "reason must be a string", "reason")
-            record = RunReleased(job_id, run_id, attempt, worker_id, reason[:2000], now)
+            record = RunReleased(job_id, run_id, attempt, worker_id, reason[:2000], now, placement)
         else:
             exit_code = body.get("exit_code")
             if exit_code is not None and (
@@ -482,5 +510,7 @@ class WorkerGateway:
             error = body.get("error", "")
             if not isinstance(error, str):
                 raise ServiceError(422, "error must be a string", "error")
-            record = RunFinished(job_id, run_id, attempt, worker_id, exit_code, error[:2000], now)
+            record = RunFinished(
+                job_id, run_id, attempt, worker_id, exit_code, error[:2000], now, placement
+            )
         self.service.produce("worker-reports", job_id, JOB_LOG.encode(record))

@@ -416,7 +416,13 @@ class Worker:
                 extra={"run_id": d.run_id, "job_id": d.job_id, "attempt": d.attempt},
             )
             back = RunReleased(
-                d.job_id, d.run_id, d.attempt, self.config.worker_id, "no room", self._now_ms()
+                d.job_id,
+                d.run_id,
+                d.attempt,
+                self.config.worker_id,
+                "no room",
+                self._now_ms(),
+                d.placement,
             )
             self.producer.produce(
                 self.topics["worker-handbacks"], key=d.run_id.encode(), value=JOB_LOG.encode(back)
@@ -473,7 +479,11 @@ class Worker:
             return
         job_id = self.journal.entries[key].job_id if phase else job_of(reply.run_id)
         at = self._now_ms()
-        self._send(RunReleased(job_id, reply.run_id, reply.attempt, self.config.worker_id, why, at))
+        self._send(
+            RunReleased(
+                job_id, reply.run_id, reply.attempt, self.config.worker_id, why, at, reply.placement
+            )
+        )
 
     def _drop(self, attempt: Attempt) -> None:
         d = attempt.dispatch
@@ -621,7 +631,9 @@ class Worker:
         self.timeline.begin(attempt.key, d.resources)
         if attempt.run_dir is not None and self.executor.output:
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
-        self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
+        self._send(
+            RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at, d.placement)
+        )
 
     def _finished(self, attempt: Attempt, event: Finished) -> None:
         d = attempt.dispatch
@@ -636,7 +648,11 @@ class Worker:
             if attempt.started_ms is None:  # the Started event was not seen (adopted)
                 at = self._at(event.started_mono, event.started_ms)
                 attempt.started_ms = at
-                self._send(RunStarted(d.job_id, d.run_id, d.attempt, self.config.worker_id, at))
+                self._send(
+                    RunStarted(
+                        d.job_id, d.run_id, d.attempt, self.config.worker_id, at, d.placement
+                    )
+                )
         if (
             attempt.tail is None
             and attempt.run_dir is not None
@@ -652,7 +668,7 @@ class Worker:
     def _report(self, attempt: Attempt, code: int | None, error: str, at_ms: int) -> None:
         d = attempt.dispatch
         record = RunFinished(
-            d.job_id, d.run_id, d.attempt, self.config.worker_id, code, error, at_ms
+            d.job_id, d.run_id, d.attempt, self.config.worker_id, code, error, at_ms, d.placement
         )
         self._send(record, lambda: self._reported(d))
         _FINISHED.inc()
@@ -662,7 +678,9 @@ class Worker:
         """Give back an attempt that never started: the ledger dispatches it again."""
         d = attempt.dispatch
         at = self._now_ms()
-        record = RunReleased(d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at)
+        record = RunReleased(
+            d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at, d.placement
+        )
         # "released", not "reported": the same attempt may be assigned here again.
         self._send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()

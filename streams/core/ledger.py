@@ -1042,16 +1042,25 @@ class _Builder:
             return None
         return run
 
+    def _sealed(self, inp: ClaimRequested | RunStarted | RunFinished | RunReleased) -> bool:
+        """Whether a worker's record carries the seal of its attempt's placement on the
+        worker it names (always, without a key: the pure tests that play every part)."""
+        key = self.config.placement_key
+        return key is None or sealed(key, inp.placement, inp.run_id, inp.attempt, inp.worker_id)
+
+    def _unsealed(self, inp: RunStarted | RunFinished | RunReleased, what: str) -> bool:
+        """Refuse a report without its placement's seal: a worker id is forgeable, the
+        seal reaches only the worker the attempt was placed on (through its own inbox),
+        so another worker cannot report it started, done or given back."""
+        if self._sealed(inp):
+            return False
+        self.reject(f"{what} of {inp.run_id}#{inp.attempt} by {inp.worker_id} without its seal")
+        return True
+
     def claim(self, inp: ClaimRequested) -> None:
         """First claim of the current attempt wins; every claimant gets an answer."""
         run = self._current(inp.run_id, inp.attempt)
-        key = self.config.placement_key
-        if (
-            run is not None
-            and run.state == "due"
-            and key is not None
-            and not sealed(key, inp.placement, inp.run_id, inp.attempt, inp.worker_id)
-        ):
+        if run is not None and run.state == "due" and not self._sealed(inp):
             # Not placed there (or a forged claim): the attempt stays due for the worker
             # it was placed on, and its claim deadline re-dispatches it if none claims.
             self.reject(f"{inp.run_id}#{inp.attempt} was not placed on {inp.worker_id}")
@@ -1087,7 +1096,9 @@ class _Builder:
         # matches a reply to the claim it answers by it (a late reply to an earlier
         # claim of the same attempt must not pass for the answer to a later one).
         self.replies.append(
-            ClaimReply(inp.worker_id, inp.run_id, inp.attempt, granted, reason, inp.at_ms)
+            ClaimReply(
+                inp.worker_id, inp.run_id, inp.attempt, granted, reason, inp.at_ms, inp.placement
+            )
         )
 
     def _stop_order(self, run: RunState, reason: str) -> None:
@@ -1110,6 +1121,8 @@ class _Builder:
         run = self._current(inp.run_id, inp.attempt)
         if run is None:
             return None
+        if self._unsealed(inp, "start"):
+            return None
         if run.worker_id != inp.worker_id or run.state != "dispatched":
             return self.reject(f"start by {inp.worker_id} while {run.state} on {run.worker_id}")
         pending = run.cancelling
@@ -1126,6 +1139,8 @@ class _Builder:
     def finished(self, inp: RunFinished) -> None:
         run = self._current(inp.run_id, inp.attempt)
         if run is None:
+            return None
+        if self._unsealed(inp, "report"):
             return None
         if run.worker_id != inp.worker_id or run.state not in ("dispatched", "running"):
             return self.reject(f"report by {inp.worker_id} while {run.state} on {run.worker_id}")
@@ -1170,6 +1185,8 @@ class _Builder:
         """The holder of an attempt it never started gives it back: dispatch it again."""
         run = self._current(inp.run_id, inp.attempt)
         if run is None:
+            return None
+        if self._unsealed(inp, "release"):
             return None
         if run.worker_id != inp.worker_id or run.state != "dispatched":
             return self.reject(

@@ -134,6 +134,9 @@ class RunStarted:
     attempt: int
     worker_id: str
     at_ms: int
+    # The seal of this attempt's placement on this worker (streams/core/seals.py), as
+    # its assignment carried it: the ledger takes no report of an attempt without it.
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,9 @@ class RunFinished:
     exit_code: int | None  # None when killed by a signal or never started
     error: str
     at_ms: int
+    # The seal of this attempt's placement on this worker (streams/core/seals.py), as
+    # its assignment carried it: the ledger takes no report of an attempt without it.
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +186,9 @@ class RunReleased:
     worker_id: str
     reason: str
     at_ms: int
+    # The seal of this attempt's placement on this worker (streams/core/seals.py), as
+    # its assignment carried it: the ledger takes no report of an attempt without it.
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +416,9 @@ class ClaimReply:
     granted: bool
     reason: str
     at_ms: int
+    # The claim's seal, echoed: a worker that forgot an attempt it was granted (killed
+    # before its journal kept the claim) can still give it back with proof.
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True)

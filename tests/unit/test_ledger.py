@@ -206,6 +206,33 @@ def test_a_claim_is_granted_only_with_the_seal_of_its_placement_on_that_worker()
     assert w.states(run_id) == ["due", "dispatched"]
 
 
+def test_reports_are_taken_only_with_the_seal_of_the_placement() -> None:
+    """A worker id is forgeable; the seal reaches only the worker the attempt was placed
+    on: without it no worker may report another's attempt started, done or given back."""
+    key = b"k" * 32
+    w = world()
+    w.config = LedgerConfig(placement_key=key)
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    run_id = rid(T0 + MIN)
+    on_w1 = seal(key, run_id, 1, "w1")
+    granted = w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN, on_w1))
+    # The grant echoes the seal (a worker that forgot the claim can still give it back).
+    assert [r.placement for r in granted.replies if isinstance(r, ClaimReply)] == [on_w1]
+    forged = w.apply(RunReleased("j", run_id, 1, "w1", "forged", T0 + MIN + 1))
+    assert not forged.changed
+    assert "release of " + run_id + "#1 by w1 without its seal" in forged.rejected
+    wrong = seal(key, run_id, 1, "w2")
+    assert not w.apply(RunStarted("j", run_id, 1, "w1", T0 + MIN + 1, wrong)).changed
+    assert w.apply(RunStarted("j", run_id, 1, "w1", T0 + MIN + 1, on_w1)).runs[0].state == (
+        "running"
+    )
+    fake = w.apply(RunFinished("j", run_id, 1, "w1", 0, "", T0 + MIN + 2))
+    assert "report of " + run_id + "#1 by w1 without its seal" in fake.rejected
+    assert w.runs[run_id].state == "running"
+    w.apply(RunFinished("j", run_id, 1, "w1", 0, "", T0 + MIN + 3, on_w1))
+    assert w.states(run_id) == ["due", "dispatched", "running", "succeeded"]
+
+
 @given(st.text(max_size=40), st.integers(1, 50), st.text(min_size=1, max_size=20))
 def test_a_seal_proves_one_placement_only(run_id: str, attempt: int, worker: str) -> None:
     key = b"s" * 32

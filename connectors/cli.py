@@ -29,6 +29,7 @@ from projections.retention import RetentionError, RetentionPolicy
 from projections.retention import prune as prune_history
 from streams.core.ledger import LedgerConfig
 from streams.core.zones import use_tzdata_only
+from streams.inboxes import WORKER_ID
 from streams.logs import LogFormat, LogFormatError
 from streams.logs import configure as configure_logging
 from streams.logs import log_format as chosen_log_format
@@ -190,6 +191,29 @@ def stack_up(
         )
     typer.echo(f"PostgreSQL: {status.postgres.database_url}  (CRONLOG_DATABASE_URL)")
     typer.echo(f"State:      {status.state_dir}   stop with: cronlog stack down")
+
+
+@stack_app.command("add-worker")
+def stack_add_worker(
+    worker_id: Annotated[str, typer.Argument(help="The worker's --id.")],
+) -> None:
+    """Provision a native worker on the secured broker (stack up --secure): its own
+    SCRAM user, ACLs that let it read its own inbox and no other, its inbox topic, and
+    its client properties file (printed) for CRONLOG_KAFKA_CONFIG. Repeatable."""
+    from connectors.stack.secure import add_worker
+
+    stack = _stack(secure=True)
+    material = stack.kafka.material
+    assert material is not None  # a secure stack has it
+    admin = material.client_properties("admin")
+    settings = _settings().with_(
+        kafka=stack.kafka.bootstrap, kafka_config=tuple(sorted(admin.items()))
+    )
+    try:
+        path = add_worker(material, settings, worker_id)
+    except StackError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"worker {worker_id}: CRONLOG_KAFKA_CONFIG={path} cronlog worker --id {worker_id}")
 
 
 @stack_app.command("down")
@@ -530,6 +554,12 @@ def worker(
         raise _fail("--executor must be process or noop", 2)
     if cpu < 0 or memory_mb < 0 or gpu < 0:
         raise _fail("--cpu, --memory-mb and --gpu must not be negative", 2)
+    if WORKER_ID.fullmatch(worker_id) is None:
+        raise _fail(
+            f"--id {worker_id!r} must be 1 to 150 letters, digits, '.', '_' or '-' "
+            "(it names the worker's inbox topic)",
+            2,
+        )
     labels: list[tuple[str, str]] = []
     for item in label or []:
         key, sep, value = item.partition("=")
@@ -561,6 +591,8 @@ def worker(
         running.run()
     except KeyboardInterrupt:
         running.stop()
+    except PermissionError as exc:  # a secured cluster that does not know this worker
+        raise _fail(str(exc)) from None
 
 
 @app.command("projector")

@@ -105,6 +105,7 @@ from streams.core.records import (
 from streams.core.seals import seal
 from streams.core.spec import Resources
 from streams.core.timeline import Timeline
+from streams.inboxes import Inboxes
 from streams.kafka import (
     GroupWatch,
     abandon_consumer,
@@ -212,6 +213,7 @@ class Dispatcher:
         self.node_id = node_id
         self.config = config
         self.liveness = Liveness(config.heartbeat_s, config.dead_after_missed, config.grace_s)
+        self.inboxes = Inboxes(settings)  # each worker's inbox topic (streams/inboxes.py)
         self.workers: dict[str, WorkerInfo] = {}
         self.queue = FairQueue()
         self.pending: dict[str, DispatchRequest] = {}
@@ -609,11 +611,17 @@ class Dispatcher:
             max(now, request.not_before_ms) + self.config.reservation_ms,
             time.monotonic(),
         )
+        delivered = self._handled_when_delivered(where, f"assignment of {request.run_id}")
+        try:
+            inbox = self.inboxes.topic(worker_id)
+        except KafkaException as exc:  # unsent, as if undelivered: placed again
+            delivered(exc.args[0], None)  # type: ignore[arg-type]
+            return
         self._produce(
-            self.settings.topic("worker-inbox"),
+            inbox,
             worker_id,
             WORKER_INBOX.encode(WorkerAssignment(worker_id, now, self._sealed(request, worker_id))),
-            self._handled_when_delivered(where, f"assignment of {request.run_id}"),
+            delivered,
         )
 
     def _sealed(self, request: DispatchRequest, worker_id: str) -> DispatchRequest:

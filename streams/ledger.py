@@ -116,6 +116,7 @@ from schemas.json import dlq_record
 from streams import metrics
 from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.records import JobState, RunState
+from streams.inboxes import Inboxes
 from streams.kafka import (
     RETRY_SLEEP_S,
     TRANSACTION_TIMEOUT_MS,
@@ -252,9 +253,10 @@ class Ledger:
                 "run-events",
                 "dispatch",
                 "commands.dlq",
-                "worker-inbox",
             )
         }
+        # Each worker's inbox topic: its own, or the shared one of HTTP workers.
+        self.inboxes = Inboxes(settings)
         self.state: dict[int, PartitionState] = {}
         self._stop = threading.Event()
         self._batches = self._records = self._rejected = self._recoveries = 0
@@ -867,9 +869,8 @@ class Ledger:
                 partition,
             )
         for reply in decision.replies:
-            produce(
-                self.topics["worker-inbox"], reply.worker_id.encode(), WORKER_INBOX.encode(reply)
-            )
+            inbox = self.inboxes.topic(reply.worker_id)  # KafkaException: abort, recover
+            produce(inbox, reply.worker_id.encode(), WORKER_INBOX.encode(reply))
         for notice in decision.notices:
             # Another job's log: keyed by its job_id, the partitioner picks the partition.
             produce(self.topics["job-log"], notice.job_id.encode(), JOB_LOG.encode(notice))

@@ -275,7 +275,8 @@ class ConsumerLag:
                 low_high = consumer.get_watermark_offsets(tp, cached=True)
                 if low_high is None or low_high[1] < 0 or tp.offset < 0:
                     continue  # not fetched yet: nothing known
-                name = tp.topic.removeprefix(self.prefix)
+                # A worker's own inbox counts as "worker-inbox": one label, not one per id.
+                name = tp.topic.removeprefix(self.prefix).split(".", 1)[0]
                 behind[name] = behind.get(name, 0) + max(0, low_high[1] - tp.offset)
         except KafkaException:
             return  # the broker away: the gauge keeps its last value

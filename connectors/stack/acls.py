@@ -3,8 +3,11 @@
 One principal per process kind (a process has one client configuration):
 - ``node``: ingress (and the worker-reports gate), scheduler, ledger and dispatcher, the
   four loops of `cronlog node`;
-- ``worker``: `cronlog worker`; it reads its inbox and writes its reports, heartbeats and
-  logs, and nothing that registers, changes or fires a job, nor dispatch requests;
+- ``worker``: what every `cronlog worker` may write (its reports, heartbeats and logs,
+  nothing that registers, changes or fires a job, nor dispatch requests). Each native
+  worker has its own principal, ``cronlog-worker-<id>`` (`worker_grants`, made by
+  `cronlog stack add-worker`), with these grants and one more: reading its own inbox
+  topic. No worker reads another's (streams/inboxes.py);
 - ``api``: `cronlog api` (commands; for HTTP workers what workers write; the dead
   letters it shows);
 - ``projector`` and ``notifier``: readers, the notifier writing its dead letters;
@@ -17,7 +20,8 @@ Why each grant exists is next to it; a test runs the product over SASL_SSL with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 ROLES: tuple[str, ...] = ("admin", "node", "worker", "api", "projector", "notifier")
@@ -72,6 +76,15 @@ GRANTS: tuple[Grant, ...] = (
     Grant(
         "node",
         "topic",
+        "worker-inbox.",
+        ("write",),
+        prefixed=True,
+        why="the ledger's replies and the dispatcher's assignments to each native worker's "
+        "own inbox (Write lets the nodes see which exist)",
+    ),
+    Grant(
+        "node",
+        "topic",
         "ingress-__assignor-__leader",
         ("create", "read", "write"),
         why="Faust's own topic of the ingress app, made on its first start",
@@ -88,21 +101,12 @@ GRANTS: tuple[Grant, ...] = (
         prefixed=True,
         why="the ledger's fenced transactions, one id per node",
     ),
-    # -- worker ----------------------------------------------------------------------------
-    *_topics("worker", ("read",), "assignments, claim replies, stop orders", "worker-inbox"),
+    # -- worker (every worker's principal: the template of `worker_grants`) ----------------
     *_topics(
         "worker",
         ("write",),
         "claims and outcomes (to the gate), liveness, job output, assignments handed back",
         "worker-reports heartbeats run-logs worker-handbacks",
-    ),
-    Grant(
-        "worker",
-        "group",
-        "worker-",
-        ("read",),
-        prefixed=True,
-        why="each worker's group on its inbox partition",
     ),
     # -- api -------------------------------------------------------------------------------
     *_topics(
@@ -163,10 +167,31 @@ class Acl:
     operation: Operation
 
 
-def acls(prefix: str, username: str = "cronlog-{role}") -> list[Acl]:
-    """Every ALLOW entry of the roles but admin (a super user), for one installation."""
+def worker_grants(worker_id: str) -> tuple[Grant, ...]:
+    """The grants of one native worker's own principal (role ``worker-<id>``): what any
+    worker may write, and reading its own inbox topic with its own consumer group."""
+    role = f"worker-{worker_id}"
+    return (
+        *(replace(g, role=role) for g in GRANTS if g.role == "worker"),
+        Grant(
+            role,
+            "topic",
+            f"worker-inbox.{worker_id}",
+            ("read",),
+            why="its assignments, claim replies and stop orders, with the seals of its "
+            "placements: its own inbox and no other",
+        ),
+        Grant(role, "group", f"worker-{worker_id}", ("read",), why="its inbox's offsets"),
+    )
+
+
+def acls(
+    prefix: str, username: str = "cronlog-{role}", grants: Iterable[Grant] = GRANTS
+) -> list[Acl]:
+    """Every ALLOW entry of `grants` (the roles but admin, a super user, by default) for
+    one installation."""
     found: list[Acl] = []
-    for grant in GRANTS:
+    for grant in grants:
         name = grant.name if grant.absolute else f"{prefix}{grant.name}"
         principal = "User:" + username.format(role=grant.role)
         found.extend(
@@ -178,7 +203,8 @@ def acls(prefix: str, username: str = "cronlog-{role}") -> list[Acl]:
 def table() -> str:
     """The grants as the Markdown table docs/security.md shows (a test keeps it equal)."""
     rows: dict[tuple[str, str, tuple[Operation, ...], str], list[str]] = {}
-    for g in GRANTS:
+    own = worker_grants("<id>")[-2:]  # beside the worker role's, each worker's own
+    for g in (*GRANTS, *own):
         name = f"`{g.name}{'*' if g.prefixed else ''}`" + (" (no prefix)" if g.absolute else "")
         rows.setdefault((g.role, g.resource.replace("_", " "), g.operations, g.why), []).append(
             name

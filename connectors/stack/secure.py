@@ -22,10 +22,11 @@ import json
 import os
 import secrets
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from connectors.stack.acls import ROLES
+from connectors.stack.acls import ROLES, Grant
 from connectors.stack.process import Log, StackError
 from streams.settings import Settings
 
@@ -180,7 +181,52 @@ def scram_format_args(material: SecureMaterial) -> list[str]:
     ]
 
 
-def apply_acls(settings: Settings, prefix: str) -> int:
+def add_worker(material: SecureMaterial, admin: Settings, worker_id: str) -> Path:
+    """Provision one native worker on the secured broker, as the admin user `admin`
+    carries (its prefix is the installation's): a SCRAM user ``cronlog-worker-<id>``
+    (its password kept in users.json, the same on a second call), its ACLs
+    (`worker_grants`: the worker role's writes and its own inbox), its inbox topic, and
+    its client properties file, which is returned. Repeating it changes nothing."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    from connectors.stack.acls import worker_grants
+    from streams.inboxes import ensure_private_inbox, private_inbox
+    from streams.kafka import admin_config
+
+    if private_inbox(admin, worker_id) is None:
+        raise StackError(f"worker id {worker_id!r} cannot name an inbox topic")
+    role = f"worker-{worker_id}"
+    users_file = material.dir / "users.json"
+    saved = json.loads(users_file.read_text())
+    workers: dict[str, str] = saved.setdefault("workers", {})
+    if worker_id not in workers:
+        workers[worker_id] = secrets.token_urlsafe(24)
+        _private(users_file, json.dumps(saved, indent=2) + "\n")
+    password = workers[worker_id]
+    client = AdminClient(admin_config(admin))
+    upsert = UserScramCredentialUpsertion(
+        username(role), ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), password.encode()
+    )
+    for user, future in client.alter_user_scram_credentials([upsert]).items():
+        try:
+            future.result(timeout=30)
+        except Exception as exc:  # noqa: BLE001 - named, with the user
+            raise StackError(f"could not create the SCRAM user {user}: {exc}") from None
+    apply_acls(admin, admin.topic_prefix, worker_grants(worker_id))
+    ensure_private_inbox(admin, worker_id)
+    props = {**material.client_properties("worker"), "sasl.username": username(role)}
+    props["sasl.password"] = password
+    path = material.properties_file(role)
+    _private(path, "".join(f"{k}={v}\n" for k, v in props.items()))
+    return path
+
+
+def apply_acls(settings: Settings, prefix: str, grants: Iterable[Grant] | None = None) -> int:
     """Create every role's ACLs (connectors/stack/acls.py) for one installation's prefix,
     as the admin user `settings` carries. Creating an ACL that exists changes nothing, so
     this is repeated safely (every `up`, a test's own prefix). Returns the entries."""
@@ -193,7 +239,7 @@ def apply_acls(settings: Settings, prefix: str) -> int:
         ResourceType,
     )
 
-    from connectors.stack.acls import acls
+    from connectors.stack.acls import GRANTS, acls
     from streams.kafka import admin_config
 
     kinds = {
@@ -217,7 +263,7 @@ def apply_acls(settings: Settings, prefix: str) -> int:
             operations[acl.operation],
             AclPermissionType.ALLOW,
         )
-        for acl in acls(prefix)
+        for acl in acls(prefix, grants=GRANTS if grants is None else grants)
     ]
     admin = AdminClient(admin_config(settings))
     for binding, future in admin.create_acls(bindings, request_timeout=30).items():

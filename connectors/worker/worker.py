@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from connectors.stack.process import pid_alive
 from connectors.worker.engine import read_log
@@ -77,8 +77,10 @@ from streams.core.records import (
     WorkerAssignment,
 )
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
+from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
 from streams.kafka import committed_or, consumer_config, partition_for, producer_config
 from streams.settings import Settings
+from streams.topics import TopicError
 
 log = logging.getLogger("cronlog.worker")
 _STARTED = metrics.WORKER_REPORTS.labels("started")
@@ -184,7 +186,6 @@ class Worker:
             for n in (
                 "worker-reports",
                 "heartbeats",
-                "worker-inbox",
                 "run-logs",
                 "worker-handbacks",
             )
@@ -196,6 +197,7 @@ class Worker:
         self.adopted_logs: dict[str, tuple[dict[Key, dict[str, Any]], int]] = {}
         self.loop_seen = time.monotonic()
         self.inbox_ready = False
+        self._inbox = ""  # its own inbox topic, known once run() starts
         self.gauged = 0.0
         for resource, offered in zip(
             ("cpu", "memory_mb", "gpu"),
@@ -268,6 +270,9 @@ class Worker:
 
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> None:
+        self._inbox = self._private_inbox()
+        if self.stop_event.is_set():
+            return
         self._recover()
         self.executor = self._new_executor()
         self.housekeeping.run(at_start=True)
@@ -293,12 +298,11 @@ class Worker:
                 self.settings, self.settings.group(f"worker-{self.config.worker_id}"), **RECONNECT
             )
         )
-        partition = inbox_partition(self.config.worker_id, self.settings.partitions)
-        inbox = [TopicPartition(self.topics["worker-inbox"], partition)]
+        inbox = [TopicPartition(self._inbox, 0)]
         consumer.assign(committed_or(consumer, inbox, stop=self.stop_event))
         self.inbox_ready = True
         lag = metrics.ConsumerLag("worker", self.settings.topic_prefix)
-        log.info("worker %s ready (inbox partition %d)", self.config.worker_id, partition)
+        log.info("worker %s ready (inbox %s)", self.config.worker_id, self._inbox)
         try:
             while not self.stop_event.is_set():
                 self.loop_seen = time.monotonic()
@@ -328,6 +332,23 @@ class Worker:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def _private_inbox(self) -> str:
+        """This worker's own inbox topic (streams/inboxes.py), made if it is missing; until
+        the broker answers, asked again. Made now: wait until no node can still route
+        this worker's messages to the shared inbox, which it does not read."""
+        name = private_inbox(self.settings, self.config.worker_id)
+        if name is None:
+            raise PermissionError(f"worker id {self.config.worker_id!r} cannot name an inbox")
+        while not self.stop_event.is_set():
+            try:
+                if ensure_private_inbox(self.settings, self.config.worker_id):
+                    self.stop_event.wait(MISS_TTL_S + REFRESH_MIN_S)
+                return name
+            except (KafkaException, TopicError) as exc:
+                log.warning("cannot make sure of the inbox %s yet (%s); retrying", name, exc)
+                self.stop_event.wait(2.0)
+        return name
 
     def _consume_error(self, error: KafkaError) -> None:
         """librdkafka reconnects by itself, for ever: say that the worker waits (what it

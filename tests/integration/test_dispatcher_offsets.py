@@ -1,5 +1,5 @@
 """The dispatcher commits its `dispatch` offsets (streams/dispatcher.py): a node stopped
-or killed after hundreds of runs resumes where it left off. Counted on `worker-inbox`:
+or killed after hundreds of runs resumes where it left off. Counted on the worker's own inbox:
 the assignments of a dispatch record that had already been assigned before the restart
 (a record is one (run, attempt, decision time); a re-dispatch by the ledger's claim
 deadline is another record, and a legitimate second assignment). Without committed
@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from schemas.codec import WORKER_INBOX, CodecError
 from streams.core.records import WorkerAssignment
+from streams.inboxes import private_inbox
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
 
@@ -38,9 +39,9 @@ def world(topics: Settings, tmp_path: Path) -> Iterator[tuple[Node, WorkerProc]]
 
 
 def _assignments(settings: Settings) -> Counter[tuple[str, int, int]]:
-    """Every WorkerAssignment on worker-inbox up to its end now, counted by its dispatch
-    record."""
-    topic = settings.topic("worker-inbox")
+    """Every WorkerAssignment in the worker's own inbox up to its end now, counted by its
+    dispatch record."""
+    topic = private_inbox(settings, "offsets-w") or ""
     consumer = Consumer(
         {
             "bootstrap.servers": settings.kafka,
@@ -51,7 +52,7 @@ def _assignments(settings: Settings) -> Counter[tuple[str, int, int]]:
     )
     ends = {
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[1]
-        for p in range(settings.partitions)
+        for p in range(1)
     }
     pending = {p for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])

@@ -6,8 +6,10 @@ private secured broker (`KafkaStack(secure=True)`, what `cronlog stack up --secu
   registered through the API runs and its succeeded run is served back by the API, and
   `cronlog audit` (admin) finds nothing wrong.
 - Least privilege, enforced by the broker: a worker's credentials cannot write
-  `commands`, `job-log` or `dispatch`, the API's cannot write `run-events`; each denial
-  is a clear TOPIC_AUTHORIZATION_FAILED, and nothing of it is on the topic.
+  `commands`, `job-log`, `dispatch` or another worker's inbox, nor read another worker's
+  inbox or the shared one; the API's cannot write `run-events`; each denial is a clear
+  TOPIC_AUTHORIZATION_FAILED, and nothing of it is on the topic. A worker without its
+  own user stops at once, saying how to provision it.
 - A registration forged with a worker's credentials, written to the one topic of the
   ledger's path a worker may write (`worker-reports`), is refused by the gate: it is in
   the dead letters and no job exists.
@@ -118,10 +120,13 @@ def test_the_core_over_sasl_ssl_with_least_privilege_per_role(
     role = {
         name: broker.settings(name, settings) for name in ("node", "worker", "api", "projector")
     }
+    # Each native worker its own user, as `cronlog stack add-worker` provisions it.
+    role["sec-w1"], w1_env = broker.worker("sec-w1", settings)
+    role["sec-w2"], _ = broker.worker("sec-w2", settings)
     port = free_port()
     procs: list[CronlogProcess] = [
         Node(role["node"], "sec-n1", tmp_path, broker.env("node")),
-        WorkerProc(role["worker"], "sec-w1", tmp_path, cpu=2, extra_env=broker.env("worker")),
+        WorkerProc(role["sec-w1"], "sec-w1", tmp_path, cpu=2, extra_env=w1_env),
         ProjectorProc(broker.settings("projector", settings), tmp_path / "projector.log"),
         CronlogProcess(
             role["api"],
@@ -162,9 +167,10 @@ def test_the_core_over_sasl_ssl_with_least_privilege_per_role(
             JobUpserted(JobSpec("sec-forged", "team-a", EverySchedule(1000), ("id",)), 1)
         )
         denied = [
-            ("worker", "commands", orjson.dumps({"type": "job.upsert", "job_id": "sec-forged"})),
-            ("worker", "job-log", forged),
-            ("worker", "dispatch", b"any command for any worker"),
+            ("sec-w1", "commands", orjson.dumps({"type": "job.upsert", "job_id": "sec-forged"})),
+            ("sec-w1", "job-log", forged),
+            ("sec-w1", "dispatch", b"any command for any worker"),
+            ("sec-w2", "worker-inbox.sec-w1", b"a forged assignment"),
             ("api", "run-events", b"a forged outcome"),
         ]
         for who, topic, value in denied:
@@ -173,12 +179,31 @@ def test_the_core_over_sasl_ssl_with_least_privilege_per_role(
             assert error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (who, topic, error)
         # Only nodes read the placement key: a worker cannot seal a placement for itself.
         assert _read_all(admin, "node-keys"), "the node wrote no placement key"
-        for who in ("worker", "api", "projector"):
+        for who in ("sec-w1", "api", "projector"):
             error = _read_error(role[who], "node-keys")
             assert error is not None, f"{who} read the placement key"
             assert error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (who, error)
+        # A worker reads its own inbox (the seals of its placements) and no other's, nor
+        # the shared one of HTTP workers: it cannot claim or report what is not its own.
+        assert _read_error(role["sec-w1"], "worker-inbox.sec-w1") is None
+        for who, inbox in (("sec-w2", "worker-inbox.sec-w1"), ("sec-w2", "worker-inbox")):
+            error = _read_error(role[who], inbox)
+            assert error is not None, f"{who} read {inbox}"
+            assert error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (who, inbox, error)
+        # A worker nobody provisioned (the shared worker user) cannot make an inbox: it
+        # stops at once with what to do, rather than heartbeat and never hear anything.
+        unknown = subprocess.run(
+            [sys.executable, "-m", "connectors.cli", "worker", "--id", "sec-w3", "--cpu", "1"],
+            cwd=ROOT,
+            env={**env_for(role["worker"]), **broker.env("worker")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert unknown.returncode == 1, unknown.stdout + unknown.stderr
+        assert "provision the worker first (cronlog stack add-worker sec-w3" in unknown.stderr
         # The topic a worker may write: the gate refuses what is not a claim or outcome.
-        assert _produce_as(role["worker"], "worker-reports", b"sec-forged", forged) is None
+        assert _produce_as(role["sec-w2"], "worker-reports", b"sec-forged", forged) is None
 
         def refused() -> list[dict[str, Any]]:
             letters = [orjson.loads(v) for _, v in _read_all(admin, "commands.dlq")]

@@ -59,7 +59,11 @@ class CronlogProcess:
             self.proc = subprocess.Popen(
                 self.argv,
                 cwd=ROOT,
-                env={**env_for(self.settings), **role_env(self.argv[3:]), **self.extra_env},
+                env={
+                    **env_for(self.settings),
+                    **role_env(self.argv[3:], self.settings),
+                    **self.extra_env,
+                },
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
-from connectors.stack.secure import SecureMaterial, apply_acls
+from connectors.stack.secure import SecureMaterial, add_worker, apply_acls
 from streams.settings import Settings
 from tests.support.cluster import free_ports
 
@@ -48,6 +48,14 @@ class SecureBroker:
     def grant(self, prefix: str) -> int:
         return apply_acls(self.settings("admin", Settings()), prefix)
 
+    def worker(self, worker_id: str, base: Settings) -> tuple[Settings, dict[str, str]]:
+        """A native worker provisioned as `cronlog stack add-worker` does (its own user,
+        ACLs and inbox under `base`'s prefix): its settings and its process's env."""
+        path = add_worker(self.material, self.settings("admin", base), worker_id)
+        props = dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
+        settings = base.with_(kafka=self.kafka.bootstrap, kafka_config=tuple(sorted(props.items())))
+        return settings, {"CRONLOG_KAFKA_CONFIG": str(path)}
+
 
 # The session's secured broker under CRONLOG_TEST_SECURE=1 (None: the plaintext one).
 ACTIVE: SecureBroker | None = None
@@ -76,9 +84,13 @@ def active() -> Iterator[SecureBroker]:
         broker.down()
 
 
-def role_env(args: list[str]) -> dict[str, str]:
+def role_env(args: list[str], settings: Settings | None = None) -> dict[str, str]:
     """CRONLOG_KAFKA_CONFIG for a `cronlog <args>` process of the session's secured
-    broker, by the role its subcommand runs as; nothing on the plaintext broker."""
+    broker, by the role its subcommand runs as; nothing on the plaintext broker. A
+    worker (`worker --id W`, under `settings`' prefix) is provisioned as its own user."""
     if ACTIVE is None:
         return {}
-    return ACTIVE.env(ROLE_OF_COMMAND.get(args[0] if args else "", "admin"))
+    role = ROLE_OF_COMMAND.get(args[0] if args else "", "admin")
+    if role == "worker" and settings is not None and "--id" in args:
+        return ACTIVE.worker(args[args.index("--id") + 1], settings)[1]
+    return ACTIVE.env(role)

@@ -35,7 +35,7 @@ from streams.topics import CATALOGUE, choose_replication
 log = logging.getLogger("cronlog.inboxes")
 # The worker ids a private inbox can be named after (Kafka's topic name alphabet).
 WORKER_ID = re.compile(r"[A-Za-z0-9._-]{1,150}")
-MISS_TTL_S = 2.0
+MISS_TTL_S = 1.0
 REFRESH_MIN_S = 0.5  # at most two metadata lookups a second, whatever misses
 _INBOX_CONFIG = next(spec.config for spec in CATALOGUE if spec.name == "worker-inbox")
 

@@ -340,10 +340,11 @@ def create_app(
         """Say the worker is alive (at least every 3 s) and collect its messages.
 
         The answer has `assignments` (claim them with `/runs/{id}/ack`, sending back
-        the assignment's `attempt` and `placement`), `grants` (start
-        only after a granted reply) and `kills` (stop that attempt now), each item with its
-        `seq`, and, when the heartbeat carried an `ack` (send `ack: 0` first), a top-level
-        `seq`. Handle the items in `seq` order across the three lists, then send
+        the assignment's `attempt` and `placement`; send `placement` with the started,
+        finished and released reports too, or the API adds the one it delivered),
+        `grants` (start only after a granted reply) and `kills` (stop that attempt now),
+        each item with its `seq`, and, when the heartbeat carried an `ack` (send `ack: 0`
+        first), a top-level `seq`. Handle the items in `seq` order across the three lists, then send
         `ack: <seq>` with the next heartbeat: only then are they removed, so an answer lost
         on the way comes again, the same messages in the same order. Handle a repeated
         message harmlessly. A seq is the message's position in worker-inbox: it stays

@@ -39,7 +39,7 @@ def good_period(scheduled_ms: int) -> bool:
 def play_worker_for_a(settings: Settings, seconds: float) -> set[int]:
     """Claim, start and finish every run of `a`; returns the periods that succeeded.
     Reading `dispatch`, it plays the dispatcher too: it seals its placement on w1 with
-    the nodes' key, or the ledger would grant it no claim."""
+    the nodes' key, or the ledger would grant it no claim and take no report."""
     key = placement_key(settings)
     dispatch = Consumer(consumer_config(settings, settings.group("w")))
     dispatch.subscribe([settings.topic("dispatch")])
@@ -59,17 +59,12 @@ def play_worker_for_a(settings: Settings, seconds: float) -> set[int]:
                 now = int(time.time() * 1000)
                 ok = good_period(request.scheduled_ms)
                 code = 0 if ok else 1
+                mark = seal(key, request.run_id, request.attempt, "w1")
+                run_id, attempt = request.run_id, request.attempt
                 for record in (
-                    ClaimRequested(
-                        "a",
-                        request.run_id,
-                        request.attempt,
-                        "w1",
-                        now,
-                        seal(key, request.run_id, request.attempt, "w1"),
-                    ),
-                    RunStarted("a", request.run_id, request.attempt, "w1", now + 1),
-                    RunFinished("a", request.run_id, request.attempt, "w1", code, "", now + 2),
+                    ClaimRequested("a", run_id, attempt, "w1", now, mark),
+                    RunStarted("a", run_id, attempt, "w1", now + 1, mark),
+                    RunFinished("a", run_id, attempt, "w1", code, "", now + 2, mark),
                 ):
                     producer.produce(
                         settings.topic("job-log"), key=b"a", value=JOB_LOG.encode(record)

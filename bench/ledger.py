@@ -15,9 +15,7 @@ from typing import Any
 
 from bench.common import report, table
 from schemas.codec import DISPATCH, JOB_LOG, JOB_STATE, RUN_EVENTS, RUN_STATE, WORKER_INBOX
-from streams.core.commands import UpsertJob, validate_command
-from streams.core.ledger import Decision, LedgerConfig, decide
-from streams.core.records import (
+from schemas.records import (
     ClaimRequested,
     FireProposed,
     JobState,
@@ -27,6 +25,8 @@ from streams.core.records import (
     RunStarted,
     RunState,
 )
+from streams.core.commands import UpsertJob, validate_command
+from streams.core.ledger import Decision, LedgerConfig, decide
 from streams.core.schedule import next_fire
 
 T0 = 1_800_000_000_000

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.common import audit, bench_settings, report, verdict
 from schemas.codec import RUN_EVENTS, CodecError
-from streams.core.records import JobEvent, RunEvent
+from schemas.records import JobEvent, RunEvent
 from streams.kafka import connection_config
 from streams.settings import Settings
 from tests.support.nodes import Node, send_commands

@@ -54,7 +54,7 @@ from bench.common import (
     window_lateness,
 )
 from schemas.codec import RUN_LOG, CodecError
-from streams.core.records import FINAL_STATES, RunEvent
+from schemas.records import FINAL_STATES, RunEvent
 from streams.kafka import connection_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, EventReader, Node, WorkerProc, send_commands

@@ -23,9 +23,9 @@ from confluent_kafka import Producer
 
 from bench.common import bench_settings, report, table
 from schemas.codec import JOB_STATE, RUN_STATE
-from schemas.headers import job_state_headers, run_state_headers
+from schemas.records import JobState, RunState
 from streams.core.commands import UpsertJob, parse_command
-from streams.core.records import JobState, RunState
+from streams.headers import job_state_headers, run_state_headers
 from streams.kafka import producer_config
 from streams.ledger import Ledger
 from streams.scheduler import Scheduler

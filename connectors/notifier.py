@@ -39,6 +39,8 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from schemas.codec import JOB_STATE, RUN_EVENTS, CodecError
+from schemas.records import JobEvent, RunEvent
+from schemas.spec import Notify
 from streams import metrics
 from streams.core.commands import parse_notify
 from streams.core.notifications import (
@@ -52,8 +54,6 @@ from streams.core.notifications import (
     watch_after,
     watch_for,
 )
-from streams.core.records import JobEvent, RunEvent
-from streams.core.spec import Notify
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 

@@ -175,9 +175,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, Literal, TextIO, TypeAlias
 
-from streams.core.ids import iso_utc, scheduled_run_id
-from streams.core.percentile import nearest_rank_sorted
-from streams.core.records import (
+from schemas.records import (
     FINAL_STATES,
     TRANSITIONS,
     JobEvent,
@@ -186,8 +184,10 @@ from streams.core.records import (
     RunFinished,
     RunStarted,
 )
+from schemas.spec import DstPolicy, JobSpec, Schedule
+from streams.core.ids import iso_utc, scheduled_run_id
+from streams.core.percentile import nearest_rank_sorted
 from streams.core.schedule import fires_between
-from streams.core.spec import DstPolicy, JobSpec, Schedule
 
 __all__ = [
     "KINDS",

@@ -38,8 +38,8 @@ from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
 from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError
 from schemas.json import to_plain
+from schemas.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams import metrics
-from streams.core.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams.kafka import consumer_config
 from streams.metrics import reason_kind
 from streams.settings import Settings

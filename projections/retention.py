@@ -56,7 +56,7 @@ from typing import Any
 
 import psycopg
 
-from streams.core.records import FINAL_STATES
+from schemas.records import FINAL_STATES
 
 log = logging.getLogger("cronlog.retention")
 

@@ -1,5 +1,7 @@
 """Avro schemas and codecs of the records cronlog writes (issue 3).
 
+- `schemas.records`, `schemas.spec`: the records and job specs as plain frozen
+  dataclasses, the contract every other module imports (and which imports nothing).
 - `schemas.codec`: one Codec per topic (JOB_LOG, RUN_EVENTS, JOB_STATE, RUN_STATE,
   DISPATCH; HEARTBEAT and WORKER_INBOX on dicts), Avro single-object encoding.
 - `schemas.registry`: the .avsc files under avro/, their versions and fingerprints

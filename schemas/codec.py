@@ -40,8 +40,7 @@ from schemas.convert import (
     run_state_to_avro,
     spec_to_avro,
 )
-from schemas.registry import HEADER_LENGTH, MARKER, SchemaVersion, TopicSchema, shipped
-from streams.core.records import (
+from schemas.records import (
     DispatchRequest,
     JobEvent,
     JobState,
@@ -50,7 +49,8 @@ from streams.core.records import (
     RunState,
     WorkerMessage,
 )
-from streams.core.spec import JobSpec
+from schemas.registry import HEADER_LENGTH, MARKER, SchemaVersion, TopicSchema, shipped
+from schemas.spec import JobSpec
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, Final, TypeAlias, TypeVar, cast
 
-from streams.core.records import (
+from schemas.records import (
     BackfillRequested,
     CancelOrder,
     CancelRequested,
@@ -43,7 +43,7 @@ from streams.core.records import (
     WorkerAssignment,
     WorkerLost,
 )
-from streams.core.spec import (
+from schemas.spec import (
     AtSchedule,
     CronSchedule,
     EverySchedule,

@@ -2,7 +2,7 @@
 
 A record is a JSON object of its fields plus "type" (the class name); env and labels are
 objects, and a schedule is {"cron": expr, "timezone": tz}, {"every_ms": n}, {"at_ms": n}
-or null. `from_json(to_json(x)) == x` for every record class of streams.core.records and
+or null. `from_json(to_json(x)) == x` for every record class of schemas.records and
 for JobSpec.
 """
 

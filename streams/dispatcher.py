@@ -84,6 +84,14 @@ from confluent_kafka import (
 )
 
 from schemas.codec import DISPATCH, HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
+from schemas.records import (
+    DispatchFailed,
+    DispatchRequest,
+    RunReleased,
+    WorkerAssignment,
+    WorkerLost,
+)
+from schemas.spec import Resources
 from streams import metrics
 from streams.core.ids import job_of
 from streams.core.liveness import BeatMark, Liveness, newer
@@ -95,15 +103,7 @@ from streams.core.placement import (
     could_ever_fit,
     spread_fit,
 )
-from streams.core.records import (
-    DispatchFailed,
-    DispatchRequest,
-    RunReleased,
-    WorkerAssignment,
-    WorkerLost,
-)
 from streams.core.seals import seal
-from streams.core.spec import Resources
 from streams.core.timeline import Timeline
 from streams.inboxes import Inboxes
 from streams.kafka import (

@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from schemas.codec import JOB_LOG, CodecError
 from schemas.json import dlq_record
+from schemas.records import ClaimRequested, RunFinished, RunReleased, RunStarted
 from streams import metrics
-from streams.core.records import ClaimRequested, RunFinished, RunReleased, RunStarted
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 

@@ -28,6 +28,17 @@ import faust
 
 from schemas.codec import JOB_LOG
 from schemas.json import dlq_record
+from schemas.records import (
+    BackfillRequested,
+    CancelRequested,
+    JobDeleted,
+    JobPaused,
+    JobResumed,
+    JobUpserted,
+    LedgerInput,
+    RerunRequested,
+    RunNowRequested,
+)
 from streams import metrics
 from streams.core.commands import (
     Backfill,
@@ -42,17 +53,6 @@ from streams.core.commands import (
     UpsertJob,
     command_job_id,
     parse_command,
-)
-from streams.core.records import (
-    BackfillRequested,
-    CancelRequested,
-    JobDeleted,
-    JobPaused,
-    JobResumed,
-    JobUpserted,
-    LedgerInput,
-    RerunRequested,
-    RunNowRequested,
 )
 from streams.settings import Settings
 

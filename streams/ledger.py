@@ -111,11 +111,11 @@ from schemas.codec import (
     WORKER_INBOX,
     CodecError,
 )
-from schemas.headers import job_state_headers, run_state_headers
 from schemas.json import dlq_record
+from schemas.records import JobState, RunState
 from streams import metrics
 from streams.core.ledger import Decision, LedgerConfig, decide
-from streams.core.records import JobState, RunState
+from streams.headers import job_state_headers, run_state_headers
 from streams.inboxes import Inboxes
 from streams.kafka import (
     RETRY_SLEEP_S,
@@ -887,7 +887,7 @@ class Ledger:
         jobs, runs = self.topics["jobs"], self.topics["runs"]
         for (partition, job_id), job in self._dirty_jobs.items():
             data = JOB_STATE.encode(job)
-            # The headers: what the scheduler needs of the state (schemas/headers.py).
+            # The headers: what the scheduler needs of the state (streams/headers.py).
             self._produce(jobs, job_id.encode(), data, partition, job_state_headers(job))
             state = self.state.get(partition)
             if state is not None and _cold(job):

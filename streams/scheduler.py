@@ -5,7 +5,7 @@ It follows the ledger's committed state: the compacted `jobs` and `runs` topics
 the beginning, which rebuilds that partition's heaps from the committed state, and then
 keeps following new writes; on revocation it drops them. The range assignor hands one
 member the same partition number of both topics. A job state is learnt from its
-`cronlog-timers` header (schemas/headers.py) without decoding it. Catching up, it
+`cronlog-timers` header (streams/headers.py) without decoding it. Catching up, it
 decodes only the newest value of each key that needs decoding (run states, job states
 written without the header): until a topic-partition's end is first reached (partition
 EOF), or for `CATCH_UP_MAX_S` at most, it keeps the raw bytes of the newest such value
@@ -75,7 +75,7 @@ from confluent_kafka import (
 )
 
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
-from schemas.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
+from schemas.records import DeadlineKind, DeadlineReached, FireProposed
 from streams import metrics
 from streams.core.clock import BrokerClock, broker_stamp
 from streams.core.duequeue import DueQueue
@@ -85,7 +85,7 @@ from streams.core.proposals import (
     FireTimers,
     ProposalPolicy,
 )
-from streams.core.records import DeadlineKind, DeadlineReached, FireProposed
+from streams.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
 from streams.kafka import GroupWatch, abandon_consumer, consumer_config, producer_config
 from streams.settings import Settings
 
@@ -404,7 +404,7 @@ class Scheduler:
         topic = msg.topic() or ""
         value: bytes | Timers | Deadline | None = msg.value()
         if value is not None:
-            # What it needs of a state is in the record's header (schemas/headers.py).
+            # What it needs of a state is in the record's header (streams/headers.py).
             headers = msg.headers()
             if topic == self.jobs_topic:
                 value = timers_of(headers) or value

@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 from connectors.api.dead_letters import DeadLetterView, recent_dead_letters
 from projections import queries
 from schemas.json import from_plain, to_plain
+from schemas.spec import JobSpec
 from streams.core.commands import (
     MAX_COMMAND_BYTES,
     Command,
@@ -39,7 +40,6 @@ from streams.core.commands import (
     validate_command,
 )
 from streams.core.ids import manual_run_id
-from streams.core.spec import JobSpec
 from streams.kafka import producer_config
 from streams.settings import Settings
 

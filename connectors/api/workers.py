@@ -58,8 +58,7 @@ from connectors.api.service import Principal, Service, ServiceError
 from connectors.worker.worker import inbox_partition
 from schemas.codec import HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import to_plain
-from streams.core.ids import parse_run_id
-from streams.core.records import (
+from schemas.records import (
     ClaimReply,
     ClaimRequested,
     RunFinished,
@@ -68,6 +67,7 @@ from streams.core.records import (
     WorkerAssignment,
     WorkerMessage,
 )
+from streams.core.ids import parse_run_id
 from streams.core.seals import SEAL_CHARS
 from streams.kafka import admin_config, consumer_config
 

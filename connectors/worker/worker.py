@@ -62,11 +62,7 @@ from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import from_plain, to_plain
-from streams import metrics
-from streams.core.clock import BrokerClock, broker_stamp
-from streams.core.ids import iso_utc, job_of
-from streams.core.placement import Capacity, labels_match
-from streams.core.records import (
+from schemas.records import (
     CancelOrder,
     ClaimReply,
     ClaimRequested,
@@ -76,6 +72,10 @@ from streams.core.records import (
     RunStarted,
     WorkerAssignment,
 )
+from streams import metrics
+from streams.core.clock import BrokerClock, broker_stamp
+from streams.core.ids import iso_utc, job_of
+from streams.core.placement import Capacity, labels_match
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
 from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
 from streams.kafka import committed_or, consumer_config, partition_for, producer_config

@@ -29,9 +29,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from streams.core.ids import MANUAL, parse_run_id
-from streams.core.schedule import ScheduleError, parse_schedule
-from streams.core.spec import (
+from schemas.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,
@@ -46,6 +44,8 @@ from streams.core.spec import (
     RetryPolicy,
     Schedule,
 )
+from streams.core.ids import MANUAL, parse_run_id
+from streams.core.schedule import ScheduleError, parse_schedule
 
 MAX_COMMAND_BYTES: Final = 64 * 1024  # encoded size of one command (the API should cap bodies)
 MAX_JOB_ID_CHARS: Final = 128

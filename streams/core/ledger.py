@@ -24,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from streams.core.ids import manual_run_id, scheduled_run_id
-from streams.core.records import (
+from schemas.records import (
     FINAL_STATES,
     TRANSITIONS,
     BackfillRequested,
@@ -61,9 +60,10 @@ from streams.core.records import (
     UpstreamOutcome,
     WorkerLost,
 )
+from schemas.spec import AtSchedule, JobSpec
+from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.schedule import fires_between, jitter_ms, next_fire
 from streams.core.seals import sealed
-from streams.core.spec import AtSchedule, JobSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from streams.core.records import FINAL_STATES, JobEvent, RunEvent
-from streams.core.spec import JobSpec, Notify, NotifyOn
+from schemas.records import FINAL_STATES, JobEvent, RunEvent
+from schemas.spec import JobSpec, Notify, NotifyOn
 
 T = TypeVar("T")
 

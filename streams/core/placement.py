@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from streams.core.spec import Resources
+from schemas.spec import Resources
 
 CPU_EPSILON = 1e-9
 N = TypeVar("N", int, float)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas.spec import JobSpec
 from streams.core.duequeue import DueQueue
-from streams.core.spec import JobSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter  # type: ignore[import-untyped]
 
-from streams.core.spec import (
+from schemas.spec import (
     DST_POLICIES,
     AtSchedule,
     CronSchedule,

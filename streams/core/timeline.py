@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from schemas.spec import Resources
 from streams.core.placement import CPU_EPSILON, Capacity
-from streams.core.spec import Resources
 
 SLOT_MS = 1000
 # A job not seen yet is booked for this long. Optimistic on purpose: runs are claimed up to

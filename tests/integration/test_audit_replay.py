@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from projections.audit import AuditReport
 from projections.audit_replay import replay, run_audit
 from schemas.codec import JOB_LOG, RUN_EVENTS
-from streams.core.records import (
+from schemas.records import (
     JobEvent,
     JobUpserted,
     LedgerInput,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from schemas.spec import EverySchedule
 from streams.core.schedule import fires_between
-from streams.core.spec import EverySchedule
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.broker import PrivateBroker, private_broker

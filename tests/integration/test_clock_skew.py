@@ -48,8 +48,8 @@ from pathlib import Path
 
 import pytest
 
+from schemas.records import RunEvent
 from streams.core.ids import iso_utc
-from streams.core.records import RunEvent
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.firings import assert_audit_clean

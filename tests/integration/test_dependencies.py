@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from schemas.codec import DISPATCH, JOB_LOG
-from streams.core.records import ClaimRequested, RunFinished, RunStarted
+from schemas.records import ClaimRequested, RunFinished, RunStarted
 from streams.core.seals import seal
 from streams.kafka import consumer_config, producer_config
 from streams.keys import placement_key

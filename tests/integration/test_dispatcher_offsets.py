@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from schemas.codec import WORKER_INBOX, CodecError
-from streams.core.records import WorkerAssignment
+from schemas.records import WorkerAssignment
 from streams.inboxes import private_inbox
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands

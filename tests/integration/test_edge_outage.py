@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from streams.core.records import FINAL_STATES, RunEvent
+from schemas.records import FINAL_STATES, RunEvent
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.broker import PrivateBroker, private_broker

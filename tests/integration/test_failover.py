@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from schemas.spec import EverySchedule
 from streams.core.percentile import nearest_rank
 from streams.core.schedule import fires_between
-from streams.core.spec import EverySchedule
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 

@@ -22,14 +22,14 @@ from connectors.api.service import Service
 from connectors.api.workers import WorkerGateway, _Mailbox
 from connectors.worker.worker import inbox_partition
 from schemas.codec import WORKER_INBOX
-from streams.core.records import (
+from schemas.records import (
     CancelOrder,
     ClaimReply,
     DispatchRequest,
     WorkerAssignment,
     WorkerMessage,
 )
-from streams.core.spec import Resources
+from schemas.spec import Resources
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess

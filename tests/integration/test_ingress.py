@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Producer
 
 from schemas.codec import JOB_LOG
-from streams.core.records import ClaimRequested, FireProposed, JobUpserted
-from streams.core.spec import EverySchedule, JobSpec
+from schemas.records import ClaimRequested, FireProposed, JobUpserted
+from schemas.spec import EverySchedule, JobSpec
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain

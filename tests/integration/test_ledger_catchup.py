@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPa
 
 from projections.audit_replay import run_audit
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE
-from streams.core.records import FireProposed, JobState, JobUpserted, LedgerInput, RunState
+from schemas.records import FireProposed, JobState, JobUpserted, LedgerInput, RunState
 from streams.kafka import (
     TRANSACTION_TIMEOUT_MS,
     consumer_config,

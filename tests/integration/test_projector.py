@@ -26,8 +26,8 @@ from connectors.stack import Stack, StackPaths
 from projections.migrate import MIGRATIONS_DIR, load_migrations, migrate
 from projections.projector import Batch, Projector, _ts
 from schemas.codec import RUN_EVENTS, RUN_LOG
+from schemas.records import RunEvent, RunStateName
 from streams.core.ids import scheduled_run_id
-from streams.core.records import RunEvent, RunStateName
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.isolation import create_database, drop_database, unique_name

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from projections.projector import Projector
 from projections.retention import RetentionPolicy, RunRow, pruned
 from schemas.codec import RUN_EVENTS, RUN_LOG
-from streams.core.records import RunEvent, RunStateName
+from schemas.records import RunEvent, RunStateName
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.nodes import env_for

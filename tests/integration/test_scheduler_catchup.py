@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from schemas.codec import JOB_STATE, RUN_STATE
-from schemas.headers import (
+from schemas.records import JobState, RunState
+from streams.headers import (
     DEADLINE_HEADER,
     TIMERS_HEADER,
     Deadline,
@@ -18,7 +19,6 @@ from schemas.headers import (
     encode_deadline,
     encode_timers,
 )
-from streams.core.records import JobState, RunState
 from streams.scheduler import CATCH_UP_MAX_S, Scheduler
 from streams.settings import Settings
 from tests.support.specs import upsert

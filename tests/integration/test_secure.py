@@ -30,8 +30,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from schemas.codec import JOB_LOG
-from streams.core.records import JobUpserted
-from streams.core.spec import EverySchedule, JobSpec
+from schemas.records import JobUpserted
+from schemas.spec import EverySchedule, JobSpec
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from streams.topics import ensure_topics

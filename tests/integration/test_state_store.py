@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from schemas.codec import JOB_STATE
-from streams.core.records import JobState
+from schemas.records import JobState
 from streams.state_store import DiskStore
 from streams.state_table import StateTable
 from tests.support.tables import STEPS, behaves_as_a_dict, state

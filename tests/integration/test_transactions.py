@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
-from streams.core.records import JobState, RunState
+from schemas.records import JobState, RunState
 from streams.ledger import Ledger, PartitionState
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain

@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from connectors.worker.worker import Worker, WorkerConfig
 from schemas.codec import JOB_LOG, WORKER_INBOX
+from schemas.records import ClaimReply, RunReleased
 from streams.core.placement import Capacity
-from streams.core.records import ClaimReply, RunReleased
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.core.records import RunEvent
+from schemas.records import RunEvent
 from streams.settings import Settings
 from tests.support.nodes import (
     EventReader,

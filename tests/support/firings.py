@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from projections.audit import format_report
 from projections.audit_replay import replay
+from schemas.records import RunEvent
+from schemas.spec import EverySchedule
 from streams.core.percentile import nearest_rank_sorted
-from streams.core.records import RunEvent
 from streams.core.schedule import fires_between
-from streams.core.spec import EverySchedule
 from streams.settings import Settings
 from tests.support.nodes import EventReader, runs_by_id
 

@@ -8,7 +8,7 @@ import uuid
 from confluent_kafka import Consumer, Message, Producer
 
 from schemas.codec import RUN_EVENTS
-from streams.core.records import RunEvent, RunStateName
+from schemas.records import RunEvent, RunStateName
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 

@@ -15,7 +15,7 @@ import orjson
 from confluent_kafka import Consumer, Producer
 
 from schemas.codec import RUN_EVENTS, CodecError
-from streams.core.records import JobEvent, RunEvent
+from schemas.records import JobEvent, RunEvent
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from tests.support.secure import role_env

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from schemas.codec import JOB_STATE
-from streams.core.records import JobState
+from schemas.records import JobState
 from streams.state_table import StateTable
 from tests.support.specs import upsert
 

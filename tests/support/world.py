@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streams.core.ledger import Decision, LedgerConfig, decide
-from streams.core.records import (
+from schemas.records import (
     DispatchRequest,
     JobEvent,
     JobState,
@@ -15,6 +14,7 @@ from streams.core.records import (
     RunEvent,
     RunState,
 )
+from streams.core.ledger import Decision, LedgerConfig, decide
 
 
 @dataclass

@@ -23,8 +23,7 @@ from projections.audit import (
     audit,
     format_report,
 )
-from streams.core.ids import iso_utc, scheduled_run_id
-from streams.core.records import (
+from schemas.records import (
     BackfillRequested,
     CancelRequested,
     ClaimRequested,
@@ -45,7 +44,8 @@ from streams.core.records import (
     Trigger,
     WorkerLost,
 )
-from streams.core.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
+from schemas.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
+from streams.core.ids import iso_utc, scheduled_run_id
 from tests.support.world import World
 
 T0 = 1_800_000_000_000  # a multiple of 60 s

@@ -30,8 +30,7 @@ from schemas.codec import (
 )
 from schemas.convert import LEDGER_CLASSES, job_state_from_avro, job_state_to_avro
 from schemas.json import dlq_record, from_json, read_dlq_record, to_json, to_plain
-from schemas.registry import AVRO_DIR, identify
-from streams.core.records import (
+from schemas.records import (
     CancelOrder,
     ClaimReply,
     DeadlineKind,
@@ -50,7 +49,8 @@ from streams.core.records import (
     WorkerAssignment,
     WorkerMessage,
 )
-from streams.core.spec import (
+from schemas.registry import AVRO_DIR, identify
+from schemas.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,

@@ -25,6 +25,16 @@ from schemas.convert import (
     run_state_from_avro,
     run_state_to_avro,
 )
+from schemas.records import (
+    DeadlineKind,
+    DispatchRequest,
+    JobEvent,
+    JobState,
+    JobUpserted,
+    RunState,
+    RunStateName,
+    Trigger,
+)
 from schemas.registry import (
     AVRO_DIR,
     TOPIC_SCHEMAS,
@@ -36,17 +46,7 @@ from schemas.registry import (
     shipped,
     snapshot,
 )
-from streams.core.records import (
-    DeadlineKind,
-    DispatchRequest,
-    JobEvent,
-    JobState,
-    JobUpserted,
-    RunState,
-    RunStateName,
-    Trigger,
-)
-from streams.core.spec import (
+from schemas.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
     MISFIRE_POLICIES,

@@ -14,6 +14,20 @@ from hypothesis import strategies as st
 
 from connectors.api.service import ServiceError, patched_document
 from schemas.json import to_plain
+from schemas.spec import (
+    CONCURRENCY_POLICIES,
+    DST_POLICIES,
+    MISFIRE_POLICIES,
+    NOTIFY_ON,
+    AtSchedule,
+    CronSchedule,
+    EverySchedule,
+    JobSpec,
+    Notify,
+    Resources,
+    RetryPolicy,
+    Schedule,
+)
 from streams.core.commands import (
     MAX_BACKOFF_MULTIPLIER,
     MAX_BACKOFF_S,
@@ -29,20 +43,6 @@ from streams.core.commands import (
     parse_command,
     schedule_document,
     upsert_document,
-)
-from streams.core.spec import (
-    CONCURRENCY_POLICIES,
-    DST_POLICIES,
-    MISFIRE_POLICIES,
-    NOTIFY_ON,
-    AtSchedule,
-    CronSchedule,
-    EverySchedule,
-    JobSpec,
-    Notify,
-    Resources,
-    RetryPolicy,
-    Schedule,
 )
 
 ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"

@@ -14,6 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schemas.spec import (
+    CONCURRENCY_POLICIES,
+    DST_POLICIES,
+    MISFIRE_POLICIES,
+    CronSchedule,
+    JobSpec,
+    Resources,
+    RetryPolicy,
+)
 from streams.core.commands import (
     COMMAND_TYPES,
     MAX_BACKFILL_SPAN_MS,
@@ -34,15 +43,6 @@ from streams.core.commands import (
 )
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.schedule import parse_schedule
-from streams.core.spec import (
-    CONCURRENCY_POLICIES,
-    DST_POLICIES,
-    MISFIRE_POLICIES,
-    CronSchedule,
-    JobSpec,
-    Resources,
-    RetryPolicy,
-)
 
 # The README's job.upsert example, verbatim.
 DESIGN_EXAMPLE = b"""

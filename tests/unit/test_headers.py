@@ -7,7 +7,9 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.headers import (
+from schemas.records import JobState, RunState
+from streams.core.proposals import may_lead, may_look_ahead
+from streams.headers import (
     DEADLINE_HEADER,
     TIMERS_HEADER,
     Deadline,
@@ -23,8 +25,6 @@ from schemas.headers import (
     run_state_headers,
     timers_of,
 )
-from streams.core.proposals import may_lead, may_look_ahead
-from streams.core.records import JobState, RunState
 from tests.support.specs import upsert
 
 MS = st.integers(0, 2**62)

@@ -9,9 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from streams.core.ids import manual_run_id, scheduled_run_id
-from streams.core.ledger import WITHDRAWN_BY_DELETE, WITHDRAWN_BY_PAUSE, LedgerConfig
-from streams.core.records import (
+from schemas.records import (
     CancelRequested,
     ClaimReply,
     ClaimRequested,
@@ -28,9 +26,11 @@ from streams.core.records import (
     RunStarted,
     WorkerLost,
 )
+from schemas.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
+from streams.core.ids import manual_run_id, scheduled_run_id
+from streams.core.ledger import WITHDRAWN_BY_DELETE, WITHDRAWN_BY_PAUSE, LedgerConfig
 from streams.core.schedule import fires_between, next_fire
 from streams.core.seals import seal, sealed
-from streams.core.spec import CronSchedule, EverySchedule, JobSpec, RetryPolicy
 from tests.support.world import World
 
 T0 = 1_800_000_000_000  # a multiple of 60 s

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from streams.core.ids import scheduled_run_id
-from streams.core.ledger import LedgerConfig
-from streams.core.records import (
+from schemas.records import (
     ClaimRequested,
     DeadlineReached,
     FireProposed,
@@ -15,7 +13,9 @@ from streams.core.records import (
     RunFinished,
     RunStarted,
 )
-from streams.core.spec import EverySchedule, JobSpec
+from schemas.spec import EverySchedule, JobSpec
+from streams.core.ids import scheduled_run_id
+from streams.core.ledger import LedgerConfig
 from tests.support.world import World
 
 T0 = 1_800_000_000_000

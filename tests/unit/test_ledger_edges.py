@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from streams.core.ids import manual_run_id, scheduled_run_id
-from streams.core.ledger import WITHDRAWN_BY_PAUSE, LedgerConfig
-from streams.core.records import (
+from schemas.records import (
     BackfillRequested,
     ClaimRequested,
     FireProposed,
@@ -25,7 +23,9 @@ from streams.core.records import (
     RunStarted,
     UpstreamFinished,
 )
-from streams.core.spec import AtSchedule, EverySchedule, JobSpec
+from schemas.spec import AtSchedule, EverySchedule, JobSpec
+from streams.core.ids import manual_run_id, scheduled_run_id
+from streams.core.ledger import WITHDRAWN_BY_PAUSE, LedgerConfig
 from tests.support.world import World
 
 T0 = 1_800_000_000_000
@@ -79,7 +79,7 @@ def test_a_worker_lost_verdict_is_judged_by_broker_time_not_its_stamp() -> None:
     w.apply(ClaimRequested("j", run_id, 1, "w1", t - 9 * S), now=t - 9 * S)
     # The verdict is stamped (by a skewed dispatcher) before the start time, but the
     # broker appended it after: the run may have started, so it is not handed back.
-    from streams.core.records import WorkerLost
+    from schemas.records import WorkerLost
 
     w.apply(WorkerLost("j", run_id, 1, "w1", t - 5 * S), now=t + 5 * S)
     assert w.runs[run_id].state == "failed"

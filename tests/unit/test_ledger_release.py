@@ -13,9 +13,7 @@ from dataclasses import replace
 import pytest
 
 from projections.audit import AuditConfig, audit
-from streams.core.ids import scheduled_run_id
-from streams.core.ledger import LedgerConfig
-from streams.core.records import (
+from schemas.records import (
     CancelOrder,
     ClaimReply,
     ClaimRequested,
@@ -29,8 +27,10 @@ from streams.core.records import (
     RunState,
     WorkerLost,
 )
+from schemas.spec import EverySchedule, JobSpec, RetryPolicy
+from streams.core.ids import scheduled_run_id
+from streams.core.ledger import LedgerConfig
 from streams.core.schedule import jitter_ms
-from streams.core.spec import EverySchedule, JobSpec, RetryPolicy
 from tests.support.world import World
 
 T0 = 1_800_000_000_000  # a multiple of 60 s

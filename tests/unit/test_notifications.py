@@ -5,6 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemas.records import JobEvent, RunEvent
+from schemas.spec import EverySchedule, JobSpec, Notify
 from streams.core.notifications import (
     Lateness,
     Route,
@@ -16,8 +18,6 @@ from streams.core.notifications import (
     watch_after,
     watch_for,
 )
-from streams.core.records import JobEvent, RunEvent
-from streams.core.spec import EverySchedule, JobSpec, Notify
 
 HOOK = "https://hooks.example/cronlog"
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.spec import Resources
 from streams.core.placement import (
     Capacity,
     FairQueue,
@@ -25,7 +26,6 @@ from streams.core.placement import (
     place_batch,
     spread_fit,
 )
-from streams.core.spec import Resources
 
 Labels = tuple[tuple[str, str], ...]
 EPS = 1e-6

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.spec import JobSpec
 from streams.core.proposals import Allowance, FireTimers, ProposalPolicy, may_look_ahead
-from streams.core.spec import JobSpec
 
 T = 1_800_000_000_000
 S = 1000

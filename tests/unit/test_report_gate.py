@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.codec import JOB_LOG
-from streams.core.records import (
+from schemas.records import (
     ClaimRequested,
     FireProposed,
     JobDeleted,
@@ -18,7 +18,7 @@ from streams.core.records import (
     RunReleased,
     RunStarted,
 )
-from streams.core.spec import EverySchedule, JobSpec
+from schemas.spec import EverySchedule, JobSpec
 from streams.gate import report_route
 
 REPORTS: list[LedgerInput] = [

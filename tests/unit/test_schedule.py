@@ -12,20 +12,20 @@ from croniter import croniter  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.core.schedule import (
-    ScheduleError,
-    fires_between,
-    jitter_ms,
-    next_fire,
-    parse_schedule,
-)
-from streams.core.spec import (
+from schemas.spec import (
     DST_POLICIES,
     AtSchedule,
     CronSchedule,
     DstPolicy,
     EverySchedule,
     Schedule,
+)
+from streams.core.schedule import (
+    ScheduleError,
+    fires_between,
+    jitter_ms,
+    next_fire,
+    parse_schedule,
 )
 
 SECOND = 1_000

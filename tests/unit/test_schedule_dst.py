@@ -31,9 +31,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from schemas.spec import DST_POLICIES, CronSchedule, DstPolicy
 from streams.core.ids import iso_utc
 from streams.core.schedule import fires_between, next_fire
-from streams.core.spec import DST_POLICIES, CronSchedule, DstPolicy
 
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"

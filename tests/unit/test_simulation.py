@@ -30,8 +30,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from streams.core.ledger import LedgerConfig
-from streams.core.records import (
+from schemas.records import (
     TRANSITIONS,
     BackfillRequested,
     ClaimRequested,
@@ -51,8 +50,9 @@ from streams.core.records import (
     UpstreamFinished,
     WorkerLost,
 )
+from schemas.spec import EverySchedule, JobSpec, RetryPolicy
+from streams.core.ledger import LedgerConfig
 from streams.core.schedule import fires_between
-from streams.core.spec import EverySchedule, JobSpec, RetryPolicy
 from tests.support.world import World
 
 T0 = 1_800_000_000_000
@@ -442,7 +442,7 @@ def simulate(seed: int, steps: int) -> Sim:
 
 
 def replace_pause(job_id: str, now: int) -> LedgerInput:
-    from streams.core.records import JobPaused
+    from schemas.records import JobPaused
 
     return JobPaused(job_id, now)
 

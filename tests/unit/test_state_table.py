@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given
 
 from schemas.codec import JOB_STATE
-from streams.core.records import JobState
+from schemas.records import JobState
 from streams.state_store import MemoryStates
 from streams.state_table import StateTable
 from tests.support.tables import STEPS, behaves_as_a_dict, state

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.spec import Resources
 from streams.core.placement import Capacity
-from streams.core.spec import Resources
 from streams.core.timeline import DurationEstimates, Timeline
 
 T0 = 1_800_000_000_000  # a whole second

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import tzdata  # type: ignore[import-untyped]
 
+from schemas.spec import CronSchedule
 from streams.core.schedule import ScheduleError, next_fire, parse_schedule
-from streams.core.spec import CronSchedule
 from streams.core.zones import TZDATA_VERSION, load_zone, use_tzdata_only, zone_names
 
 JAN_1_2026_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

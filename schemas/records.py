@@ -1,7 +1,8 @@
 """The records the ledger reads (job-log) and writes (run-events, jobs, runs, dispatch).
 
-Frozen dataclasses: the domain's one shape of each record. schemas/ turns them into Avro
-and back; agents never touch fastavro. Every record carries `at_ms`, the time its
+Frozen dataclasses, the contract at the bottom of every import: the domain
+(streams/core/) decides with them, the codecs beside them (schemas/codec.py) turn them
+into Avro and back, and the loops never touch fastavro. Every record carries `at_ms`, the time its
 producer stamped on it: the ledger takes time only from these, never from a clock, so a
 replay makes the same decisions.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from streams.core.spec import JobSpec, Resources
+from schemas.spec import JobSpec, Resources
 
 RunStateName: TypeAlias = Literal[
     "waiting",

@@ -16,8 +16,8 @@ from __future__ import annotations
 import struct
 from typing import Final, NamedTuple, TypeAlias
 
+from schemas.records import DeadlineKind, JobState, RunState
 from streams.core.proposals import may_lead, may_look_ahead
-from streams.core.records import DeadlineKind, JobState, RunState
 
 TIMERS_HEADER: Final = "cronlog-timers"
 DEADLINE_HEADER: Final = "cronlog-deadline"

@@ -240,11 +240,11 @@ def run_log_executions(settings: Settings) -> Counter[tuple[str, int]]:
                     chunk = RUN_LOG.decode(msg.value() or b"")
                 except CodecError:
                     continue
-                if chunk["stream"] != "stdout":
+                if chunk.stream != "stdout":
                     continue
-                key = (str(chunk["run_id"]), int(chunk["attempt"]), int(chunk["seq"]))
-                if len(str(chunk["data"])) > len(chunks.get(key, "")):
-                    chunks[key] = str(chunk["data"])
+                key = (chunk.run_id, chunk.attempt, chunk.seq)
+                if len(chunk.data) > len(chunks.get(key, "")):
+                    chunks[key] = chunk.data
     finally:
         consumer.close()
     executions: Counter[tuple[str, int]] = Counter()

@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
 from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError
+from schemas.convert import capacity_to_avro
 from schemas.json import to_plain
 from schemas.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams import metrics
@@ -554,16 +555,16 @@ class Projector:
     def _heartbeat(self, value: bytes, rows: Rows) -> None:
         beat = HEARTBEAT.decode(value)
         row = (
-            beat["worker_id"],
-            Jsonb(beat["capacity"]),
-            Jsonb(beat["free"]),
-            Jsonb(beat["labels"]),
-            _ts(beat["at_ms"]),
+            beat.worker_id,
+            Jsonb(capacity_to_avro(beat.capacity)),
+            Jsonb(capacity_to_avro(beat.free)),
+            Jsonb(dict(beat.labels)),
+            _ts(beat.at_ms),
         )
         rows.append((WORKER, row))
 
     def _log(self, value: bytes, rows: Rows) -> None:
         chunk = RUN_LOG.decode(value)
-        data = _text(chunk["data"]) + ("\n[truncated]" if chunk["truncated"] else "")
-        row = (chunk["run_id"], chunk["attempt"], chunk["seq"], chunk["stream"], data)
-        rows.append((LOG, (*row, _ts(chunk["at_ms"]))))
+        data = _text(chunk.data) + ("\n[truncated]" if chunk.truncated else "")
+        row = (chunk.run_id, chunk.attempt, chunk.seq, chunk.stream, data)
+        rows.append((LOG, (*row, _ts(chunk.at_ms))))

@@ -9,8 +9,9 @@ version wrote a record (`Codec.version_of`, `schemas.registry.identify`).
 
     JOB_LOG.encode(FireProposed(...)) -> bytes;  JOB_LOG.decode(data) -> LedgerInput
     RUN_EVENTS (RunEvent | JobEvent), JOB_STATE, RUN_STATE, DISPATCH: the same
-    HEARTBEAT: plain dicts shaped like heartbeat.avsc
+    HEARTBEAT: Heartbeat records (heartbeat.avsc)
     WORKER_INBOX: WorkerAssignment | ClaimReply | CancelOrder
+    RUN_LOG: RunLogChunk records (run_log.avsc)
     codec.to_avro / codec.from_avro: the record <-> dict conversions alone
 
 Undecodable bytes raise CodecError (a ValueError): send the record to a dead letter place.
@@ -33,19 +34,25 @@ from schemas.convert import (
     AvroDict,
     dispatch_from_avro,
     dispatch_to_avro,
+    heartbeat_from_avro,
+    heartbeat_to_avro,
     job_state_from_avro,
     job_state_rest_to_avro,
     job_state_to_avro,
+    run_log_from_avro,
+    run_log_to_avro,
     run_state_from_avro,
     run_state_to_avro,
     spec_to_avro,
 )
 from schemas.records import (
     DispatchRequest,
+    Heartbeat,
     JobEvent,
     JobState,
     LedgerInput,
     RunEvent,
+    RunLogChunk,
     RunState,
     WorkerMessage,
 )
@@ -266,10 +273,6 @@ def _union_body(
     return to_body, from_body
 
 
-def _identity(datum: Any) -> Any:
-    return datum
-
-
 _SCHEMAS = shipped()
 
 JOB_LOG: Codec[LedgerInput] = Codec(_SCHEMAS["job_log"], *_union_body(LEDGER_CLASSES))
@@ -277,14 +280,14 @@ JOB_STATE: JobStateCodec = JobStateCodec(_SCHEMAS["job_state"])
 RUN_EVENTS: Codec[RunEvent | JobEvent] = RunEventsCodec(_SCHEMAS["run_event"], JOB_STATE)
 RUN_STATE: Codec[RunState] = Codec(_SCHEMAS["run_state"], run_state_to_avro, run_state_from_avro)
 DISPATCH: Codec[DispatchRequest] = Codec(_SCHEMAS["dispatch"], dispatch_to_avro, dispatch_from_avro)
-HEARTBEAT: Codec[dict[str, Any]] = Codec(
-    _SCHEMAS["heartbeat"], _identity, _identity, record_names=False
+HEARTBEAT: Codec[Heartbeat] = Codec(
+    _SCHEMAS["heartbeat"], heartbeat_to_avro, heartbeat_from_avro, record_names=False
 )
 WORKER_INBOX: Codec[WorkerMessage] = Codec(_SCHEMAS["worker_inbox"], *_union_body(WORKER_CLASSES))
 
 # topic (without prefix) -> its codec
-RUN_LOG: Codec[dict[str, Any]] = Codec(
-    _SCHEMAS["run_log"], _identity, _identity, record_names=False
+RUN_LOG: Codec[RunLogChunk] = Codec(
+    _SCHEMAS["run_log"], run_log_to_avro, run_log_from_avro, record_names=False
 )
 
 BY_TOPIC: dict[str, Codec[Any]] = {

@@ -22,6 +22,7 @@ from schemas.records import (
     DispatchFailed,
     DispatchRequest,
     FireProposed,
+    Heartbeat,
     JobDeleted,
     JobEvent,
     JobPaused,
@@ -33,6 +34,8 @@ from schemas.records import (
     RerunRequested,
     RunEvent,
     RunFinished,
+    RunLogChunk,
+    RunningAttempt,
     RunNowRequested,
     RunReleased,
     RunStarted,
@@ -41,6 +44,7 @@ from schemas.records import (
     UpstreamFinished,
     UpstreamOutcome,
     WorkerAssignment,
+    WorkerCapacity,
     WorkerLost,
 )
 from schemas.spec import (
@@ -334,6 +338,38 @@ def dispatch_from_avro(d: AvroDict) -> DispatchRequest:
 
 
 run_state_to_avro, run_state_from_avro = _flat(RunState)
+run_log_to_avro, run_log_from_avro = _flat(RunLogChunk)
+
+
+def _capacity_from_avro(d: AvroDict) -> WorkerCapacity:
+    return WorkerCapacity(float(d["cpu"]), int(d["memory_mb"]), int(d.get("gpu", 0)))
+
+
+def heartbeat_to_avro(b: Heartbeat) -> AvroDict:
+    return {
+        "worker_id": b.worker_id,
+        "at_ms": b.at_ms,
+        "capacity": capacity_to_avro(b.capacity),
+        "free": capacity_to_avro(b.free),
+        "labels": dict(b.labels),
+        "running": [{"run_id": r.run_id, "attempt": r.attempt} for r in b.running],
+    }
+
+
+def capacity_to_avro(c: WorkerCapacity) -> AvroDict:
+    """Also the JSON the projector stores in `workers` (capacity, free)."""
+    return {"cpu": c.cpu, "memory_mb": c.memory_mb, "gpu": c.gpu}
+
+
+def heartbeat_from_avro(d: AvroDict) -> Heartbeat:
+    return Heartbeat(
+        d["worker_id"],
+        d["at_ms"],
+        _capacity_from_avro(d["capacity"]),
+        _capacity_from_avro(d["free"]),
+        tuple(sorted(d.get("labels", {}).items())),
+        tuple(RunningAttempt(r["run_id"], int(r["attempt"])) for r in d.get("running", [])),
+    )
 
 
 def assignment_to_avro(a: WorkerAssignment) -> AvroDict:

@@ -434,3 +434,48 @@ class CancelOrder:
 
 
 WorkerMessage: TypeAlias = WorkerAssignment | ClaimReply | CancelOrder
+
+
+# -- heartbeats and run-logs: what a worker says of itself and of its runs' output -------
+@dataclass(frozen=True, slots=True)
+class WorkerCapacity:
+    cpu: float
+    memory_mb: int
+    gpu: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningAttempt:
+    run_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A worker is alive (keyed by worker_id on `heartbeats`): what it has in all, what
+    is free, its labels, and the attempts it holds (their reservations end there)."""
+
+    worker_id: str
+    at_ms: int
+    capacity: WorkerCapacity
+    free: WorkerCapacity
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value)
+    running: tuple[RunningAttempt, ...] = ()
+
+
+LogStream: TypeAlias = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunLogChunk:
+    """A bounded piece of one attempt's stdout or stderr (keyed by run_id on `run-logs`);
+    `seq` counts the chunks of (run, attempt, stream) from 0."""
+
+    run_id: str
+    attempt: int
+    stream: LogStream
+    seq: int
+    data: str  # UTF-8 text, undecodable bytes replaced
+    truncated: bool  # output beyond the per-run limit was dropped after this chunk
+    worker_id: str
+    at_ms: int

@@ -89,6 +89,7 @@ from schemas.records import (
     DispatchRequest,
     RunReleased,
     WorkerAssignment,
+    WorkerCapacity,
     WorkerLost,
 )
 from schemas.spec import Resources
@@ -445,17 +446,15 @@ class Dispatcher:
         except CodecError as exc:
             log.error("undecodable heartbeat: %s", exc)
             return
-        worker_id = beat["worker_id"]
-        mark = BeatMark(partition, offset, beat["at_ms"])
+        worker_id = beat.worker_id
+        mark = BeatMark(partition, offset, beat.at_ms)
         info = self.workers.get(worker_id)
         if info is not None and not newer(info.mark, mark):
             return  # an older beat (replay, reordering)
         offer = self.settings.worker_limits.bound(
-            _capacity(beat["capacity"]),
-            _capacity(beat["free"]),
-            tuple(sorted(beat["labels"].items())),
+            _capacity(beat.capacity), _capacity(beat.free), beat.labels
         )
-        running = {(r["run_id"], int(r["attempt"])) for r in beat["running"]}
+        running = {(r.run_id, r.attempt) for r in beat.running}
         if info is None:
             info = WorkerInfo(worker_id, offer.capacity, offer.free, offer.labels, mark, received_s)
             self.workers[worker_id] = info
@@ -739,5 +738,5 @@ class Dispatcher:
             delivered(KafkaError(KafkaError._QUEUE_FULL), None)  # type: ignore[arg-type]
 
 
-def _capacity(raw: dict[str, float | int]) -> Capacity:
-    return Capacity(float(raw["cpu"]), int(raw["memory_mb"]), int(raw.get("gpu", 0)))
+def _capacity(offered: WorkerCapacity) -> Capacity:
+    return Capacity(offered.cpu, offered.memory_mb, offered.gpu)

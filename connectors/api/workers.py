@@ -61,10 +61,13 @@ from schemas.json import to_plain
 from schemas.records import (
     ClaimReply,
     ClaimRequested,
+    Heartbeat,
     RunFinished,
+    RunningAttempt,
     RunReleased,
     RunStarted,
     WorkerAssignment,
+    WorkerCapacity,
     WorkerMessage,
 )
 from streams.core.ids import parse_run_id
@@ -151,14 +154,12 @@ def _number(doc: dict[str, Any], key: str, kind: type, minimum: float = 0) -> An
     return kind(value)
 
 
-def _capacity(doc: object, where: str) -> dict[str, Any]:
+def _capacity(doc: object, where: str) -> WorkerCapacity:
     if not isinstance(doc, dict):
         raise ServiceError(422, f"{where} must be an object with cpu, memory_mb, gpu", where)
-    return {
-        "cpu": _number(doc, "cpu", float),
-        "memory_mb": _number(doc, "memory_mb", int),
-        "gpu": _number(doc, "gpu", int),
-    }
+    return WorkerCapacity(
+        _number(doc, "cpu", float), _number(doc, "memory_mb", int), _number(doc, "gpu", int)
+    )
 
 
 def _attempt(body: dict[str, Any]) -> int:
@@ -446,7 +447,7 @@ class WorkerGateway:
 
     def heartbeat(self, worker_id: str, body: dict[str, Any]) -> dict[str, Any]:
         capacity = _capacity(body.get("capacity"), "capacity")
-        free = _capacity(body.get("free", capacity), "free")
+        free = _capacity(body.get("free", body.get("capacity")), "free")
         labels = body.get("labels", {})
         if not isinstance(labels, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
@@ -460,14 +461,14 @@ class WorkerGateway:
         ack = _ack(body)
         if not self.follows.is_set():
             raise ServiceError(503, "Kafka is unavailable: the API is waiting for the broker")
-        beat = {
-            "worker_id": worker_id,
-            "at_ms": int(time.time() * 1000),
-            "capacity": capacity,
-            "free": free,
-            "labels": labels,
-            "running": [{"run_id": r["run_id"], "attempt": _attempt(r)} for r in running],
-        }
+        beat = Heartbeat(
+            worker_id,
+            int(time.time() * 1000),
+            capacity,
+            free,
+            tuple(sorted(labels.items())),
+            tuple(RunningAttempt(r["run_id"], _attempt(r)) for r in running),
+        )
         box, ack = self._mailbox(worker_id, ack)
         self.service.produce("heartbeats", worker_id, HEARTBEAT.encode(beat))
         return self._answer(box, ack)

@@ -32,6 +32,8 @@ from confluent_kafka import Producer
 from connectors.worker.engine import lease_text
 from connectors.worker.lease import write_atomic
 from schemas.codec import HEARTBEAT
+from schemas.records import Heartbeat as Beat
+from schemas.records import RunningAttempt, WorkerCapacity
 from streams.core.clock import broker_stamp
 from streams.core.placement import Capacity
 
@@ -82,18 +84,14 @@ class Heartbeat:
         at_ms = self.now_ms()
         free, held = self.view()
         capacity = self.capacity
-        record = {
-            "worker_id": self.worker_id,
-            "at_ms": at_ms,
-            "capacity": {"cpu": capacity.cpu, "memory_mb": capacity.memory_mb, "gpu": capacity.gpu},
-            "free": {
-                "cpu": max(free.cpu, 0.0),
-                "memory_mb": max(free.memory_mb, 0),
-                "gpu": max(free.gpu, 0),
-            },
-            "labels": dict(self.labels),
-            "running": [{"run_id": r, "attempt": a} for r, a in held],
-        }
+        record = Beat(
+            self.worker_id,
+            at_ms,
+            WorkerCapacity(capacity.cpu, capacity.memory_mb, capacity.gpu),
+            WorkerCapacity(max(free.cpu, 0.0), max(free.memory_mb, 0), max(free.gpu, 0)),
+            tuple(sorted(self.labels)),
+            tuple(RunningAttempt(r, a) for r, a in held),
+        )
         delivered: list[bool] = []
 
         def acked(err: object, msg: Any) -> None:

@@ -20,10 +20,11 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from schemas.codec import RUN_LOG
+from schemas.records import LogStream, RunLogChunk
 
 CHUNK = 16 * 1024
 MAX_LOG_BYTES = 1024 * 1024  # per (run, attempt, stream); the rest is dropped, and said so
-STREAMS = ("stdout", "stderr")
+STREAMS: tuple[LogStream, ...] = ("stdout", "stderr")
 
 
 @dataclass
@@ -54,16 +55,16 @@ class LogTail:
                     topic,
                     key=self.run_id.encode(),
                     value=RUN_LOG.encode(
-                        {
-                            "run_id": self.run_id,
-                            "attempt": self.attempt,
-                            "stream": stream,
-                            "seq": self.seq[stream],
-                            "data": piece.decode(errors="replace"),
-                            "truncated": truncated,
-                            "worker_id": worker_id,
-                            "at_ms": int(time.time() * 1000),
-                        }
+                        RunLogChunk(
+                            self.run_id,
+                            self.attempt,
+                            stream,
+                            self.seq[stream],
+                            piece.decode(errors="replace"),
+                            truncated,
+                            worker_id,
+                            int(time.time() * 1000),
+                        )
                     ),
                 )
                 self.seq[stream] += 1

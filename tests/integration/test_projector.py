@@ -26,7 +26,7 @@ from connectors.stack import Stack, StackPaths
 from projections.migrate import MIGRATIONS_DIR, load_migrations, migrate
 from projections.projector import Batch, Projector, _ts
 from schemas.codec import RUN_EVENTS, RUN_LOG
-from schemas.records import RunEvent, RunStateName
+from schemas.records import RunEvent, RunLogChunk, RunStateName
 from streams.core.ids import scheduled_run_id
 from streams.kafka import producer_config
 from streams.settings import Settings
@@ -284,16 +284,7 @@ def test_a_record_postgres_refuses_is_isolated(topics: Settings, tmp_path: Path)
         value=RUN_EVENTS.encode(bad),
         on_delivery=lambda err, msg: delivered.append(msg.offset()),
     )
-    chunk = {
-        "run_id": "job-7@1",
-        "attempt": 1,
-        "stream": "stdout",
-        "seq": 0,
-        "data": "before\x00after",
-        "truncated": False,
-        "worker_id": "w1",
-        "at_ms": SYNTHETIC_T0,
-    }
+    chunk = RunLogChunk("job-7@1", 1, "stdout", 0, "before\x00after", False, "w1", SYNTHETIC_T0)
     producer.produce(topics.topic("run-logs"), key=b"job-7@1", value=RUN_LOG.encode(chunk))
     assert producer.flush(10) == 0
     # The module's topics may hold earlier tests' history: count on top of it.

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from projections.projector import Projector
 from projections.retention import RetentionPolicy, RunRow, pruned
 from schemas.codec import RUN_EVENTS, RUN_LOG
-from schemas.records import RunEvent, RunStateName
+from schemas.records import RunEvent, RunLogChunk, RunStateName
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.nodes import env_for
@@ -118,16 +118,7 @@ def produce_history(settings: Settings, prefix: str, now_ms: int) -> History:
                 settings.topic("run-events"), key=event.job_id, value=RUN_EVENTS.encode(event)
             )
         run_id, running_at = events[0].run_id, events[2].at_ms
-        chunk = {
-            "run_id": run_id,
-            "attempt": 1,
-            "stream": "stdout",
-            "seq": 0,
-            "data": f"output of {run_id}",
-            "truncated": False,
-            "worker_id": "w1",
-            "at_ms": running_at,
-        }
+        chunk = RunLogChunk(run_id, 1, "stdout", 0, f"output of {run_id}", False, "w1", running_at)
         producer.produce(settings.topic("run-logs"), key=run_id, value=RUN_LOG.encode(chunk))
         logs += 1
         if run_id in kept and running_at < ago(7):

@@ -21,6 +21,7 @@ from schemas.codec import (
     JOB_LOG,
     JOB_STATE,
     RUN_EVENTS,
+    RUN_LOG,
     RUN_STATE,
     WORKER_INBOX,
     Codec,
@@ -36,10 +37,13 @@ from schemas.records import (
     DeadlineKind,
     DispatchRequest,
     FireProposed,
+    Heartbeat,
     JobEvent,
     JobState,
     RecentRequest,
     RunEvent,
+    RunLogChunk,
+    RunningAttempt,
     RunReleased,
     RunState,
     RunStateName,
@@ -47,6 +51,7 @@ from schemas.records import (
     Trigger,
     UpstreamOutcome,
     WorkerAssignment,
+    WorkerCapacity,
     WorkerMessage,
 )
 from schemas.registry import AVRO_DIR, identify
@@ -195,18 +200,26 @@ job_states = records_of(JobState)
 run_states = records_of(RunState)
 dispatches = records_of(DispatchRequest)
 
-capacities = st.fixed_dictionaries(
-    {"cpu": reals, "memory_mb": st.integers(0, 2**40), "gpu": st.integers(0, 16)}
+capacities = st.builds(WorkerCapacity, reals, st.integers(0, 2**40), st.integers(0, 16))
+heartbeats = st.builds(
+    Heartbeat,
+    ids,
+    ms,
+    capacities,
+    capacities,
+    st.dictionaries(ids, text, max_size=3).map(lambda d: tuple(sorted(d.items()))),
+    st.lists(st.builds(RunningAttempt, ids, attempts)).map(tuple),
 )
-heartbeats = st.fixed_dictionaries(
-    {
-        "worker_id": ids,
-        "at_ms": ms,
-        "capacity": capacities,
-        "free": capacities,
-        "labels": st.dictionaries(ids, text, max_size=3),
-        "running": st.lists(st.fixed_dictionaries({"run_id": ids, "attempt": attempts})),
-    }
+run_log_chunks = st.builds(
+    RunLogChunk,
+    ids,
+    attempts,
+    st.sampled_from(["stdout", "stderr"]),
+    st.integers(0, 2**40),
+    text,
+    st.booleans(),
+    ids,
+    ms,
 )
 
 
@@ -268,7 +281,7 @@ RUN_STATE_SAMPLE = RunState(
     reason="",
     seq=3,
 )
-CAPACITY = {"cpu": 4.0, "memory_mb": 8192, "gpu": 0}
+CAPACITY = WorkerCapacity(4.0, 8192, 0)
 # One valid record of every topic.
 FIXED: dict[str, Any] = {
     "job_log": FireProposed("nightly", 1_700_000_000_000, 1_700_000_000_500, "node-1"),
@@ -276,14 +289,9 @@ FIXED: dict[str, Any] = {
     "job_state": job_state(SPEC, next_due_ms=4, live_runs=("r@1",), final_runs=("r@0",)),
     "run_state": RUN_STATE_SAMPLE,
     "dispatch": DISPATCH_SAMPLE,
-    "heartbeat": {
-        "worker_id": "w1",
-        "at_ms": 5,
-        "capacity": CAPACITY,
-        "free": CAPACITY,
-        "labels": {"zone": "a"},
-        "running": [{"run_id": "r@1", "attempt": 1}],
-    },
+    "heartbeat": Heartbeat(
+        "w1", 5, CAPACITY, CAPACITY, (("zone", "a"),), (RunningAttempt("r@1", 1),)
+    ),
     "worker_inbox": WorkerAssignment("w1", 5, DISPATCH_SAMPLE),
 }
 
@@ -321,8 +329,14 @@ def test_dispatch_round_trip(record: DispatchRequest) -> None:
 
 @PROPERTY
 @given(heartbeats)
-def test_heartbeat_round_trip(record: dict[str, Any]) -> None:
+def test_heartbeat_round_trip(record: Heartbeat) -> None:
     assert HEARTBEAT.decode(HEARTBEAT.encode(record)) == record
+
+
+@PROPERTY
+@given(run_log_chunks)
+def test_run_log_round_trip(record: RunLogChunk) -> None:
+    assert RUN_LOG.decode(RUN_LOG.encode(record)) == record
 
 
 worker_messages = (
@@ -513,7 +527,7 @@ def test_encoding_a_wrong_record_raises_codec_error() -> None:
     with pytest.raises(CodecError, match="cannot encode"):
         JOB_LOG.encode(RUN_STATE_SAMPLE)  # type: ignore[arg-type]
     with pytest.raises(CodecError, match="cannot encode"):
-        HEARTBEAT.encode({"worker_id": "w"})
+        HEARTBEAT.encode({"worker_id": "w"})  # type: ignore[arg-type]
     bad_state = dataclasses.replace(RUN_STATE_SAMPLE, state="nonsense")  # type: ignore[arg-type]
     with pytest.raises(CodecError, match="cannot encode"):
         RUN_STATE.encode(bad_state)

@@ -119,7 +119,7 @@ def table(name: str, rows: list[dict[str, object]]) -> None:
 def audit(settings: Settings) -> tuple[int, str]:
     """`cronlog audit` over the whole run-events topic: (exit code, its report). Every
     benchmark ends with it: figures from a run that broke a guarantee are worthless."""
-    from projections.audit_replay import run_audit
+    from connectors.audit.replay import run_audit
 
     out, err = io.StringIO(), io.StringIO()
     code = run_audit(settings, None, None, None, out, err=err)

@@ -12,7 +12,7 @@ import time
 import psycopg
 
 from bench.common import bench_settings, report
-from projections.audit_replay import run_audit
+from connectors.audit.replay import run_audit
 from projections.projector import Projector
 from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.kafka import produce_runs

@@ -756,7 +756,7 @@ def audit(
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
 ) -> None:
     """Replay run-events and verify them; exit 1 on any violation, 2 on errors."""
-    from projections.audit_replay import AuditError, parse_time, run_audit
+    from connectors.audit.replay import AuditError, parse_time, run_audit
 
     settings = _settings()
     try:

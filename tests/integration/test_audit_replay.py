@@ -18,8 +18,8 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
-from projections.audit import AuditReport
-from projections.audit_replay import replay, run_audit
+from connectors.audit.checker import AuditReport
+from connectors.audit.replay import replay, run_audit
 from schemas.codec import JOB_LOG, RUN_EVENTS
 from schemas.records import (
     JobEvent,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
-from projections.audit_replay import run_audit
+from connectors.audit.replay import run_audit
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE
 from schemas.records import FireProposed, JobState, JobUpserted, LedgerInput, RunState
 from streams.kafka import (

@@ -13,8 +13,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from projections.audit import format_report
-from projections.audit_replay import replay
+from connectors.audit.checker import format_report
+from connectors.audit.replay import replay
 from schemas.records import RunEvent
 from schemas.spec import EverySchedule
 from streams.core.percentile import nearest_rank_sorted

@@ -1,4 +1,4 @@
-"""The audit checker (projections/audit.py), pure: histories with fake offsets.
+"""The audit checker (connectors/audit/checker.py), pure: histories with fake offsets.
 
 Clean histories come from the real ledger (tests/support/world.py), so the checker is
 held to what the ledger actually writes: pre-dispatch, pause and resume, misfire skips,
@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from projections.audit import (
+from connectors.audit.checker import (
     TRANSITIONS,
     AuditConfig,
     Auditor,

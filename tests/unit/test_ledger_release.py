@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from projections.audit import AuditConfig, audit
+from connectors.audit.checker import AuditConfig, audit
 from schemas.records import (
     CancelOrder,
     ClaimReply,

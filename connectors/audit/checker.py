@@ -5,7 +5,7 @@ Feed it the events of the audit log in log order (`Auditor.record`, with the par
 and offset each came from; undecodable records through `Auditor.undecodable`), then the
 worker reports of `job-log` (`Auditor.report`, after every run-events record: they are
 judged against the ledger's whole record), then call `Auditor.finish`. No Kafka here:
-`projections/audit_replay.py` reads the topics.
+`connectors/audit/replay.py` reads the topics.
 
 What is checked, and the kind of violation reported (each names the run or job and the
 topic, partition and offset of the offending record):

@@ -1,5 +1,5 @@
 """`cronlog audit`: replay `run-events` and the worker reports of `job-log` from Kafka and
-verify them (projections/audit.py).
+verify them (connectors/audit/checker.py).
 
 The reader assigns every partition of the topics (no consumer group is joined and no
 offsets are committed), reads ``read_committed`` from a start offset to an end offset
@@ -57,7 +57,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from projections.audit import AuditConfig, Auditor, AuditReport, format_report
+from connectors.audit.checker import AuditConfig, Auditor, AuditReport, format_report
 from schemas.codec import JOB_LOG, RUN_EVENTS, CodecError
 from schemas.registry import HEADER_LENGTH
 from streams.core.ids import iso_utc
@@ -518,7 +518,7 @@ def _margin_s(config: AuditConfig | None) -> int:
 if __name__ == "__main__":  # a stop-gap entry point until the CLI calls run_audit
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m projections.audit_replay")
+    parser = argparse.ArgumentParser(prog="python -m connectors.audit.replay")
     parser.add_argument("--from", dest="from_", default=None)
     parser.add_argument("--to", default=None)
     parser.add_argument("--job", default=None)

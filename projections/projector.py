@@ -127,14 +127,15 @@ class StalePosition(Exception):
     projector (or a rebuild's swap) wrote them. Rewind to them instead of writing."""
 
 
-UPSERT_JOB = """
-INSERT INTO jobs (job_id, owner, spec, paused, deleted, created_at, updated_at)
-VALUES (%s, %s, %s, false, false, %s, %s)
+# A job's row is its latest state on `jobs`, whole: one topic, in order per job, so no
+# column can go backwards (the job events on run-events are the audit's, not this table's).
+JOB_ROW = """
+INSERT INTO jobs (job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (job_id) DO UPDATE SET owner = excluded.owner, spec = excluded.spec,
-    deleted = false, updated_at = excluded.updated_at"""
-JOB_FLAG = "UPDATE jobs SET {column} = %s, updated_at = %s WHERE job_id = %s"
-JOB_STATE_SQL = """
-UPDATE jobs SET next_due_at = %s, paused = %s, deleted = %s WHERE job_id = %s"""
+    paused = excluded.paused, deleted = excluded.deleted,
+    next_due_at = excluded.next_due_at, created_at = excluded.created_at,
+    updated_at = excluded.updated_at"""
 TRANSITION_COLUMNS = "event_id, run_id, attempt, state, at, worker_id, detail, seq"
 TRANSITION = f"""
 INSERT INTO run_transitions ({TRANSITION_COLUMNS})
@@ -193,13 +194,10 @@ TRANSITION_MERGE = (
 RUN_COPY = f"COPY stage_runs ({RUN_COLUMNS}) FROM STDIN"
 RUN_STAGED = f"INSERT INTO runs ({RUN_COLUMNS}) SELECT {RUN_COLUMNS} FROM stage_runs{RUN_MERGE}"
 
-# Statements run in this order inside a transaction: jobs before the flags that update
-# them, runs after the transitions (a run row is the latest transition's summary).
+# Statements run in this order inside a transaction: runs after the transitions (a run
+# row is the latest transition's summary).
 ORDER = (
-    UPSERT_JOB,
-    JOB_FLAG.format(column="paused"),
-    JOB_FLAG.format(column="deleted"),
-    JOB_STATE_SQL,
+    JOB_ROW,
     TRANSITION,
     RUN,
     WORKER,
@@ -508,16 +506,7 @@ class Projector:
     def _run_event(self, value: bytes, rows: Rows) -> None:
         event = RUN_EVENTS.decode(value)
         if isinstance(event, JobEvent):
-            at = _ts(event.at_ms)
-            if event.kind == "upserted" and event.spec is not None:
-                spec = Jsonb(to_plain(event.spec))
-                rows.append((UPSERT_JOB, (event.job_id, event.spec.owner, spec, at, at)))
-            elif event.kind in ("paused", "resumed"):
-                flag = (event.kind == "paused", at, event.job_id)
-                rows.append((JOB_FLAG.format(column="paused"), flag))
-            elif event.kind == "deleted":
-                rows.append((JOB_FLAG.format(column="deleted"), (True, at, event.job_id)))
-            return
+            return  # the jobs table comes from `jobs` (JOB_ROW)
         self._transition(event, rows)
 
     def _transition(self, e: RunEvent, rows: Rows) -> None:
@@ -549,8 +538,20 @@ class Projector:
 
     def _job_state(self, value: bytes, rows: Rows) -> None:
         state: JobState = JOB_STATE.decode(value)
-        row = (_ts(state.next_due_ms), state.paused, state.deleted, state.spec.job_id)
-        rows.append((JOB_STATE_SQL, row))
+        spec = state.spec
+        if state.deleted and not spec.owner:
+            return  # the ledger's placeholder for a job others depend on: not a job yet
+        row = (
+            spec.job_id,
+            spec.owner,
+            Jsonb(to_plain(spec)),
+            state.paused,
+            state.deleted,
+            _ts(state.next_due_ms),
+            _ts(state.created_ms),
+            _ts(state.updated_ms),
+        )
+        rows.append((JOB_ROW, row))
 
     def _heartbeat(self, value: bytes, rows: Rows) -> None:
         beat = HEARTBEAT.decode(value)

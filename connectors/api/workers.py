@@ -55,7 +55,6 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.api.service import Principal, Service, ServiceError
-from connectors.worker.worker import inbox_partition
 from schemas.codec import HEARTBEAT, JOB_LOG, WORKER_INBOX, CodecError
 from schemas.json import to_plain
 from schemas.records import (
@@ -72,9 +71,17 @@ from schemas.records import (
 )
 from streams.core.ids import parse_run_id
 from streams.core.seals import SEAL_CHARS
-from streams.kafka import admin_config, consumer_config
+from streams.kafka import admin_config, consumer_config, partition_for
 
 log = logging.getLogger("cronlog.api.workers")
+
+
+def inbox_partition(worker_id: str, partitions: int) -> int:
+    """The shared worker-inbox partition of an HTTP worker (keyed by its id, like every
+    producer): native workers read their own topic instead (streams/inboxes.py)."""
+    return partition_for(worker_id, partitions)
+
+
 FORGET_AFTER_S = 60.0  # a worker silent this long gets no more buffering
 MAX_PENDING = 10_000  # per worker: a worker that never acks must not grow the API for ever
 MAX_ANSWER = 1_000  # messages per heartbeat answer; the rest come with the next one

@@ -78,7 +78,7 @@ from streams.core.ids import iso_utc, job_of
 from streams.core.placement import Capacity, labels_match
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
 from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
-from streams.kafka import committed_or, consumer_config, partition_for, producer_config
+from streams.kafka import committed_or, consumer_config, producer_config
 from streams.settings import Settings
 from streams.topics import TopicError
 
@@ -138,11 +138,6 @@ class Attempt:
     @property
     def key(self) -> Key:
         return self.dispatch.run_id, self.dispatch.attempt
-
-
-def inbox_partition(worker_id: str, partitions: int) -> int:
-    """The worker-inbox partition of `worker_id` (keyed by it, like every producer)."""
-    return partition_for(worker_id, partitions)
 
 
 class Worker:

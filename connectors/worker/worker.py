@@ -91,6 +91,7 @@ Key = tuple[str, int]
 HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
 TAIL_EVERY_S = 1.0
 CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
+INBOX_ASK_S = 10.0  # one try at finding or making the private inbox (retried while down)
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
 # Retry a broker that is down every second (librdkafka's default backs off up to 10 s):
 # heartbeats, claims and reports resume within about a second of its return.
@@ -337,11 +338,16 @@ class Worker:
             raise PermissionError(f"worker id {self.config.worker_id!r} cannot name an inbox")
         while not self.stop_event.is_set():
             try:
-                if ensure_private_inbox(self.settings, self.config.worker_id):
+                if ensure_private_inbox(self.settings, self.config.worker_id, INBOX_ASK_S):
                     self.stop_event.wait(MISS_TTL_S + REFRESH_MIN_S)
                 return name
             except (KafkaException, TopicError) as exc:
-                log.warning("cannot make sure of the inbox %s yet (%s); retrying", name, exc)
+                # Started while the broker is down: wait for it, as every other part does.
+                log.warning(
+                    "Kafka unreachable: cannot make sure of the inbox %s yet (%s); retrying",
+                    name,
+                    exc,
+                )
                 self.stop_event.wait(2.0)
         return name
 

@@ -114,7 +114,8 @@ from schemas.codec import (
 from schemas.json import dlq_record
 from schemas.records import JobState, RunState
 from streams import metrics
-from streams.core.ledger import Decision, LedgerConfig, decide
+from streams.core import partition as core
+from streams.core.ledger import Decision, LedgerConfig
 from streams.headers import job_state_headers, run_state_headers
 from streams.inboxes import Inboxes
 from streams.kafka import (
@@ -196,8 +197,9 @@ class _ReadAhead:
 
 
 @dataclass
-class PartitionState:
-    """One job-log partition's jobs and runs (held decoded or encoded: `StateTable`)."""
+class PartitionState(core.PartitionState):
+    """One job-log partition's jobs and runs, held decoded or encoded (`StateTable`):
+    decided and applied by the core's rules (streams/core/partition.py)."""
 
     jobs: StateTable[JobState] = field(default_factory=_jobs)
     runs: StateTable[RunState] = field(default_factory=_runs)
@@ -779,13 +781,7 @@ class Ledger:
             self._txn_dlq += 1
             return
         key = msg.key()
-        decision = decide(
-            state.jobs.get(key.decode() if key else ""),
-            state.runs.get,
-            inp,
-            self.config,
-            now_ms=self._now_ms(msg),
-        )
+        decision = state.decide(key.decode() if key else "", inp, self.config, self._now_ms(msg))
         if decision.rejected and not decision.dead_letter:
             self._rejected += 1
             self._txn_rejected += 1
@@ -851,15 +847,12 @@ class Ledger:
         produce = self._produce
         # State changes apply in memory now (the next input is decided against them) and
         # are written once per transaction (`_write_states`).
+        state.apply(decision)
         if decision.job is not None:
-            job = decision.job
-            state.jobs[job.spec.job_id] = job
-            self._dirty_jobs[(partition, job.spec.job_id)] = job
+            self._dirty_jobs[(partition, decision.job.spec.job_id)] = decision.job
         for run in decision.runs:
-            state.runs[run.run_id] = run
             self._dirty_runs[(partition, run.run_id)] = run
         for run_id in decision.forget:
-            state.runs.pop(run_id)
             self._dirty_runs[(partition, run_id)] = None
         for event in decision.events:
             produce(

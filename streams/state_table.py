@@ -64,7 +64,8 @@ class StateTable(Generic[T]):
             del self._hot[key]
             self._cold[key] = data
 
-    def pop(self, key: str) -> None:
+    def pop(self, key: str, default: None = None) -> None:
+        """Drop `key` (absent: nothing); `default` makes it a dict's `pop(key, None)`."""
         self._hot.pop(key, None)
         self._cold.pop(key, None)
 

@@ -1,20 +1,22 @@
-"""An in-memory ledger store for pure tests: applies decisions the way the ledger process
-does (same state updates, no Kafka), and keeps every output for checks."""
+"""An in-memory ledger for pure tests: one partition decided and changed by the ledger
+process's own code (`PartitionState`, over dicts), every output kept for checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from schemas.records import (
+    CancelOrder,
+    ClaimReply,
     DispatchRequest,
     JobEvent,
     JobState,
-    JobUpserted,
     LedgerInput,
     RunEvent,
     RunState,
 )
-from streams.core.ledger import Decision, LedgerConfig, decide
+from streams.core.ledger import Decision, LedgerConfig
+from streams.core.partition import PartitionState, job_of
 
 
 @dataclass
@@ -24,6 +26,7 @@ class World:
     runs: dict[str, RunState] = field(default_factory=dict)
     events: list[RunEvent | JobEvent] = field(default_factory=list)
     dispatch: list[DispatchRequest] = field(default_factory=list)
+    replies: list[ClaimReply | CancelOrder] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
     # Notices for other jobs' logs; delivered at once unless a test takes them itself.
     outbox: list[LedgerInput] = field(default_factory=list)
@@ -37,16 +40,12 @@ class World:
         return decision
 
     def _apply_one(self, inp: LedgerInput, now: int | None = None) -> Decision:
-        job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
-        decision = decide(self.jobs.get(job_id), self.runs.get, inp, self.config, now)
-        if decision.job is not None:
-            self.jobs[job_id] = decision.job
-        for run in decision.runs:
-            self.runs[run.run_id] = run
-        for run_id in decision.forget:
-            self.runs.pop(run_id, None)
+        state = PartitionState(self.jobs, self.runs)  # over this world's own dicts
+        decision = state.decide(job_of(inp), inp, self.config, now)
+        state.apply(decision)
         self.events.extend(decision.events)
         self.dispatch.extend(decision.dispatch)
+        self.replies.extend(decision.replies)
         self.outbox.extend(decision.notices)
         if decision.rejected:
             self.rejections.append(decision.rejected)
@@ -60,6 +59,7 @@ class World:
             dict(self.runs),
             list(self.events),
             list(self.dispatch),
+            list(self.replies),
             list(self.rejections),
             list(self.outbox),
             self.deliver_notices,

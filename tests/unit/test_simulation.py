@@ -33,6 +33,7 @@ import pytest
 from schemas.records import (
     TRANSITIONS,
     BackfillRequested,
+    ClaimReply,
     ClaimRequested,
     DeadlineReached,
     FireProposed,
@@ -327,6 +328,7 @@ class Sim:
             replayed.outbox.clear()
         assert replayed.events == self.world.events
         assert replayed.dispatch == self.world.dispatch
+        assert replayed.replies == self.world.replies
         assert replayed.jobs == self.world.jobs
         assert replayed.runs == self.world.runs
         self.checkpoint = (self.world.snapshot(), len(self.log))
@@ -386,6 +388,20 @@ def check(sim: Sim) -> None:
     assert max(starts.values(), default=0) <= 1
     # No attempt was executed by two workers (a claim given back was never started).
     assert max(sim.executed.values(), default=0) <= 1
+    # A claim is granted only to the worker its `dispatched` transition names, and an
+    # attempt goes to no more workers than it had claims accepted (a give-back each).
+    holders: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for event in w.run_events():
+        if event.state == "dispatched":
+            holders[(event.run_id, event.attempt)].add(event.worker_id)
+    granted: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for reply in w.replies:
+        if isinstance(reply, ClaimReply) and reply.granted:
+            assert reply.worker_id in holders[(reply.run_id, reply.attempt)], reply
+            granted[(reply.run_id, reply.attempt)].add(reply.worker_id)
+    for (run_id, attempt), workers in granted.items():
+        accepted = sum(n for (r, a, _), n in claims.items() if (r, a) == (run_id, attempt))
+        assert len(workers) <= accepted, (run_id, attempt, workers)
     for job in w.jobs.values():
         job_id = job.spec.job_id
         due = expected_firings(w, job_id, job.fired_ms)

@@ -2,7 +2,7 @@
 
 It owns the job-log partitions the consumer group gives it and, for each, the same
 partition of the compacted `jobs` and `runs` topics (its state). The pure state machine
-is streams/core/ledger.py; this module only moves bytes.
+is streams/core/ledger/; this module only moves bytes.
 
 Time. The ledger's "now" for an input is the broker's append time of its job-log record
 (job-log has message.timestamp.type=LogAppendTime), passed to `decide(now_ms=...)`: one

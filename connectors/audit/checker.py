@@ -67,7 +67,7 @@ slack, counted from the later of its scheduled time and its creation (or its rer
 one more attempt's share for each claim given back before its start.
 A job whose spec is not in the replay gets `unknown_spec_allowance_ms`.
 
-Transitions follow the ledger (`streams/core/ledger.py`), including ``skipped -> due``:
+Transitions follow the ledger (`streams/core/ledger/`), including ``skipped -> due``:
 the ledger's rerun accepts every final state, a skipped firing included; and
 ``dispatched -> due`` with the same attempt: a claimed attempt that never started is
 dispatched again.

@@ -1,0 +1,90 @@
+"""What the ledger decides with (its configuration) and what one decision is: the
+changes and messages a single input produces. The words of the rules too (the reasons a
+withdrawn run carries), shared by every part of the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schemas.records import (
+    CancelOrder,
+    ClaimReply,
+    DependencyLinked,
+    DispatchRequest,
+    JobEvent,
+    JobState,
+    RunEvent,
+    RunState,
+    UpstreamFinished,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    # A due run not claimed by a worker within this is dispatched again.
+    claim_timeout_ms: int = 30_000
+    # The worker kills a run at its timeout; the ledger declares it lost this much later.
+    timeout_grace_ms: int = 30_000
+    # A fire proposal arriving later than this after its time is a misfire.
+    misfire_grace_ms: int = 60_000
+    # Misfired times older than this before the proposal are skipped whatever the policy.
+    catchup_window_ms: int = 24 * 3600 * 1000
+    # At most this many runs are created for one late proposal (run_all).
+    max_catchup_runs: int = 1000
+    # Fire proposals may come this early (pre-dispatch lead window); earlier ones are bogus.
+    max_lead_ms: int = 60_000
+    # Finished runs kept per job (for rerun and duplicate reports) before being forgotten.
+    keep_final_runs: int = 20
+    keep_request_ids: int = 256
+    # Backfilled spans kept per job; beyond it the two closest merge (the gap between
+    # them can then no longer be backfilled: refused with a reason, never run twice).
+    keep_spans: int = 32
+    # A run waiting on its upstreams is skipped if they have not all finished by then.
+    dependency_wait_ms: int = 24 * 3600 * 1000
+    keep_upstream_outcomes: int = 256
+    # The scheduler nodes' key for placement seals (streams/core/seals.py): when set, a
+    # claim is granted only with the dispatcher's seal of that attempt on the claiming
+    # worker. The ledger of a node always has it (streams/keys.py); None, no check, is
+    # for the pure tests and benchmarks that play both the dispatcher and the worker.
+    placement_key: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    job: JobState | None = None  # the new job state, when it changed
+    runs: tuple[RunState, ...] = ()  # changed runs
+    forget: tuple[str, ...] = ()  # run ids to drop from the run table (tombstones)
+    events: tuple[RunEvent | JobEvent, ...] = ()
+    dispatch: tuple[DispatchRequest, ...] = ()
+    # Inputs for other jobs' logs (dependency links and upstream notices), written in the
+    # same transaction as everything else.
+    notices: tuple[DependencyLinked | UpstreamFinished, ...] = ()
+    # Messages to workers (worker-inbox): claim replies and orders to stop an attempt.
+    replies: tuple[ClaimReply | CancelOrder, ...] = ()
+    rejected: str = ""  # why the input changed nothing, for logs and metrics
+    # A user's command refused here rather than by ingress (it needs the job's state):
+    # the ledger sends its record to commands.dlq with `rejected` as the reason.
+    dead_letter: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.job is not None or bool(
+            self.runs or self.forget or self.notices or self.replies
+        )
+
+
+RunLookup = Callable[[str], RunState | None]
+
+
+# Why a scheduled run created ahead of its time was cancelled before it could start: such
+# a firing is revived, not re-created, if the job fires it after all.
+WITHDRAWN_BY_PAUSE = "job paused before the run was due"
+WITHDRAWN_BY_DELETE = "job deleted before the run was due"
+WITHDRAWN_BY_CHANGE = "schedule changed before the run was due"
+WITHDRAWN = frozenset({WITHDRAWN_BY_PAUSE, WITHDRAWN_BY_DELETE, WITHDRAWN_BY_CHANGE})
+# Said of a run cancelled while claimed whose holder started it (or may have) before the
+# stop order reached it: such a firing is never revived.
+STARTED = "it had started"
+MAY_HAVE_STARTED = "it may have started"

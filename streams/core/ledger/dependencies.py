@@ -1,0 +1,143 @@
+"""Dependencies between jobs: links from dependents, upstream outcomes, and the gate a run
+waits at until its upstreams finished (or the wait expires).
+"""
+
+from __future__ import annotations
+
+from schemas.records import (
+    DependencyLinked,
+    JobState,
+    RunState,
+    UpstreamFinished,
+    UpstreamOutcome,
+)
+from streams.core.ids import scheduled_run_id
+from streams.core.ledger.kernel import Kernel
+
+
+def _foreign(job: JobState, owner: str | None) -> bool:
+    """A dependency record from another owner's job (None: written before the rule)."""
+    return owner is not None and job.version > 0 and job.spec.owner != owner
+
+
+class Dependencies(Kernel):
+    """What other jobs' logs tell this one."""
+
+    def _evaluate(self, run: RunState) -> None:
+        """Release a waiting run when every upstream succeeded for its period; skip it
+        when one finally did not; else leave it waiting."""
+        start = run.period_start_ms if run.period_start_ms is not None else run.scheduled_ms - 1
+        pending = []
+        for upstream in self.job.spec.depends_on:
+            outcome = self._outcome(upstream, start, run.scheduled_ms)
+            later = (
+                outcome is not None
+                and outcome.next_ms is not None
+                and (outcome.next_ms <= run.scheduled_ms)
+            )
+            if outcome is None or later:  # not finished, or a later run is in the period
+                pending.append(upstream)
+            elif not outcome.succeeded:
+                self._move(run, "skipped", f"upstream {upstream} did not succeed")
+                return
+        if not pending:
+            self._release(run, "upstreams succeeded")
+
+    def _outcome(self, upstream: str, after: int, until: int) -> UpstreamOutcome | None:
+        """The upstream's latest outcome scheduled in (after, until]."""
+        best: UpstreamOutcome | None = None
+        for o in self.job.upstream_outcomes:
+            if (
+                o.upstream == upstream
+                and after < o.scheduled_ms <= until
+                and (best is None or o.scheduled_ms > best.scheduled_ms)
+            ):
+                best = o
+        return best
+
+    def link(self, inp: DependencyLinked) -> None:
+        job = self.job
+        if inp.linked and _foreign(job, inp.owner):
+            # Another owner's job may not hang on this one: it would learn its outcomes
+            # (through its skip reasons) and grow its dependents without bound.
+            return self.reject(
+                f"{inp.dependent} (owner {inp.owner!r}) cannot depend on {job.spec.job_id} "
+                f"of owner {job.spec.owner!r}"
+            )
+        dependents = tuple(d for d in self.job.dependents if d != inp.dependent)
+        if inp.linked:
+            dependents = (*dependents, inp.dependent)
+        if dependents == self.job.dependents:
+            return self.reject("link unchanged")
+        self.set_job(dependents=dependents)
+
+    def upstream_finished(self, inp: UpstreamFinished) -> None:
+        job = self.job
+        if job.deleted or inp.upstream not in job.spec.depends_on:
+            return self.reject(f"{inp.upstream} is not an upstream of {job.spec.job_id}")
+        if _foreign(job, inp.owner):
+            # An upstream registered by another owner (the id was a placeholder when this
+            # job named it): its outcomes are not this job's to see; the periods it
+            # would have decided are skipped when the dependency wait runs out.
+            return self.reject(f"{inp.upstream} belongs to owner {inp.owner!r}")
+        outcome = UpstreamOutcome(
+            inp.upstream, inp.scheduled_ms, inp.succeeded, inp.upstream_next_ms
+        )
+        kept = [
+            o
+            for o in job.upstream_outcomes
+            if (o.upstream, o.scheduled_ms) != (inp.upstream, inp.scheduled_ms)
+        ]
+        kept.append(outcome)
+        kept.sort(key=lambda o: o.scheduled_ms)
+        self.set_job(upstream_outcomes=tuple(kept[-self.config.keep_upstream_outcomes :]))
+        if job.spec.schedule is None:
+            return self._dag_steps()
+        for run_id in job.live_runs:
+            run = self.run(run_id)
+            if run is not None and run.state == "waiting":
+                self._evaluate(run)
+
+    def _dag_steps(self) -> None:
+        """A job without a schedule runs once per period in which all its upstreams
+        succeeded. Periods are decided in order, each by its own upstreams' outcomes
+        whatever order their notices arrive in (they come from other partitions): the
+        period ending at t is (fired, t], decided once every upstream has an outcome in
+        it, run if all succeeded, recorded as skipped if one did not, or if some upstream
+        has not finished within `dependency_wait_ms`. A time an upstream reports but
+        another does not (an upstream on a slower schedule) joins the next period."""
+        job = self.job
+        if job.paused:
+            return
+        upstreams = job.spec.depends_on
+        blocked = False  # an earlier period is still open: no failure may skip past it
+        for t in sorted({o.scheduled_ms for o in job.upstream_outcomes}):
+            after = self.job.fired_ms
+            if t <= after:
+                continue
+            outcomes = {u: self._outcome(u, after, t) for u in upstreams}
+            missing = [u for u, o in outcomes.items() if o is None]
+            failed = [u for u, o in outcomes.items() if o is not None and not o.succeeded]
+            failed_at_t = any(
+                o is not None and not o.succeeded and o.scheduled_ms == t for o in outcomes.values()
+            )
+            if (
+                missing
+                and not (failed_at_t and not blocked)
+                and self.at - t <= self.config.dependency_wait_ms
+            ):
+                blocked = True
+                continue
+            self.set_job(fired_ms=t)
+            if missing and not failed:
+                why = f"upstream {missing[0]} did not finish in time"
+                self._skip(t, "dependency", why)
+            elif failed:
+                self._skip(t, "dependency", f"upstream {failed[0]} did not succeed")
+            else:
+                self._create(t, "dependency", scheduled_run_id(job.spec.job_id, t))
+        # Outcomes of decided periods are never read again.
+        fired = self.job.fired_ms
+        kept = tuple(o for o in self.job.upstream_outcomes if o.scheduled_ms > fired)
+        if kept != self.job.upstream_outcomes:
+            self.set_job(upstream_outcomes=kept)

@@ -1,0 +1,389 @@
+"""Job changes and firings: registration changes, pause, resume and delete, fire proposals
+with their misfire policy and catch-up window, run-now, backfill and rerun requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from schemas.records import (
+    BackfillRequested,
+    FireProposed,
+    JobDeleted,
+    JobPaused,
+    JobResumed,
+    JobUpserted,
+    RecentRequest,
+    RerunRequested,
+    RunNowRequested,
+    RunState,
+    Span,
+)
+from streams.core.ids import manual_run_id, scheduled_run_id
+from streams.core.ledger.decision import (
+    WITHDRAWN,
+    WITHDRAWN_BY_CHANGE,
+    WITHDRAWN_BY_DELETE,
+    WITHDRAWN_BY_PAUSE,
+)
+from streams.core.ledger.kernel import Kernel, dependency_links, due_after
+from streams.core.schedule import fires_between, next_fire
+
+
+def _withdrawn(run: RunState) -> bool:
+    return run.state == "cancelled" and run.reason in WITHDRAWN
+
+
+def _merge(spans: tuple[Span, ...], new: Span, keep: int) -> tuple[Span, ...]:
+    """Add a span, merging overlapping or touching ones; at most `keep` spans."""
+    merged: list[Span] = []
+    for span in sorted((*spans, new), key=lambda s: s.after_ms):
+        if merged and span.after_ms <= merged[-1].until_ms:
+            last = merged[-1]
+            merged[-1] = Span(last.after_ms, max(last.until_ms, span.until_ms))
+        else:
+            merged.append(span)
+    while len(merged) > keep:
+        gaps = [merged[i + 1].after_ms - merged[i].until_ms for i in range(len(merged) - 1)]
+        i = gaps.index(min(gaps))
+        merged[i : i + 2] = [Span(merged[i].after_ms, merged[i + 1].until_ms)]
+    return tuple(merged)
+
+
+class Firing(Kernel):
+    """What a job's owner and the scheduler ask of the ledger."""
+
+    def respec(self, inp: JobUpserted, at: int) -> None:
+        """A registered job's spec changes at `at`: the old schedule's firings up to `at`
+        are decided first, then the new schedule applies from `at` exactly, and runs
+        created ahead for times after `at` that the new schedule does not have are
+        withdrawn."""
+        spec, old = inp.spec, self.job.spec
+        retimed = spec.schedule != old.schedule or spec.dst != old.dst
+        if retimed:
+            self._decide_until(at)
+            kept = spec  # the new schedule's own times stay: the change keeps those firings
+            self._withdraw(
+                at,
+                WITHDRAWN_BY_CHANGE,
+                keep=lambda t: next_fire(kept.schedule, t - 1, kept.dst) == t,
+            )
+        job = self.job
+        fired = at if retimed else job.fired_ms
+        self.notices.extend(
+            dependency_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at)
+        )
+        self.set_job(
+            spec=spec,
+            fired_ms=fired,
+            next_due_ms=None if job.paused else due_after(spec, fired),
+            version=job.version + 1,
+        )
+        self._job_event("upserted", at, spec)
+
+    def _decide_until(self, at: int) -> None:
+        """Decide the schedule's firings up to `at` that no proposal has decided yet: a
+        change at `at` must not swallow a firing that was due before it."""
+        job = self.job
+        if job.paused or job.deleted:
+            return
+        upcoming = due_after(job.spec, job.fired_ms)
+        if upcoming is not None and upcoming <= at:
+            self._decide_up_to(self._last_fire_at_or_before(at))
+
+    def _withdraw(
+        self, after: int, reason: str, keep: Callable[[int], bool] = lambda _: False
+    ) -> None:
+        """Cancel the scheduled runs for times after `after` that were created ahead and
+        cannot have started (waiting, due, or claimed with a start time still to come).
+        A firing withdrawn so may be revived (see `_fire_one`) if the job fires it
+        after all: a resume, a re-creation or another change before its time."""
+        for run_id in self.job.live_runs:
+            run = self.run(run_id)
+            if (
+                run is None
+                or run.trigger != "schedule"
+                or run.scheduled_ms <= after
+                or keep(run.scheduled_ms)
+            ):
+                continue
+            start = self._not_before(run)
+            if run.state in ("waiting", "due") or (
+                run.state == "dispatched" and start is not None and start > self.at
+            ):
+                self._cancel_run(run, reason)
+
+    def job_flag(self, inp: JobPaused | JobResumed | JobDeleted, at: int) -> None:
+        job = self.job
+        if job.deleted:
+            return self.reject(f"job {job.spec.job_id} is deleted")
+        if isinstance(inp, JobPaused):
+            if job.paused:
+                return self.reject("already paused")
+            # Firings due before the pause run; those created ahead for after it go.
+            self._decide_until(at)
+            self._withdraw(at, WITHDRAWN_BY_PAUSE)
+            self.set_job(paused=True, next_due_ms=None, fired_ms=self._fired_back_to(at))
+            kind = "paused"
+        elif isinstance(inp, JobResumed):
+            if not job.paused:
+                return self.reject("not paused")
+            # Firings during the pause are not due: the watermark moves to the resume.
+            fired = max(job.fired_ms, at)
+            self.set_job(paused=False, fired_ms=fired, next_due_ms=due_after(job.spec, fired))
+            kind = "resumed"
+        else:
+            self._decide_until(at)
+            self._withdraw(at, WITHDRAWN_BY_DELETE)
+            for run_id in self.job.live_runs:
+                run = self.run(run_id)
+                if run is not None and run.state in ("waiting", "due", "retrying"):
+                    self._stop_order(run, "job deleted")
+                    self._move(run, "cancelled", "job deleted")
+            self.notices.extend(
+                dependency_links(job.spec.job_id, job.spec.owner, job.spec.depends_on, (), at)
+            )
+            self._compact_deleted(at)
+            kind = "deleted"
+        self.set_job(version=self.job.version + 1)
+        self._job_event(kind, at)
+        return None
+
+    def _fired_back_to(self, at: int) -> int:
+        """The watermark after a pause or delete at `at`: back to `at`, so withdrawn
+        firings may be revived, but never below a later firing that was not withdrawn
+        (one that may have started before the change reached the ledger): that firing
+        stays decided even once its run is forgotten."""
+        kept = [
+            run.scheduled_ms
+            for run in (self.run(r) for r in (*self.job.live_runs, *self.job.final_runs))
+            if run is not None
+            and run.trigger == "schedule"
+            and run.scheduled_ms > at
+            and not _withdrawn(run)
+            and run.cancelling not in WITHDRAWN  # withdrawn once its holder answers
+        ]
+        return min(self.job.fired_ms, max([at, *kept]))
+
+    def _compact_deleted(self, at: int) -> None:
+        """A deleted job keeps a small stub, not a tombstone: its version (event ids stay
+        unique if it is re-created), watermark, first registration time, backfilled
+        spans, request memory and dependents. Its final runs are forgotten, except the
+        firings withdrawn ahead of their time, which a re-creation may revive."""
+        fired = self._fired_back_to(at)  # before forgetting: it reads the final runs
+        keep: list[str] = []
+        for run_id in self.job.final_runs:
+            run = self.run(run_id)
+            if run is not None and run.reason == WITHDRAWN_BY_DELETE and run.scheduled_ms > at:
+                keep.append(run_id)
+            else:
+                self.forget.append(run_id)
+                self.runs.pop(run_id, None)
+        self.set_job(
+            deleted=True,
+            next_due_ms=None,
+            fired_ms=fired,
+            final_runs=tuple(keep),
+            upstream_outcomes=(),
+        )
+
+    def fire(self, inp: FireProposed) -> None:
+        job, spec, cfg = self.job, self.job.spec, self.config
+        if job.deleted or job.paused:
+            return self.reject("job is paused or deleted")
+        if inp.scheduled_ms <= job.fired_ms:
+            return self.reject("already decided")  # the common duplicate: no change
+        if inp.scheduled_ms - self.at > cfg.max_lead_ms:
+            return self.reject("proposed too early")
+        if spec.concurrency != "allow" and inp.scheduled_ms > self.at:
+            # forbid/replace look at the previous run at the firing's time, not before:
+            # decided early, replace would cancel a run about to finish and forbid would
+            # skip for a run that would have ended in time.
+            return self.reject("proposed before its time (concurrency is decided at it)")
+        if next_fire(spec.schedule, inp.scheduled_ms - 1, spec.dst) != inp.scheduled_ms:
+            return self.reject("not a fire time of the schedule")
+        floor = self._floor(inp.scheduled_ms)
+        following = next_fire(spec.schedule, inp.scheduled_ms, spec.dst)
+        if (
+            floor < inp.scheduled_ms
+            and (following is None or following > self.at)
+            and next_fire(spec.schedule, floor, spec.dst) == inp.scheduled_ms
+        ):
+            # The common case, in three (cached) schedule computations instead of six:
+            # nothing lies between the floor and the proposal and the next time is not due
+            # yet, so the proposal is the only time to decide.
+            self._decide_times([inp.scheduled_ms], inp.scheduled_ms, following)
+        else:
+            # Everything undecided up to the proposal, or up to now when it comes late.
+            self._decide_up_to(max(inp.scheduled_ms, self._last_fire_at_or_before(self.at)))
+        return None
+
+    def _floor(self, latest: int) -> int:
+        """Times above this and up to `latest` are undecided and within the catch-up
+        window; `latest` itself always is, however late it comes."""
+        window = min(self.at - self.config.catchup_window_ms, latest - 1)
+        return max(self.job.fired_ms, window)
+
+    def _decide_up_to(self, latest_due: int) -> None:
+        spec = self.job.spec
+        # All of the window, then the newest `max_catchup_runs` of them: the newest are
+        # the ones that matter (the on-time firing is among them); older ones are dropped.
+        times = fires_between(
+            spec.schedule, self._floor(latest_due), latest_due, spec.dst, limit=10_000_000
+        )
+        self._decide_times(times, latest_due, due_after(spec, latest_due))
+
+    def _decide_times(self, times: list[int], latest_due: int, next_due: int | None) -> None:
+        job, spec, cfg = self.job, self.job.spec, self.config
+        if len(times) > cfg.max_catchup_runs:
+            times = times[-cfg.max_catchup_runs :]
+        late = [t for t in times if self.at - t > cfg.misfire_grace_ms]
+        timely = [t for t in times if self.at - t <= cfg.misfire_grace_ms]
+        run_late: set[int] = set()
+        if spec.misfire == "run_all":
+            run_late = set(late)
+        elif spec.misfire == "run_once" and late and not timely:
+            run_late = {late[-1]}
+        previous = job.fired_ms
+        for t in times:
+            if t in run_late or t in timely:
+                self._fire_one(t, previous)
+            elif self.run(scheduled_run_id(spec.job_id, t)) is None:
+                self._skip(t, "schedule", f"misfire ({spec.misfire})")
+            # else: decided once already (the watermark went back for a change), and a
+            # withdrawn firing missed for good keeps its record
+            previous = t
+        self.set_job(fired_ms=max(self.job.fired_ms, latest_due), next_due_ms=next_due)
+
+    def _last_fire_at_or_before(self, t: int) -> int:
+        """The newest fire time <= t, or the watermark when there is none after it."""
+        spec = self.job.spec
+        window_start = max(self.job.fired_ms, t - self.config.catchup_window_ms)
+        times = fires_between(spec.schedule, window_start, t, spec.dst, limit=1_000_000)
+        return times[-1] if times else self.job.fired_ms
+
+    def _fire_one(self, scheduled: int, period_start: int) -> None:
+        spec = self.job.spec
+        run_id = scheduled_run_id(spec.job_id, scheduled)
+        existing = self.run(run_id)
+        if existing is not None and existing.cancelling in WITHDRAWN:
+            # Withdrawn, but its holder has not answered yet: the firing is wanted after
+            # all, so the run stays. Should the stop order make the holder give the
+            # attempt back, it is dispatched again like any attempt given back.
+            self.runs[run_id] = replace(existing, cancelling="", updated_ms=self.at)
+            return None
+        if existing is not None and not _withdrawn(existing):
+            return None  # decided once already: one run per (job, scheduled time)
+        live = [r for r in (self.run(x) for x in self.job.live_runs) if r and not r.final]
+        if live and spec.concurrency == "forbid":
+            if existing is not None:
+                return None  # stays withdrawn: its record says it did not run
+            return self._skip(scheduled, "schedule", f"concurrency forbid: {live[0].run_id} live")
+        if live and spec.concurrency == "replace":
+            for old in live:
+                self._cancel_run(old, f"replaced by {run_id}")
+        if existing is not None:
+            return self._revive(existing, period_start)
+        self._create(scheduled, "schedule", run_id, period_start=period_start)
+        return None
+
+    def _revive(self, run: RunState, period_start: int) -> None:
+        """A firing withdrawn ahead of its time is due again after all (the job resumed,
+        was re-created or changed back before it): the same run, a new attempt, so any
+        worker still holding the withdrawn attempt can neither start nor report it."""
+        self.set_job(
+            live_runs=(*self.job.live_runs, run.run_id),
+            final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
+        )
+        revived = replace(run, attempt=run.attempt + 1, period_start_ms=period_start)
+        if self.job.spec.depends_on:
+            wait = run.scheduled_ms + self.config.dependency_wait_ms
+            moved = self._move(
+                revived,
+                "waiting",
+                "revived",
+                attempt=revived.attempt,
+                deadline=(wait, "dependency"),
+            )
+            self._evaluate(moved)
+        else:
+            self._release(revived, "revived: due again")
+
+    def _duplicate(self, request_id: str, at: int) -> str:
+        """Why a request was applied already (or may have been), or "" if it is new."""
+        if not request_id:
+            return ""
+        if any(r.request_id == request_id for r in self.job.recent_requests):
+            return "duplicate request"
+        if at <= self.job.requests_floor_ms:
+            return "request older than the ledger's memory of requests (may be a duplicate)"
+        return ""
+
+    def _remember(self, request_id: str, at: int) -> None:
+        if not request_id:
+            return
+        keep = self.config.keep_request_ids
+        kept = (*self.job.recent_requests, RecentRequest(request_id, at))
+        floor = max([self.job.requests_floor_ms, *(r.at_ms for r in kept[:-keep])])
+        self.set_job(recent_requests=kept[-keep:], requests_floor_ms=floor)
+
+    def run_now(self, inp: RunNowRequested) -> None:
+        if self.job.deleted:
+            return self.reject("job is deleted")
+        run_id = manual_run_id(self.job.spec.job_id, inp.request_id)
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate or self.run(run_id) is not None:
+            return self.reject(duplicate or "duplicate request")
+        self._remember(inp.request_id, inp.at_ms)
+        self._create(self.at, "manual", run_id, inp.request_id)
+        return None
+
+    def backfill(self, inp: BackfillRequested) -> None:
+        """Runs for times the schedule never decided: before the job's registration, and
+        not decided by an earlier backfill (the spans say so even once its runs are
+        forgotten)."""
+        spec, cfg = self.job.spec, self.config
+        if self.job.deleted:
+            return self.reject("job is deleted")
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate:
+            return self.reject(duplicate)
+        upper = min(inp.to_ms, self.job.created_ms)
+        times = fires_between(
+            spec.schedule, inp.from_ms - 1, upper, spec.dst, limit=cfg.max_catchup_runs
+        )
+        spans = self.job.backfilled
+        fresh = [
+            t
+            for t in times
+            if not any(s.after_ms < t <= s.until_ms for s in spans)
+            and self.run(scheduled_run_id(spec.job_id, t)) is None
+        ]
+        self._remember(inp.request_id, inp.at_ms)
+        if not fresh:
+            return self.reject("nothing to backfill: before registration, not backfilled yet")
+        previous = inp.from_ms - 1
+        for t in fresh:
+            self._create(t, "backfill", scheduled_run_id(spec.job_id, t), period_start=previous)
+            previous = t
+        # Decided: (from - 1, the last time created]; limited runs may end before `upper`.
+        self.set_job(backfilled=_merge(spans, Span(inp.from_ms - 1, fresh[-1]), cfg.keep_spans))
+        return None
+
+    def rerun(self, inp: RerunRequested) -> None:
+        run = self.run(inp.run_id)
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate:
+            return self.reject(duplicate)
+        if run is None:
+            return self.reject(f"unknown or forgotten run {inp.run_id}")
+        if not run.final:
+            return self.reject(f"run {inp.run_id} is still {run.state}")
+        self._remember(inp.request_id, inp.at_ms)
+        self.set_job(
+            live_runs=(*self.job.live_runs, run.run_id),
+            final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
+        )
+        self._due(run, run.attempt + 1, self.at, f"rerun {inp.request_id}")
+        return None

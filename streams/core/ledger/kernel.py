@@ -1,0 +1,318 @@
+"""The shared kernel of a decision: one input's changes accumulated (`Kernel`), runs moved
+through their states by `_move`, created, made due and dispatched. The concerns built on it
+(firing, dependencies, attempts) change state only through these methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from schemas.records import (
+    FINAL_STATES,
+    TRANSITIONS,
+    CancelOrder,
+    ClaimReply,
+    DeadlineKind,
+    DependencyLinked,
+    DispatchRequest,
+    JobEvent,
+    JobState,
+    RunEvent,
+    RunState,
+    RunStateName,
+    Trigger,
+    UpstreamFinished,
+)
+from schemas.spec import JobSpec
+from streams.core.ids import scheduled_run_id
+from streams.core.ledger.decision import (
+    WITHDRAWN,
+    Decision,
+    LedgerConfig,
+    RunLookup,
+)
+from streams.core.schedule import jitter_ms, next_fire
+
+
+def due_after(spec: JobSpec, after_ms: int) -> int | None:
+    return next_fire(spec.schedule, after_ms, spec.dst)
+
+
+def dependency_links(
+    job_id: str, owner: str, before: tuple[str, ...], after: tuple[str, ...], at: int
+) -> tuple[DependencyLinked, ...]:
+    """Tell each upstream added or removed that `job_id` (of `owner`) depends on it (or
+    no longer)."""
+    added = [DependencyLinked(u, job_id, True, at, owner) for u in after if u not in before]
+    removed = [DependencyLinked(u, job_id, False, at, owner) for u in before if u not in after]
+    return tuple(added + removed)
+
+
+class Kernel:
+    """Accumulates one decision. Methods validate, then change state through `_move`."""
+
+    def __init__(self, job: JobState, runs: RunLookup, at: int, config: LedgerConfig):
+        self.job = job
+        self.lookup = runs
+        self.at = at
+        self.config = config
+        self.changed_job = False
+        self.runs: dict[str, RunState] = {}
+        self.forget: list[str] = []
+        self.events: list[RunEvent | JobEvent] = []
+        self.dispatch: list[DispatchRequest] = []
+        self.notices: list[DependencyLinked | UpstreamFinished] = []
+        self.replies: list[ClaimReply | CancelOrder] = []
+        self.rejected = ""
+
+    def decision(self) -> Decision:
+        return Decision(
+            job=self.job if self.changed_job else None,
+            runs=tuple(self.runs.values()),
+            forget=tuple(self.forget),
+            events=tuple(self.events),
+            dispatch=tuple(self.dispatch),
+            notices=tuple(self.notices),
+            replies=tuple(self.replies),
+            rejected=self.rejected,
+        )
+
+    def reject(self, reason: str) -> None:
+        self.rejected = reason
+
+    def run(self, run_id: str) -> RunState | None:
+        if run_id in self.runs:
+            return self.runs[run_id]
+        return None if run_id in self.forget else self.lookup(run_id)
+
+    def set_job(self, **changes: object) -> None:
+        self.job = replace(self.job, updated_ms=self.at, **changes)  # type: ignore[arg-type]
+        self.changed_job = True
+
+    def _move(
+        self,
+        run: RunState,
+        state: RunStateName,
+        reason: str = "",
+        *,
+        attempt: int | None = None,
+        worker_id: str | None = None,
+        deadline: tuple[int, DeadlineKind] | None = None,
+        exit_code: int | None = None,
+    ) -> RunState:
+        """Record one transition: new run state, its event, and the job's run lists."""
+        before = None if run.seq <= 0 else run.state
+        if state not in TRANSITIONS[before]:  # a bug in this module, never an input's fault
+            raise AssertionError(f"{run.run_id}: {before} -> {state} is not a legal transition")
+        attempt = run.attempt if attempt is None else attempt
+        worker = run.worker_id if worker_id is None else worker_id
+        final = state in FINAL_STATES
+        moved = replace(
+            run,
+            state=state,
+            attempt=attempt,
+            worker_id=worker,
+            updated_ms=self.at,
+            deadline_ms=None if deadline is None else deadline[0],
+            deadline_kind=None if deadline is None else deadline[1],
+            started_ms=self.at if state == "running" else run.started_ms,
+            finished_ms=self.at if final else run.finished_ms,
+            exit_code=exit_code if exit_code is not None else run.exit_code,
+            reason=reason,
+            seq=run.seq + 1,
+            cancelling="",  # a transition settles a pending cancel (see `_cancel_run`)
+        )
+        self.runs[run.run_id] = moved
+        self.events.append(
+            RunEvent(
+                event_id=f"{run.run_id}#{moved.seq}",
+                job_id=run.job_id,
+                run_id=run.run_id,
+                scheduled_ms=run.scheduled_ms,
+                trigger=run.trigger,
+                attempt=attempt,
+                state=state,
+                at_ms=self.at,
+                worker_id=worker,
+                reason=reason,
+                exit_code=exit_code,
+            )
+        )
+        if final:
+            self._retire(run.run_id)
+            if run.trigger != "manual" and self.job.dependents:
+                spec = self.job.spec
+                after = next_fire(spec.schedule, run.scheduled_ms, spec.dst)
+                for dependent in self.job.dependents:
+                    self.notices.append(
+                        UpstreamFinished(
+                            dependent,
+                            run.job_id,
+                            run.scheduled_ms,
+                            state == "succeeded",
+                            self.at,
+                            after,
+                            spec.owner,
+                        )
+                    )
+        return moved
+
+    def _retire(self, run_id: str) -> None:
+        keep = self.config.keep_final_runs
+        live = tuple(r for r in self.job.live_runs if r != run_id)
+        finals = (*self.job.final_runs, run_id)
+        if len(finals) > keep:
+            self.forget.extend(finals[: len(finals) - keep])
+            for gone in finals[: len(finals) - keep]:
+                self.runs.pop(gone, None)
+            finals = finals[len(finals) - keep :]
+        self.set_job(live_runs=live, final_runs=finals)
+
+    def _create(
+        self,
+        scheduled: int,
+        trigger: Trigger,
+        run_id: str,
+        request_id: str = "",
+        period_start: int | None = None,
+    ) -> None:
+        """A new run: `due` at once, or `waiting` on upstreams for (period_start, scheduled]."""
+        spec = self.job.spec
+        run = self._fresh_run(run_id, scheduled, trigger, request_id, period_start)
+        self.set_job(live_runs=(*self.job.live_runs, run_id))
+        if spec.depends_on and period_start is not None:
+            wait = scheduled + self.config.dependency_wait_ms
+            self._evaluate(self._move(run, "waiting", deadline=(wait, "dependency")))
+        else:
+            self._release(run, "")
+
+    def _fresh_run(
+        self,
+        run_id: str,
+        scheduled: int,
+        trigger: Trigger,
+        request_id: str = "",
+        period_start: int | None = None,
+    ) -> RunState:
+        """A run before its first transition (`_move` gives it its state and event)."""
+        return RunState(
+            run_id=run_id,
+            job_id=self.job.spec.job_id,
+            scheduled_ms=scheduled,
+            trigger=trigger,
+            state="due",
+            attempt=1,
+            worker_id="",
+            created_ms=self.at,
+            updated_ms=self.at,
+            deadline_ms=None,
+            deadline_kind=None,
+            started_ms=None,
+            finished_ms=None,
+            exit_code=None,
+            reason="",
+            seq=0,
+            request_id=request_id,
+            period_start_ms=period_start,
+        )
+
+    def _release(self, run: RunState, reason: str) -> None:
+        spec = self.job.spec
+        not_before = max(
+            run.scheduled_ms + jitter_ms(spec.job_id, run.scheduled_ms, spec.jitter_s), self.at
+        )
+        self._due(run, run.attempt, not_before, reason)
+
+    def _due(self, run: RunState, attempt: int, not_before: int, reason: str) -> None:
+        """Make (run, attempt) due and ask the dispatcher to place it, to start no
+        earlier than `not_before` (kept in the run state: see `_not_before`)."""
+        deadline = max(self.at, not_before) + self.config.claim_timeout_ms
+        moved = self._move(
+            run, "due", reason, attempt=attempt, worker_id="", deadline=(deadline, "claim")
+        )
+        moved = self.runs[run.run_id] = replace(moved, not_before_ms=not_before)
+        self._dispatch(moved, not_before)
+
+    def _not_before(self, run: RunState) -> int | None:
+        """The current attempt's start time: no worker starts it earlier. Every dispatch of
+        the attempt carries this time or a later one. None when unknown (a state written
+        before it was kept, for a retry or a rerun: their start time has long passed)."""
+        if run.not_before_ms is not None:
+            return run.not_before_ms
+        if run.attempt == 1:  # a first attempt starts at its time plus the stable jitter
+            spec = self.job.spec
+            return run.scheduled_ms + jitter_ms(spec.job_id, run.scheduled_ms, spec.jitter_s)
+        return None
+
+    def _dispatch(self, run: RunState, not_before: int) -> None:
+        spec = self.job.spec
+        self.dispatch.append(
+            DispatchRequest(
+                run_id=run.run_id,
+                job_id=run.job_id,
+                attempt=run.attempt,
+                owner=spec.owner,
+                command=spec.command,
+                env=spec.env,
+                secret_env=spec.secret_env,
+                resources=spec.resources,
+                timeout_s=spec.timeout_s,
+                priority=spec.priority,
+                scheduled_ms=run.scheduled_ms,
+                not_before_ms=not_before,
+                at_ms=self.at,
+            )
+        )
+
+    def _skip(self, scheduled: int, trigger: Trigger, reason: str) -> None:
+        """A firing decided not to run: recorded as a run that is at once `skipped`."""
+        run_id = scheduled_run_id(self.job.spec.job_id, scheduled)
+        run = replace(self._fresh_run(run_id, scheduled, trigger), seq=-1)
+        self.set_job(live_runs=(*self.job.live_runs, run_id))
+        self._move(run, "skipped", reason)
+
+    def _job_event(self, kind: str, at: int, spec: JobSpec | None = None) -> None:
+        job_id = self.job.spec.job_id
+        self.events.append(
+            JobEvent(f"{job_id}#job#{self.job.version}", job_id, kind, at, spec)  # type: ignore[arg-type]
+        )
+
+    def _cancel_run(self, run: RunState, reason: str) -> None:
+        """Cancel a live run. A claimed attempt not reported started may start before the
+        stop order reaches its worker (the order travels through worker-inbox, the start
+        is the worker's own timer): were it cancelled now, that execution would be one the
+        record denies, and a revived firing could run beside it. So it stays `dispatched`
+        with the cancel pending, and the holder's answer settles it: given back (or
+        asking for the claim again, or declared lost) -> cancelled; started -> running,
+        then cancelled (the order stops it); finished -> its outcome. Every other run is
+        cancelled at once (a running one is stopped by the order)."""
+        if run.state == "dispatched" and run.worker_id:
+            if not run.cancelling:
+                self._stop_order(run, reason)
+            elif reason in WITHDRAWN or run.cancelling not in WITHDRAWN:
+                return  # pending already, for a reason as final (a withdrawal may be undone)
+            self.runs[run.run_id] = replace(run, cancelling=reason, updated_ms=self.at)
+            return
+        self._stop_order(run, reason)
+        self._move(run, "cancelled", reason)
+
+    def _settle_cancel(
+        self, run: RunState, started: str = "", exit_code: int | None = None
+    ) -> None:
+        """The holder of an attempt with a cancel pending answered, or was declared lost:
+        the run is cancelled. Given back unstarted, it keeps the cancel's own reason (a
+        withdrawn firing is known by it, and may be revived); if it started, or may have
+        (`started` says which), the reason says so and the firing is never revived."""
+        reason = f"{run.cancelling} ({started})" if started else run.cancelling
+        self._move(run, "cancelled", reason, exit_code=exit_code)
+
+    def _stop_order(self, run: RunState, reason: str) -> None:
+        """Tell the worker holding (run, attempt) to stop it, if one holds it."""
+        if run.worker_id and run.state in ("dispatched", "running"):
+            self.replies.append(
+                CancelOrder(run.worker_id, run.run_id, run.attempt, reason, self.at)
+            )
+
+    def _evaluate(self, run: RunState) -> None:
+        """Gate a new run on its upstreams: the dependencies' (`Dependencies._evaluate`)."""
+        raise NotImplementedError

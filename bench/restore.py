@@ -95,7 +95,7 @@ def scheduler_catch_up(settings: Settings, jobs: int, versions: int) -> tuple[fl
     """(seconds until the group assigned every partition to a fresh scheduler, seconds
     from then until it holds every one of the `jobs` with its newest due time: its
     catch-up, whatever way it reads)."""
-    node = Scheduler(settings, "bench-restore", clock=lambda: 0)
+    node = Scheduler(settings, "bench-restore", propose_at=lambda: 0)
     started = time.monotonic()
     assigned = 0.0
     newest = due_of(versions - 1)

@@ -25,9 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,6 +40,7 @@ from schemas.codec import JOB_STATE, RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
 from schemas.spec import Notify
 from streams import metrics
+from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.core.commands import parse_notify
 from streams.core.notifications import (
     Alert,
@@ -124,7 +123,7 @@ class Notifier:
         owner_routes: dict[str, Notify] | None = None,
         policy: DeliveryPolicy | None = None,
         workers: int = 8,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ):
         self.settings = settings
         self.owner_routes = owner_routes or {}
@@ -288,7 +287,7 @@ class Notifier:
         metrics.NOTIFIER_WATCHED.set(len(self.lateness))
 
     def _tick(self) -> None:
-        for alert, token in self.lateness.due(int(self.clock() * 1000)):
+        for alert, token in self.lateness.due(int(self.clock.time() * 1000)):
             watch = self.watches.get(alert.job_id)
             if watch is not None:
                 self._send(alert, late_routes(watch), token)
@@ -377,7 +376,7 @@ class Notifier:
                 counts[offset] -= 1
                 if not counts[offset]:
                     del counts[offset]
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not force and now - self._committed_at < COMMIT_EVERY_S:
             return
         self._committed_at = now

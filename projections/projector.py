@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +40,7 @@ from schemas.convert import capacity_to_avro
 from schemas.json import to_plain
 from schemas.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams import metrics
+from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.kafka import consumer_config
 from streams.metrics import reason_kind
 from streams.settings import Settings
@@ -221,8 +221,10 @@ class Projector:
         retry_s: float = 2.0,
         group: str | None = None,
         retention: RetentionPolicy | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ):
         self.settings = settings
+        self.clock = clock
         self.batch_size = batch_size
         self.retry_s = retry_s
         self.topic_names = {settings.topic(t): t for t in TOPICS}
@@ -271,8 +273,8 @@ class Projector:
     def _kafka_error(self, error: Any) -> None:
         """The broker down or unreachable (librdkafka's error callback, or an error
         record): say, at most every 10 s, that the projector waits for it."""
-        if time.monotonic() - self.kafka_error_logged >= 10:
-            self.kafka_error_logged = time.monotonic()
+        if self.clock.monotonic() - self.kafka_error_logged >= 10:
+            self.kafka_error_logged = self.clock.monotonic()
             log.warning("Kafka unreachable (%s); waiting for it, nothing is lost", error)
 
     # -- database -------------------------------------------------------------------------
@@ -320,8 +322,10 @@ class Projector:
         """The lag gauges: records behind each topic's end (the ends the last fetches
         saw), and the age of the newest record projected; at most every 5 s."""
         for name, stamp in newest_ms.items():
-            metrics.PROJECTOR_LAG_SECONDS.labels(name).set(max(0.0, time.time() - stamp / 1000))
-        now = time.monotonic()
+            metrics.PROJECTOR_LAG_SECONDS.labels(name).set(
+                max(0.0, self.clock.time() - stamp / 1000)
+            )
+        now = self.clock.monotonic()
         if now - self._lag_at < 5:
             return
         self._lag_at = now
@@ -341,7 +345,7 @@ class Projector:
     def _live(self) -> None:
         """The runs live now by state, from the projection (an index covers them), at
         most every 10 s, between batches."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self.conn is None or now - self._live_at < 10:
             return
         self._live_at = now

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -94,6 +93,7 @@ from schemas.records import (
 )
 from schemas.spec import Resources
 from streams import metrics
+from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.core.ids import job_of
 from streams.core.liveness import BeatMark, Liveness, newer
 from streams.core.placement import (
@@ -208,9 +208,14 @@ class WorkerInfo:
 
 class Dispatcher:
     def __init__(
-        self, settings: Settings, node_id: str, config: DispatcherConfig = DispatcherConfig()
+        self,
+        settings: Settings,
+        node_id: str,
+        config: DispatcherConfig = DispatcherConfig(),
+        clock: Clock = SYSTEM_CLOCK,
     ):
         self.settings = settings
+        self.clock = clock
         self.node_id = node_id
         self.config = config
         self.liveness = Liveness(config.heartbeat_s, config.dead_after_missed, config.grace_s)
@@ -227,7 +232,7 @@ class Dispatcher:
         self.assigned: dict[Key, tuple[DispatchRequest, str, int]] = {}
         self.progress = Progress()
         self.committed: dict[int, int] = {}
-        self.started = time.monotonic()
+        self.started = self.clock.monotonic()
         self.reading_since = self.started  # heartbeats read without interruption since
         self.declared_dead = 0
         # A verdict in progress: (asked at, heartbeat partition ends then, workers silent).
@@ -291,12 +296,12 @@ class Dispatcher:
                 self._read_handbacks()
                 for msg in self.dispatch_consumer.consume(500, timeout=0.05):
                     self._consumed(msg)
-                now = int(time.time() * 1000)
+                now = int(self.clock.time() * 1000)
                 self._expire(now)
                 self._detect(now)
                 self._place(now)
                 self.producer.poll(0)
-                if time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
+                if self.clock.monotonic() - self._committed_at >= COMMIT_EVERY_S:
                     self._commit(asynchronous=True)
                     self._report_reserved()
                 lag.report(self.dispatch_consumer)
@@ -342,7 +347,7 @@ class Dispatcher:
 
     def _commit(self, asynchronous: bool, partitions: set[int] | None = None) -> None:
         """Commit the handled offsets that moved (of `partitions`, else of all)."""
-        self._committed_at = time.monotonic()
+        self._committed_at = self.clock.monotonic()
         points = {
             p: o
             for p, o in self.progress.points().items()
@@ -401,7 +406,7 @@ class Dispatcher:
         # The history to read is found by this machine's clock against the broker's
         # append times: a skew reads a little more or less of it, and no verdict depends
         # on how much was read (a worker is judged only on beats received from now on).
-        since = int((time.time() - self.config.history_s) * 1000)
+        since = int((self.clock.time() - self.config.history_s) * 1000)
         partitions = [
             TopicPartition(self.heartbeats_topic, p, since) for p in range(self.settings.partitions)
         ]
@@ -412,17 +417,17 @@ class Dispatcher:
         )
         if offsets is None:  # stopped while the broker was down
             return
-        self.reading_since = time.monotonic()
+        self.reading_since = self.clock.monotonic()
         self.heartbeat_consumer.assign(offsets)
 
     def _read_heartbeats(self) -> None:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         # Every beat read in this pass reached the client after the previous pass began
         # (that pass read the client's queue empty).
         self._fetched_after_s = self._drained_s
         while True:
             batch = self.heartbeat_consumer.consume(1000, timeout=0.01)
-            received_s = time.monotonic()
+            received_s = self.clock.monotonic()
             for msg in batch:
                 error = msg.error()
                 if error is not None:
@@ -549,7 +554,7 @@ class Dispatcher:
     def _place(self, now: int) -> None:
         if not len(self.queue):
             return
-        alive = self._alive(time.monotonic())
+        alive = self._alive(self.clock.monotonic())
 
         def fits(item: Item) -> bool:
             request = self.pending[item.key]
@@ -573,7 +578,7 @@ class Dispatcher:
             return True
 
         self.queue.drain(fits)
-        settled = time.monotonic() - self.started > self.config.settle_s
+        settled = self.clock.monotonic() - self.started > self.config.settle_s
         if settled and self.workers:
             everyone = [w.view(now) for w in self.workers.values() if not w.dead]
             for key, request in list(self.pending.items()):
@@ -608,7 +613,7 @@ class Dispatcher:
             request.resources,
             request.not_before_ms,
             max(now, request.not_before_ms) + self.config.reservation_ms,
-            time.monotonic(),
+            self.clock.monotonic(),
         )
         delivered = self._handled_when_delivered(where, f"assignment of {request.run_id}")
         try:
@@ -651,7 +656,7 @@ class Dispatcher:
         partitions end; once every beat up to there has been read, declare dead those of
         them still silent as of that question. Any beat the broker had acknowledged by
         then has been read first, so it cancels the verdict."""
-        now_s = time.monotonic()
+        now_s = self.clock.monotonic()
         if self._check is None:
             silent = {
                 info.worker_id

@@ -84,7 +84,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -115,6 +114,7 @@ from schemas.json import dlq_record
 from schemas.records import JobState, RunState
 from streams import metrics
 from streams.core import partition as core
+from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.core.ledger import Decision, LedgerConfig
 from streams.headers import job_state_headers, run_state_headers
 from streams.inboxes import Inboxes
@@ -230,6 +230,7 @@ class Ledger:
         restore_stall_s: float = RESTORE_STALL_S,
         producer_overrides: dict[str, Any] | None = None,
         store_dir: Path | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ):
         if txn_max_s >= TRANSACTION_TIMEOUT_MS / 1000 / 2:
             raise ValueError(
@@ -237,6 +238,7 @@ class Ledger:
                 f"({TRANSACTION_TIMEOUT_MS} ms)"
             )
         self.settings = settings
+        self.clock = clock
         self.config = config
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.batch_size = batch_size
@@ -471,7 +473,7 @@ class Ledger:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:  # a replaced consumer, closing late
             return
-        started = time.monotonic()
+        started = self.clock.monotonic()
         positions = self._take_over(partitions)
         # Assigned here, with the offsets the state was restored for: librdkafka must
         # not look the committed offsets up again after the restore (see _take_over).
@@ -486,7 +488,7 @@ class Ledger:
             self.node_id,
             sorted(tp.partition for tp in positions),
             self._restored_records,
-            time.monotonic() - started,
+            self.clock.monotonic() - started,
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -646,13 +648,13 @@ class Ledger:
             reader.assign(
                 [TopicPartition(t, p, starts.get((t, p), OFFSET_BEGINNING)) for t, p in pending]
             )
-            progress_at = time.monotonic()
+            progress_at = self.clock.monotonic()
             positions: dict[tuple[str, int], int] = {}
             read = 0
             while pending:
                 if self._stop.is_set():
                     break
-                if time.monotonic() - progress_at > self.restore_stall_s:
+                if self.clock.monotonic() - progress_at > self.restore_stall_s:
                     raise KafkaException(
                         KafkaError(
                             KafkaError._TIMED_OUT,
@@ -662,7 +664,7 @@ class Ledger:
                     )
                 messages = reader.consume(10_000, timeout=0.1)
                 if messages:
-                    progress_at = time.monotonic()
+                    progress_at = self.clock.monotonic()
                 for msg in messages:
                     error = msg.error()
                     if error is not None:
@@ -676,7 +678,7 @@ class Ledger:
                     where = (tp.topic, tp.partition)
                     if tp.offset > positions.get(where, -1):
                         positions[where] = tp.offset
-                        progress_at = time.monotonic()
+                        progress_at = self.clock.monotonic()
                     if tp.offset >= pending[where]:
                         del pending[where]
         finally:
@@ -710,7 +712,7 @@ class Ledger:
         self._txn_rejected = self._txn_dlq = 0  # counted in the metrics once committed
         self._dirty_jobs.clear()  # a failed transaction's, thrown away with its state
         self._dirty_runs.clear()
-        started = time.monotonic()
+        started = self.clock.monotonic()
         offsets: dict[tuple[str, int], int] = {}
         done = 0
         for msg in records:
@@ -718,7 +720,10 @@ class Ledger:
             offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
             done += 1
             pending = self._in_txn + len(self._dirty_jobs) + len(self._dirty_runs)
-            if pending >= self.txn_max_records or time.monotonic() - started >= self.txn_max_s:
+            if (
+                pending >= self.txn_max_records
+                or self.clock.monotonic() - started >= self.txn_max_s
+            ):
                 break
         self._write_states()
         producer, metadata = self.producer, self.consumer.consumer_group_metadata()
@@ -731,7 +736,7 @@ class Ledger:
         bounded(
             lambda: producer.commit_transaction(TXN_CALL_S), TXN_WATCHDOG_S, "commit_transaction"
         )
-        took = time.monotonic() - started
+        took = self.clock.monotonic() - started
         metrics.TXN_SECONDS.observe(took)
         metrics.TXN_RECORDS.observe(done)
         _APPLIED.inc(done - self._txn_rejected - self._txn_dlq)
@@ -831,7 +836,7 @@ class Ledger:
                 break
             except BufferError:
                 self._queue_full += 1
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 if not waited_until:
                     waited_until = now + TRANSACTION_TIMEOUT_MS / 1000
                 elif now > waited_until:

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -77,7 +76,7 @@ from confluent_kafka import (
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
 from schemas.records import DeadlineKind, DeadlineReached, FireProposed
 from streams import metrics
-from streams.core.clock import BrokerClock, broker_stamp
+from streams.core.clock import SYSTEM_CLOCK, BrokerClock, Clock, broker_stamp
 from streams.core.duequeue import DueQueue
 from streams.core.ids import job_of
 from streams.core.proposals import (
@@ -93,7 +92,7 @@ log = logging.getLogger("cronlog.scheduler")
 _FIRES = metrics.PROPOSALS.labels("fire")
 _DEADLINES = metrics.PROPOSALS.labels("deadline")
 
-Clock = Callable[[], int]
+ProposalTime = Callable[[], int]  # broker ms
 # A wall clock this far off the broker's makes the proposals made by it before the first
 # broker sample worth redoing (their repeats would come that much late).
 RESYNC_SKEW_MS = 1000
@@ -106,10 +105,6 @@ CATCH_UP_MAX_S = 10.0
 WARM_MAX_KEYS = 2_000_000
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass
 class PartitionTimers:
     fires: FireTimers
@@ -119,7 +114,7 @@ class PartitionTimers:
     # run state, a job state without the timers header), for the topics whose end has not
     # been reached yet (module docstring).
     backlog: dict[str, dict[str, bytes]] = field(default_factory=dict)
-    since: float = field(default_factory=time.monotonic)
+    since: float = 0.0  # when its catch-up began (monotonic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,15 +129,18 @@ class Scheduler:
         settings: Settings,
         node_id: str,
         config: SchedulerConfig = SchedulerConfig(),
-        clock: Clock | None = None,
+        propose_at: ProposalTime | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ):
-        """`clock`: the time to propose by; by default the broker's (see the module)."""
+        """`propose_at`: the time to propose by, by default the broker's (see the
+        module); `clock`: this machine's clocks, which carry the broker's forward."""
         self.settings = settings
         self.node_id = node_id
         self.config = config
+        self.clock = clock
         self.broker = BrokerClock()
-        self.clock = clock or self._broker_now
-        self._own_clock = clock is None
+        self.propose_at = propose_at or self._broker_now
+        self._own_clock = propose_at is None
         self._unsynced = False  # proposals were made by the fallback wall clock
         self.jobs_topic = settings.topic("jobs")
         self.runs_topic = settings.topic("runs")
@@ -154,7 +152,7 @@ class Scheduler:
         self._warm_timers: dict[int, PartitionTimers] = {}
         self.assigned = False  # a first assignment came (readiness)
         self._gauged = 0.0
-        self.early = Allowance(config.proposals.early_per_s, self.clock())
+        self.early = Allowance(config.proposals.early_per_s, self.propose_at())
         self._turn = 0
         self.proposed = 0
         self.dropped = 0  # proposals the full local queue refused (broker down)
@@ -186,7 +184,9 @@ class Scheduler:
     def _fresh_timers(self) -> PartitionTimers:
         """A partition's timers before its catch-up: both topics' backlogs open."""
         return PartitionTimers(
-            FireTimers(self.config.proposals), backlog={self.jobs_topic: {}, self.runs_topic: {}}
+            FireTimers(self.config.proposals),
+            backlog={self.jobs_topic: {}, self.runs_topic: {}},
+            since=self.clock.monotonic(),
         )
 
     def _subscribe(self) -> None:
@@ -228,7 +228,7 @@ class Scheduler:
                 self._read_beats()
                 self.producer.poll(0)  # delivery reports: samples of the broker's time
                 self._resync()
-                self._propose(self.clock())
+                self._propose(self.propose_at())
                 self._gauges()
                 self._lag.report(self.consumer)
         finally:
@@ -238,7 +238,7 @@ class Scheduler:
             self.beats.close()
 
     def _gauges(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._gauged < 1.0:
             return
         self._gauged = now
@@ -310,16 +310,19 @@ class Scheduler:
 
     # -- the broker's time ------------------------------------------------------------------
     def _broker_now(self) -> int:
-        now = self.broker.now_ms(time.monotonic())
-        return wall_clock_ms() if now is None else now
+        now = self.broker.now_ms(self.clock.monotonic())
+        return self._wall_ms() if now is None else now
+
+    def _wall_ms(self) -> int:
+        return int(self.clock.time() * 1000)
 
     def _observe(self, stamp: int | None) -> None:
         if stamp is None:
             return
         first = not self.broker.synced
-        self.broker.observe(stamp, time.monotonic())
+        self.broker.observe(stamp, self.clock.monotonic())
         if first:
-            skew_s = (wall_clock_ms() - (self.broker.now_ms(time.monotonic()) or 0)) / 1000
+            skew_s = (self._wall_ms() - (self.broker.now_ms(self.clock.monotonic()) or 0)) / 1000
             log.log(
                 logging.WARNING if abs(skew_s) >= 1 else logging.INFO,
                 "scheduler %s: broker clock synced; this machine's clock is %.3f s %s the "
@@ -348,7 +351,7 @@ class Scheduler:
         if not self._unsynced or not self.broker.synced:
             return
         self._unsynced = False
-        skew = abs(wall_clock_ms() - self._broker_now())
+        skew = abs(self._wall_ms() - self._broker_now())
         if skew < RESYNC_SKEW_MS:
             return
         log.warning(
@@ -437,13 +440,13 @@ class Scheduler:
             "scheduler %s caught up with partition %d in %.2f s%s: %d jobs",
             self.node_id,
             partition,
-            time.monotonic() - timers.since,
+            self.clock.monotonic() - timers.since,
             how,
             len(timers.fires),
         )
 
     def _cap_catch_ups(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for partition, timers in list(self.timers.items()):
             if timers.backlog and now - timers.since > CATCH_UP_MAX_S:
                 for topic in list(timers.backlog):

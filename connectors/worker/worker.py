@@ -73,7 +73,7 @@ from schemas.records import (
     WorkerAssignment,
 )
 from streams import metrics
-from streams.core.clock import BrokerClock, broker_stamp
+from streams.core.clock import SYSTEM_CLOCK, BrokerClock, Clock, broker_stamp
 from streams.core.ids import iso_utc, job_of
 from streams.core.placement import Capacity, labels_match
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
@@ -142,8 +142,9 @@ class Attempt:
 
 
 class Worker:
-    def __init__(self, settings: Settings, config: WorkerConfig):
+    def __init__(self, settings: Settings, config: WorkerConfig, clock: Clock = SYSTEM_CLOCK):
         self.settings = settings
+        self.clock = clock
         self.config = config
         self.dir = config.state_dir / config.worker_id
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -191,7 +192,7 @@ class Worker:
         self.checked_adopted = 0.0
         # Per earlier executor's log: what was read of it so far, and where to go on.
         self.adopted_logs: dict[str, tuple[dict[Key, dict[str, Any]], int]] = {}
-        self.loop_seen = time.monotonic()
+        self.loop_seen = self.clock.monotonic()
         self.inbox_ready = False
         self._inbox = ""  # its own inbox topic, known once run() starts
         self.gauged = 0.0
@@ -227,8 +228,8 @@ class Worker:
 
     def _now_ms(self) -> int:
         """The broker's time (from below) once known; this machine's clock before."""
-        now = self.broker.now_ms(time.monotonic())
-        return int(time.time() * 1000) if now is None else now
+        now = self.broker.now_ms(self.clock.monotonic())
+        return int(self.clock.time() * 1000) if now is None else now
 
     def _at(self, mono: float | None, wall_ms: int) -> int:
         """An executor's time of an event (monotonic, and wall ms) in broker time."""
@@ -284,7 +285,7 @@ class Worker:
             view=lambda: self.view,
             lease_file=lambda: self.lease,
             stop=self.stop_event,
-            loop_alive=lambda: time.monotonic() - self.loop_seen < LOOP_STUCK_S,
+            loop_alive=lambda: self.clock.monotonic() - self.loop_seen < LOOP_STUCK_S,
             observe=self._observe,
             now_ms=self._now_ms,
         )
@@ -301,7 +302,7 @@ class Worker:
         log.info("worker %s ready (inbox %s)", self.config.worker_id, self._inbox)
         try:
             while not self.stop_event.is_set():
-                self.loop_seen = time.monotonic()
+                self.loop_seen = self.clock.monotonic()
                 messages = consumer.consume(500, timeout=0.05)
                 for msg in messages:
                     if (error := msg.error()) is not None:
@@ -354,14 +355,14 @@ class Worker:
     def _consume_error(self, error: KafkaError) -> None:
         """librdkafka reconnects by itself, for ever: say that the worker waits (what it
         cannot report meanwhile stays queued, and is sent again if it ever fails)."""
-        if time.monotonic() - self.consume_error_logged >= 10:
-            self.consume_error_logged = time.monotonic()
+        if self.clock.monotonic() - self.consume_error_logged >= 10:
+            self.consume_error_logged = self.clock.monotonic()
             log.warning("reading worker-inbox: %s; waiting for Kafka", error)
 
     def _publish(self) -> None:
-        if time.monotonic() - self.published < 0.2:
+        if self.clock.monotonic() - self.published < 0.2:
             return  # the heartbeat reads it every few seconds
-        self.published = time.monotonic()
+        self.published = self.clock.monotonic()
         now = self._now_ms()  # run start times are broker time
         self.timeline.forget_before(now)
         self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts))
@@ -394,9 +395,11 @@ class Worker:
         """A broker time from a delivery report (of a beat, on the heartbeat thread, or of
         a report): the broker clock's sample."""
         first = not self.broker.synced
-        self.broker.observe(stamp, time.monotonic())
+        self.broker.observe(stamp, self.clock.monotonic())
         if first:
-            skew_s = (time.time() * 1000 - (self.broker.now_ms(time.monotonic()) or 0)) / 1000
+            skew_s = (
+                self.clock.time() * 1000 - (self.broker.now_ms(self.clock.monotonic()) or 0)
+            ) / 1000
             log.log(
                 logging.WARNING if abs(skew_s) >= 1 else logging.INFO,
                 "broker clock synced: this machine's clock is %.3f s %s the broker's; runs "
@@ -451,7 +454,7 @@ class Worker:
             )
             return
         self.timeline.plan(key, d.resources, d.not_before_ms, expected)
-        attempt = Attempt(d, "claiming", since=time.monotonic())
+        attempt = Attempt(d, "claiming", since=self.clock.monotonic())
         self.attempts[key] = attempt
         self.journal.record(d.run_id, d.attempt, d.job_id, "claiming", dispatch=to_plain(d))
         attempt.claimed_ms = self._claim(d)
@@ -577,7 +580,7 @@ class Worker:
             )
 
     def _gauges(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self.gauged < 1.0:
             return
         self.gauged = now
@@ -594,7 +597,7 @@ class Worker:
         return None if self.inbox_ready else "worker: inbox not assigned yet"
 
     def alive(self) -> bool:
-        return time.monotonic() - self.loop_seen < LOOP_STUCK_S
+        return self.clock.monotonic() - self.loop_seen < LOOP_STUCK_S
 
     def _env(self, d: DispatchRequest) -> dict[str, str]:
         return {
@@ -621,7 +624,7 @@ class Worker:
         problem = self.executor.health()
         if problem:
             self._replace_executor(problem)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self.tailed >= TAIL_EVERY_S:  # the output of long runs, as it comes
             self.tailed = now
             for attempt in self.attempts.values():
@@ -730,7 +733,7 @@ class Worker:
             if entry.phase == "claiming":
                 expected = self.durations.expected_ms(d.job_id)
                 self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
-                attempt.since, attempt.claimed_ms = time.monotonic(), self._claim(d)
+                attempt.since, attempt.claimed_ms = self.clock.monotonic(), self._claim(d)
                 continue
             attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
             self.timeline.begin(attempt.key, d.resources)  # may be running: hold it

@@ -29,13 +29,64 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Final
+import time
+from typing import Final, Protocol
 
 #: The timestamp type of a Kafka message whose time the broker set (LogAppendTime): the
 #: value of librdkafka's RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME, which confluent_kafka
 #: exports as TIMESTAMP_LOG_APPEND_TIME (not imported: this module knows no Kafka).
 LOG_APPEND_TIME: Final = 2
 DEFAULT_MAX_DRIFT: Final = 1e-3
+
+
+class Clock(Protocol):
+    """This machine's two clocks, as every loop reads them: passed in (the system's by
+    default), so a test can hand a loop a clock that moves only when told. The names
+    are the `time` module's, so `time.monotonic()` reads `clock.monotonic()`."""
+
+    def time(self) -> float:
+        """The wall clock, seconds since the epoch: for stamps and displays, never for a
+        decision that two machines must agree on (that is the broker's time)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock never stepped: for intervals, timeouts and ages."""
+        ...
+
+
+class SystemClock:
+    """The machine's clocks."""
+
+    __slots__ = ()
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+SYSTEM_CLOCK: Final = SystemClock()
+
+
+class ManualClock:
+    """A clock that moves only when told (`advance`): both readings move together."""
+
+    def __init__(self, wall_s: float = 1_800_000_000.0, mono_s: float = 1_000.0) -> None:
+        self.wall_s = wall_s
+        self.mono_s = mono_s
+
+    def time(self) -> float:
+        return self.wall_s
+
+    def monotonic(self) -> float:
+        return self.mono_s
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock moves forward only")
+        self.wall_s += seconds
+        self.mono_s += seconds
 
 
 def broker_stamp(timestamp: tuple[int, int]) -> int | None:

@@ -65,7 +65,7 @@ def test_catch_up_keeps_the_newest_value_then_follows(topics: Settings) -> None:
             ("runs", b"a@y", None),  # forgotten since
         ],
     )
-    node = Scheduler(topics, "catchup-test", clock=lambda: NOW)
+    node = Scheduler(topics, "catchup-test", propose_at=lambda: NOW)
     thread = threading.Thread(target=node.run, daemon=True)
     thread.start()
     try:
@@ -91,7 +91,7 @@ def test_catch_up_keeps_the_newest_value_then_follows(topics: Settings) -> None:
 def test_a_catch_up_that_never_sees_the_end_goes_on_record_by_record(topics: Settings) -> None:
     """Should the end of a partition never be reported, the catch-up still ends after
     CATCH_UP_MAX_S: what it kept is learned, and later records are followed one by one."""
-    node = Scheduler(topics, "catchup-cap", clock=lambda: NOW)
+    node = Scheduler(topics, "catchup-cap", propose_at=lambda: NOW)
     try:
         timers = node._fresh_timers()
         node.timers[PARTITION] = timers
@@ -136,7 +136,7 @@ def test_the_state_headers_are_read_instead_of_the_values(topics: Settings) -> N
         headers=[(DEADLINE_HEADER, encode_deadline(Deadline(due + 7, 3, "timeout")))],
     )
     assert producer.flush(30) == 0
-    node = Scheduler(topics, "header-test", clock=lambda: NOW)
+    node = Scheduler(topics, "header-test", propose_at=lambda: NOW)
     thread = threading.Thread(target=node.run, daemon=True)
     thread.start()
     try:
@@ -179,7 +179,7 @@ def test_what_is_read_ahead_before_the_assignment_is_kept_and_read_on_from(
     none is missed or read twice out of order."""
     due = NOW + 9_000_000
     write(topics, [("jobs", b"ra", state("ra", due)), ("jobs", b"ra-old", state("ra-old", due))])
-    node = Scheduler(topics, "read-ahead", clock=lambda: NOW)
+    node = Scheduler(topics, "read-ahead", propose_at=lambda: NOW)
     try:
         node._start_warm_up()
         warm = node._warm_timers[PARTITION]

@@ -55,6 +55,17 @@ TABLES = {
 }
 
 
+def _succeeded(reader: EventReader, job_ids: set[str]) -> int:
+    return sum(1 for e, _ in reader.run_events() if e.state == "succeeded" and e.job_id in job_ids)
+
+
+def _more_succeed(reader: EventReader, job_ids: set[str], count: int, what: str) -> None:
+    """Until `count` more runs of `job_ids` succeeded (what a fixed sleep only hoped)."""
+    reader.poll_for(0.2)
+    start = _succeeded(reader, job_ids)
+    reader.wait_until(lambda: _succeeded(reader, job_ids) >= start + count, 90, what)
+
+
 def transitions_in_topic(settings: Settings, group: str) -> int:
     events = EventReader(settings, group)
     try:
@@ -119,13 +130,19 @@ def test_killed_projector_equals_a_fresh_replay(
         send_commands(
             topics, [job("hello", ["sh", "-c", "echo out; echo err >&2"], schedule={"every": "1s"})]
         )
-        time.sleep(6)
-        projector.kill()  # mid-stream: events keep flowing while it is dead
-        time.sleep(3)
-        projector.start()
-        time.sleep(3)
-        send_commands(topics, [{"type": "job.pause", "job_id": "hello"}])
-        time.sleep(3)
+        flow = EventReader(topics, "proj-flow")
+        try:
+            _more_succeed(flow, {"hello"}, 4, "runs before the kill")
+            projector.kill()  # mid-stream: events keep flowing while it is dead
+            _more_succeed(flow, {"hello"}, 3, "runs while the projector is dead")
+            projector.start()
+            _more_succeed(flow, {"hello"}, 2, "runs after the restart")
+            send_commands(topics, [{"type": "job.pause", "job_id": "hello"}])
+            flow.wait_until(
+                lambda: any(e.kind == "paused" for e in flow.job_events()), 30, "the pause"
+            )
+        finally:
+            flow.close()
     finally:
         worker.stop()
         node.stop()
@@ -188,15 +205,23 @@ def test_catches_up_after_postgres_is_down_for_12_s(
             topics,
             [job(name, ["true"], schedule={"every": "1s"}) for name in ("tick", "tock")],
         )
-        time.sleep(5)
-        assert postgres.down()
+        both = {"tick", "tock"}
+        flow = EventReader(topics, "pgdown-flow")
         try:
-            time.sleep(12)  # runs keep flowing into Kafka meanwhile
+            _more_succeed(flow, both, 8, "runs before PostgreSQL stops")
+            assert postgres.down()
+            try:
+                # Runs keep flowing into Kafka meanwhile (about 10 s of them).
+                _more_succeed(flow, both, 20, "runs while PostgreSQL is down")
+            finally:
+                postgres.up(log=lambda _: None)
+            _more_succeed(flow, both, 6, "runs after PostgreSQL is back")
+            send_commands(topics, [{"type": "job.pause", "job_id": n} for n in sorted(both)])
+            flow.wait_until(
+                lambda: sum(e.kind == "paused" for e in flow.job_events()) >= 2, 30, "the pauses"
+            )
         finally:
-            postgres.up(log=lambda _: None)
-        time.sleep(3)
-        send_commands(topics, [{"type": "job.pause", "job_id": n} for n in ("tick", "tock")])
-        time.sleep(2)
+            flow.close()
     finally:
         worker.stop()
         node.stop()

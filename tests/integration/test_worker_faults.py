@@ -23,6 +23,7 @@ from schemas.records import ClaimReply, RunReleased
 from streams.core.placement import Capacity
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "worker-faults.json"
@@ -98,7 +99,7 @@ def test_kill_9_mid_run(
             job("nonidem", command),
         ],
     )
-    time.sleep(1)
+    events.wait_registered(["idem"])
     send_commands(topics, [{"type": "job.run_now", "job_id": "idem", "request_id": "k1"}])
     _, _, victim, _ = wait_state(events, "idem@manual:k1", "running")
     killed = time.time()
@@ -140,7 +141,7 @@ def test_sigstop_past_the_heartbeat_timeout(
     send_commands(
         topics, [job("stopme", ["sh", "-c", f'echo "$CRONLOG_RUN_ID" >> {marks}; sleep 40.777'])]
     )
-    time.sleep(1)
+    events.wait_registered(["stopme"])
     send_commands(topics, [{"type": "job.run_now", "job_id": "stopme", "request_id": "s1"}])
     _, _, victim, _ = wait_state(events, "stopme@manual:s1", "running")
     assert alive("sleep 40.777")
@@ -273,12 +274,13 @@ def test_outcome_of_a_run_that_ended_while_the_worker_was_down_is_reported(
     its lease; the restarted worker reads the outcome from the old executor's log and
     reports it: succeeded, not lost."""
     _, workers = cluster
-    send_commands(topics, [job("endsalone", ["sh", "-c", "sleep 2; exit 0"])])
-    time.sleep(1)
+    send_commands(topics, [job("endsalone", ["sh", "-c", "sleep 2.345; exit 0"])])
+    events.wait_registered(["endsalone"])
     send_commands(topics, [{"type": "job.run_now", "job_id": "endsalone", "request_id": "e1"}])
     _, _, victim, _ = wait_state(events, "endsalone@manual:e1", "running")
     workers[victim].kill()
-    time.sleep(3)  # the job ends meanwhile; the lease (7 s) has not expired
+    # The job ends meanwhile (its process is gone); the lease (7 s) has not expired.
+    eventually(lambda: not alive("sleep 2.345"), "the job to end while its worker is down", 6)
     workers[victim].start()
     done = wait_state(events, "endsalone@manual:e1", "succeeded", timeout_s=60)
     assert (done[0], done[2]) == (1, victim)
@@ -294,7 +296,7 @@ def test_a_killed_executor_is_replaced_and_its_jobs_killed(
     next run succeeds on the same worker."""
     _, workers = cluster
     send_commands(topics, [job("exekill", ["sh", "-c", "sleep 33.3; exit 0"])])
-    time.sleep(1)
+    events.wait_registered(["exekill"])
     send_commands(topics, [{"type": "job.run_now", "job_id": "exekill", "request_id": "x1"}])
     _, _, victim, _ = wait_state(events, "exekill@manual:x1", "running")
     assert alive("sleep 33.3")
@@ -303,7 +305,7 @@ def test_a_killed_executor_is_replaced_and_its_jobs_killed(
     assert "executor" in failed[3]
     assert not alive("sleep 33.3"), "the job outlived its executor"
     send_commands(topics, [job("after", ["true"])])
-    time.sleep(1)
+    events.wait_registered(["after"])
     send_commands(topics, [{"type": "job.run_now", "job_id": "after", "request_id": "x2"}])
     wait_state(events, "after@manual:x2", "succeeded", timeout_s=60)
 

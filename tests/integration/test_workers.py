@@ -133,7 +133,7 @@ def test_placement_respects_resources_and_labels(
             job("needs-rogue", ["true"], resources={"cpu": 0.1, "labels": {"rogue": "yes"}}),
         ],
     )
-    time.sleep(1)
+    events.wait_registered(["needs-2cpu", "needs-zone-b", "needs-gpu", "too-big", "needs-rogue"])
     send_commands(
         topics,
         [
@@ -179,7 +179,7 @@ def test_timeout_kills_the_group_and_cancel_stops_a_running_run(
             job("cancel-me", ["sleep", "27.1828"], timeout_s=600),
         ],
     )
-    time.sleep(1)
+    events.wait_registered(["slow", "cancel-me"])
     send_commands(
         topics,
         [
@@ -290,12 +290,15 @@ def test_priority_and_fairness_under_contention(
             job("urgent-c", command, owner="owner-c", resources=need, priority=10),
         ],
     )
-    time.sleep(1)
+    events.wait_registered(["hog-a", "small-b", "urgent-c"])
     send_commands(
         topics,
         [{"type": "job.run_now", "job_id": "hog-a", "request_id": f"a{i}"} for i in range(6)],
     )
-    time.sleep(0.5)
+    # The hog's runs queue first (created: `due`), then owner-b's arrive.
+    events.wait_until(
+        lambda: len(final_states(events, "hog-a")) == 6, 60, "the hog's six runs created"
+    )
     send_commands(
         topics,
         [{"type": "job.run_now", "job_id": "small-b", "request_id": f"b{i}"} for i in range(2)],

@@ -175,6 +175,17 @@ class EventReader:
             self.poll_for(0.5)
         raise AssertionError(f"timed out waiting for {what}")
 
+    def wait_registered(self, job_ids: list[str], timeout_s: float = 60) -> None:
+        """Until the ledger has registered every job of `job_ids` (its `upserted` event):
+        what a test waits for before a request that must find the job, instead of a
+        fixed sleep."""
+
+        def registered() -> bool:
+            done = {e.job_id for e in self.job_events() if e.kind == "upserted"}
+            return set(job_ids) <= done
+
+        self.wait_until(registered, timeout_s, f"{', '.join(job_ids)} registered")
+
     def run_events(self) -> list[tuple[RunEvent, int]]:
         return [(s.event, s.written_ms) for s in self.seen if isinstance(s.event, RunEvent)]
 

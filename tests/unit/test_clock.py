@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from connectors.worker.engine import lease_holds, lease_text
 from connectors.worker.executor import Finished, ProcessExecutor, Started, StartSpec
 from connectors.worker.lease import write_atomic
-from streams.core.clock import DEFAULT_MAX_DRIFT, LOG_APPEND_TIME, BrokerClock, broker_stamp
+from streams.core.clock import (
+    DEFAULT_MAX_DRIFT,
+    LOG_APPEND_TIME,
+    SYSTEM_CLOCK,
+    BrokerClock,
+    ManualClock,
+    broker_stamp,
+)
 
 T0 = 1_800_000_000_000
 
@@ -58,6 +65,29 @@ def test_the_drift_allowance_keeps_it_below_a_slow_broker() -> None:
     clock = BrokerClock()
     clock.observe(T0, 0.0)
     assert clock.now_ms(100.0) == T0 + 100_000 - round(100_000 * DEFAULT_MAX_DRIFT)
+
+
+def test_a_manual_clock_moves_only_when_told_and_carries_the_broker_time_forward() -> None:
+    """What a loop given a ManualClock sees: no time passes until the test says so, and
+    the broker's time it derives moves by the drift-discounted amount, no more."""
+    clock = ManualClock(wall_s=1_000.0, mono_s=50.0)
+    broker = BrokerClock()
+    broker.observe(5_000_000, clock.monotonic())
+    assert (clock.time(), clock.monotonic()) == (1_000.0, 50.0)
+    assert broker.now_ms(clock.monotonic()) == 5_000_000
+    clock.advance(2.0)
+    assert (clock.time(), clock.monotonic()) == (1_002.0, 52.0)
+    assert broker.now_ms(clock.monotonic()) == math.floor(
+        5_000_000 + 2000 * (1 - DEFAULT_MAX_DRIFT)
+    )
+    with pytest.raises(ValueError, match="forward"):
+        clock.advance(-1)
+
+
+def test_the_system_clock_is_the_machines() -> None:
+    before = time.monotonic()
+    assert before <= SYSTEM_CLOCK.monotonic() <= time.monotonic()
+    assert abs(SYSTEM_CLOCK.time() - time.time()) < 60
 
 
 def test_a_drift_allowance_must_be_a_fraction() -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import orjson
 import yaml
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from schemas.codec import JOB_STATE, RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
@@ -53,7 +53,7 @@ from streams.core.notifications import (
     watch_after,
     watch_for,
 )
-from streams.kafka import consumer_config, producer_config
+from streams.kafka import KAFKA_CLIENTS, Clients, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.notifier")
@@ -124,20 +124,24 @@ class Notifier:
         policy: DeliveryPolicy | None = None,
         workers: int = 8,
         clock: Clock = SYSTEM_CLOCK,
+        clients: Clients = KAFKA_CLIENTS,
     ):
         self.settings = settings
+        self.clients = clients
         self.owner_routes = owner_routes or {}
         self.policy = policy or DeliveryPolicy()
         self.clock = clock
         self.events_topic = settings.topic("run-events")
         self.jobs_topic = settings.topic("jobs")
         self.dlq_topic = settings.topic("notifications.dlq")
-        self.consumer = Consumer(
+        self.consumer = self.clients.consumer(
             consumer_config(
                 settings, settings.group("notifier"), **{"reconnect.backoff.max.ms": 1000}
             )
         )
-        self.producer = Producer(producer_config(settings, **{"enable.idempotence": True}))
+        self.producer = self.clients.producer(
+            producer_config(settings, **{"enable.idempotence": True})
+        )
         self.http = httpx.Client(timeout=self.policy.timeout_s, follow_redirects=False)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="notify")
         self._stop = threading.Event()
@@ -187,7 +191,9 @@ class Notifier:
         """The watched jobs of these partitions, from the compacted `jobs` topic."""
         if not partitions:
             return
-        reader = Consumer(consumer_config(self.settings, None, **{"enable.partition.eof": True}))
+        reader = self.clients.consumer(
+            consumer_config(self.settings, None, **{"enable.partition.eof": True})
+        )
         try:
             reader.assign([TopicPartition(self.jobs_topic, p, -2) for p in partitions])
             left, seen = set(partitions), 0

@@ -41,7 +41,7 @@ from schemas.json import to_plain
 from schemas.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams import metrics
 from streams.core.clock import SYSTEM_CLOCK, Clock
-from streams.kafka import consumer_config
+from streams.kafka import KAFKA_CLIENTS, Clients, consumer_config
 from streams.metrics import reason_kind
 from streams.settings import Settings
 
@@ -222,8 +222,10 @@ class Projector:
         group: str | None = None,
         retention: RetentionPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        clients: Clients = KAFKA_CLIENTS,
     ):
         self.settings = settings
+        self.clients = clients
         self.clock = clock
         self.batch_size = batch_size
         self.retry_s = retry_s
@@ -237,7 +239,7 @@ class Projector:
         # A broker that is down is retried every second (librdkafka backs off up to 10 s
         # by default), for ever: the projector waits for it, then goes on from the offsets
         # stored in PostgreSQL (the rebalance after the broker's return seeks to them).
-        self.consumer = Consumer(
+        self.consumer = self.clients.consumer(
             consumer_config(
                 settings,
                 group or settings.group("projector"),

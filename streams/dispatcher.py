@@ -78,7 +78,6 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 
@@ -108,8 +107,11 @@ from streams.core.seals import seal
 from streams.core.timeline import Timeline
 from streams.inboxes import Inboxes
 from streams.kafka import (
+    KAFKA_CLIENTS,
+    Clients,
     GroupWatch,
     abandon_consumer,
+    admin_config,
     consumer_config,
     producer_config,
     until_done,
@@ -213,13 +215,16 @@ class Dispatcher:
         node_id: str,
         config: DispatcherConfig = DispatcherConfig(),
         clock: Clock = SYSTEM_CLOCK,
+        clients: Clients = KAFKA_CLIENTS,
     ):
         self.settings = settings
+        self.clients = clients
         self.clock = clock
         self.node_id = node_id
         self.config = config
         self.liveness = Liveness(config.heartbeat_s, config.dead_after_missed, config.grace_s)
-        self.inboxes = Inboxes(settings)  # each worker's inbox topic (streams/inboxes.py)
+        # Each worker's inbox topic (streams/inboxes.py).
+        self.inboxes = Inboxes(settings, clients.admin(admin_config(settings)))
         self.workers: dict[str, WorkerInfo] = {}
         self.queue = FairQueue()
         self.pending: dict[str, DispatchRequest] = {}
@@ -245,17 +250,17 @@ class Dispatcher:
         self.heartbeats_topic = settings.topic("heartbeats")
         self.watch = GroupWatch(settings, f"dispatcher {node_id}")
         self.dispatch_consumer = self._new_consumer()
-        self.heartbeat_consumer = Consumer(consumer_config(settings, None))
+        self.heartbeat_consumer = self.clients.consumer(consumer_config(settings, None))
         self.handbacks_topic = settings.topic("worker-handbacks")
-        self.handback_consumer = Consumer(consumer_config(settings, None))
-        self.producer = Producer(producer_config(settings))
+        self.handback_consumer = self.clients.consumer(consumer_config(settings, None))
+        self.producer = self.clients.producer(producer_config(settings))
         self.key: bytes | None = None  # the placement key, read at the start of run()
 
     def stop(self) -> None:
         self._stop.set()
 
     def _new_consumer(self) -> Consumer:
-        return Consumer(
+        return self.clients.consumer(
             consumer_config(self.settings, self.settings.group("dispatcher"), **self.watch.config())
         )
 

@@ -25,13 +25,13 @@ import logging
 import threading
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from schemas.codec import JOB_LOG, CodecError
 from schemas.json import dlq_record
 from schemas.records import ClaimRequested, RunFinished, RunReleased, RunStarted
 from streams import metrics
-from streams.kafka import consumer_config, producer_config
+from streams.kafka import KAFKA_CLIENTS, Clients, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.gate")
@@ -60,13 +60,14 @@ def report_route(raw: bytes | None) -> tuple[str, bytes, bytes]:
 
 
 class Gate:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, clients: Clients = KAFKA_CLIENTS):
         self.settings = settings
+        self.clients = clients
         self.source = settings.topic("worker-reports")
         self.job_log = settings.topic("job-log")
         self.dlq = settings.topic("commands.dlq")
-        self.consumer = Consumer(consumer_config(settings, settings.group("gate")))
-        self.producer = Producer(producer_config(settings))
+        self.consumer = self.clients.consumer(consumer_config(settings, settings.group("gate")))
+        self.producer = self.clients.producer(producer_config(settings))
         self._stop = threading.Event()
 
     def stop(self) -> None:

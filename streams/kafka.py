@@ -20,8 +20,10 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from streams.logs import kafka_log_settings
 from streams.settings import Settings
@@ -121,6 +123,26 @@ def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict
     else:
         config["group.id"] = "cronlog-unused"  # librdkafka needs one even for assign()
     return config
+
+
+class Clients:
+    """Where a loop gets its Kafka clients, each from a config built above: passed to
+    every loop (`clients=`), so what it talks to is chosen by whoever starts it. The
+    default builds confluent-kafka's clients."""
+
+    __slots__ = ()
+
+    def consumer(self, config: dict[str, Any]) -> Consumer:
+        return Consumer(config)
+
+    def producer(self, config: dict[str, Any]) -> Producer:
+        return Producer(config)
+
+    def admin(self, config: dict[str, Any]) -> AdminClient:
+        return AdminClient(config)
+
+
+KAFKA_CLIENTS = Clients()
 
 
 def committed_or(

@@ -119,11 +119,14 @@ from streams.core.ledger import Decision, LedgerConfig
 from streams.headers import job_state_headers, run_state_headers
 from streams.inboxes import Inboxes
 from streams.kafka import (
+    KAFKA_CLIENTS,
     RETRY_SLEEP_S,
     TRANSACTION_TIMEOUT_MS,
+    Clients,
     GroupWatch,
     Hung,
     abandon_consumer,
+    admin_config,
     bounded,
     committed_or,
     consumer_config,
@@ -231,6 +234,7 @@ class Ledger:
         producer_overrides: dict[str, Any] | None = None,
         store_dir: Path | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        clients: Clients = KAFKA_CLIENTS,
     ):
         if txn_max_s >= TRANSACTION_TIMEOUT_MS / 1000 / 2:
             raise ValueError(
@@ -238,6 +242,7 @@ class Ledger:
                 f"({TRANSACTION_TIMEOUT_MS} ms)"
             )
         self.settings = settings
+        self.clients = clients
         self.clock = clock
         self.config = config
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -260,7 +265,7 @@ class Ledger:
             )
         }
         # Each worker's inbox topic: its own, or the shared one of HTTP workers.
-        self.inboxes = Inboxes(settings)
+        self.inboxes = Inboxes(settings, clients.admin(admin_config(settings)))
         self.state: dict[int, PartitionState] = {}
         self._stop = threading.Event()
         self._batches = self._records = self._rejected = self._recoveries = 0
@@ -292,7 +297,7 @@ class Ledger:
         config = {**transactional_producer_config(self.settings, txn_id), **self.producer_overrides}
         failures = 0
         while True:
-            producer = Producer(config)
+            producer = self.clients.producer(config)
             while True:
                 try:
                     bounded(
@@ -337,7 +342,7 @@ class Ledger:
         )
 
     def _new_consumer(self) -> Consumer:
-        return Consumer(
+        return self.clients.consumer(
             consumer_config(
                 self.settings,
                 self.settings.group("ledger"),
@@ -409,7 +414,9 @@ class Ledger:
             for topic in ("jobs", "runs")
             for p in partitions
         }
-        reader = Consumer(consumer_config(self.settings, None, **{"fetch.wait.max.ms": 100}))
+        reader = self.clients.consumer(
+            consumer_config(self.settings, None, **{"fetch.wait.max.ms": 100})
+        )
         reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in sinks])
         self._ahead = _ReadAhead(reader, sinks)
 
@@ -622,7 +629,7 @@ class Ledger:
         """Stage into each (topic, partition)'s sink the newest value of each key of the
         `jobs` and `runs` partitions, from `starts` (else the beginning) to the log's
         real end (`_restore_all` says why and how long). Returns the records read."""
-        probe = Consumer(
+        probe = self.clients.consumer(
             consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
         )
         try:
@@ -637,7 +644,7 @@ class Ledger:
         pending = {key: high for key, high in targets.items() if high > starts.get(key, 0)}
         if not pending:
             return 0
-        reader = Consumer(
+        reader = self.clients.consumer(
             consumer_config(
                 self.settings,
                 None,

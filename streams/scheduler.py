@@ -69,7 +69,6 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 
@@ -85,7 +84,14 @@ from streams.core.proposals import (
     ProposalPolicy,
 )
 from streams.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
-from streams.kafka import GroupWatch, abandon_consumer, consumer_config, producer_config
+from streams.kafka import (
+    KAFKA_CLIENTS,
+    Clients,
+    GroupWatch,
+    abandon_consumer,
+    consumer_config,
+    producer_config,
+)
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.scheduler")
@@ -131,10 +137,12 @@ class Scheduler:
         config: SchedulerConfig = SchedulerConfig(),
         propose_at: ProposalTime | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        clients: Clients = KAFKA_CLIENTS,
     ):
         """`propose_at`: the time to propose by, by default the broker's (see the
         module); `clock`: this machine's clocks, which carry the broker's forward."""
         self.settings = settings
+        self.clients = clients
         self.node_id = node_id
         self.config = config
         self.clock = clock
@@ -159,10 +167,10 @@ class Scheduler:
         self._stop = threading.Event()
         self.watch = GroupWatch(settings, f"scheduler {node_id}")
         self.consumer = self._new_consumer()
-        self.producer = Producer(producer_config(settings))
+        self.producer = self.clients.producer(producer_config(settings))
         # Heartbeats, from their end, only for their broker stamps: the clock's samples
         # while this node has nothing to propose.
-        self.beats = Consumer(
+        self.beats = self.clients.consumer(
             consumer_config(settings, None, **{"isolation.level": "read_uncommitted"})
         )
 
@@ -170,7 +178,7 @@ class Scheduler:
         self._stop.set()
 
     def _new_consumer(self) -> Consumer:
-        return Consumer(
+        return self.clients.consumer(
             consumer_config(
                 self.settings,
                 self.settings.group("scheduler"),
@@ -265,7 +273,7 @@ class Scheduler:
 
     # -- reading ahead while the group decides --------------------------------------------
     def _start_warm_up(self) -> None:
-        self._warm = Consumer(
+        self._warm = self.clients.consumer(
             consumer_config(
                 self.settings, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 100}
             )

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from connectors.stack.process import pid_alive
 from connectors.worker.engine import read_log
@@ -78,7 +78,7 @@ from streams.core.ids import iso_utc, job_of
 from streams.core.placement import Capacity, labels_match
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
 from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
-from streams.kafka import committed_or, consumer_config, producer_config
+from streams.kafka import KAFKA_CLIENTS, Clients, committed_or, consumer_config, producer_config
 from streams.settings import Settings
 from streams.topics import TopicError
 
@@ -142,8 +142,15 @@ class Attempt:
 
 
 class Worker:
-    def __init__(self, settings: Settings, config: WorkerConfig, clock: Clock = SYSTEM_CLOCK):
+    def __init__(
+        self,
+        settings: Settings,
+        config: WorkerConfig,
+        clock: Clock = SYSTEM_CLOCK,
+        clients: Clients = KAFKA_CLIENTS,
+    ):
         self.settings = settings
+        self.clients = clients
         self.clock = clock
         self.config = config
         self.dir = config.state_dir / config.worker_id
@@ -177,7 +184,7 @@ class Worker:
         self.view: tuple[Capacity, tuple[Key, ...]] = (config.capacity, ())
         self.stop_event = threading.Event()
         self.broker = BrokerClock()
-        self.producer = Producer(producer_config(settings, **RECONNECT))
+        self.producer = self.clients.producer(producer_config(settings, **RECONNECT))
         self.topics = {
             n: settings.topic(n)
             for n in (
@@ -275,7 +282,7 @@ class Worker:
         self.housekeeping.run(at_start=True)
         self._publish()
         heartbeat = Heartbeat(
-            Producer(producer_config(self.settings, **{"linger.ms": 0}, **RECONNECT)),
+            self.clients.producer(producer_config(self.settings, **{"linger.ms": 0}, **RECONNECT)),
             self.topics["heartbeats"],
             self.config.worker_id,
             self.config.capacity,
@@ -290,7 +297,7 @@ class Worker:
             now_ms=self._now_ms,
         )
         threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
-        consumer = Consumer(
+        consumer = self.clients.consumer(
             consumer_config(
                 self.settings, self.settings.group(f"worker-{self.config.worker_id}"), **RECONNECT
             )

@@ -119,6 +119,23 @@ BUILDERS = {
 # The local stack's own probe of the plaintext broker it just started, before any
 # cronlog configuration applies (connectors/stack/kafka.py).
 EXEMPT = {("connectors/stack/kafka.py", "AdminClient")}
+# `streams.kafka.Clients` builds each client from a config it is given: its callers are
+# checked instead (`clients.consumer(...)`, `self.clients.producer(...)`).
+EXEMPT |= {("streams/kafka.py", name) for name in CLIENTS}
+FACTORY = {"consumer": "Consumer", "producer": "Producer", "admin": "AdminClient"}
+
+
+def _client_call(node: ast.Call) -> str | None:
+    """The client a call builds: `Consumer(...)`, or `clients.consumer(...)` /
+    `self.clients.consumer(...)` through a `Clients`."""
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id if func.id in CLIENTS else None
+    if isinstance(func, ast.Attribute) and func.attr in FACTORY:
+        owner = func.value
+        named = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        return FACTORY[func.attr] if named == "clients" else None
+    return None
 
 
 def _is_builder(node: ast.expr, built: set[str]) -> bool:
@@ -145,12 +162,13 @@ def _violations(source: str, rel: str) -> list[str]:
             if isinstance(target, ast.Name)
         }
         for node in ast.walk(func):
-            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            if not isinstance(node, ast.Call):
                 continue
-            if node.func.id not in CLIENTS or (rel, node.func.id) in EXEMPT:
+            client = _client_call(node)
+            if client is None or (rel, client) in EXEMPT:
                 continue
             if not node.args or not _is_builder(node.args[0], built):
-                found.append(f"{rel}:{node.lineno} {node.func.id}(...)")
+                found.append(f"{rel}:{node.lineno} {client}(...)")
     return sorted(set(found))  # a call inside a function is seen from the module too
 
 
@@ -170,6 +188,10 @@ def test_the_check_sees_a_client_built_by_hand() -> None:
     assert _violations("Producer(producer_config(s))", "x.py") == []
     assert _violations("def f(s):\n    c = admin_config(s)\n    AdminClient(c)\n", "x.py") == []
     assert _violations("Consumer({**connection_config(s), 'group.id': 'g'})", "x.py") == []
+    # Through a loop's `Clients` too.
+    through = "def f(self):\n    return self.clients.producer({'bootstrap.servers': 'x'})\n"
+    assert _violations(through, "x.py") == ["x.py:2 Producer(...)"]
+    assert _violations("clients.admin(admin_config(s))", "x.py") == []
 
 
 def test_the_acl_table_in_docs_is_the_one_applied() -> None:

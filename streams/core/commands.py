@@ -44,7 +44,7 @@ from schemas.spec import (
     RetryPolicy,
     Schedule,
 )
-from streams.core.ids import MANUAL, parse_run_id
+from streams.core.ids import MANUAL, job_of, parse_run_id
 from streams.core.schedule import ScheduleError, parse_schedule
 
 MAX_COMMAND_BYTES: Final = 64 * 1024  # encoded size of one command (the API should cap bodies)
@@ -349,7 +349,7 @@ def _run_id(value: object) -> tuple[str, str]:
     shape = "run_id must be '{job_id}@{ISO-8601 UTC time}' or '{job_id}@manual:{request_id}'"
     if "@" not in run_id:
         raise _Invalid(f"{shape}, got {_show(run_id)}", "run_id")
-    _identifier(run_id.partition("@")[0], "run_id", MAX_JOB_ID_CHARS, "the job id in run_id")
+    _identifier(job_of(run_id), "run_id", MAX_JOB_ID_CHARS, "the job id in run_id")
     parts = parse_run_id(run_id)
     if parts is None:
         raise _Invalid(f"{shape}, got {_show(run_id)}", "run_id")

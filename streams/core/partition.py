@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from schemas.records import JobState, JobUpserted, LedgerInput, RunState
+from schemas.records import JobState, LedgerInput, RunState
 from streams.core.ledger import Decision, LedgerConfig, decide
 
 T = TypeVar("T")
@@ -27,11 +27,6 @@ class Table(Protocol[T]):
     def __setitem__(self, key: str, value: T, /) -> None: ...
 
     def pop(self, key: str, default: None, /) -> object: ...
-
-
-def job_of(inp: LedgerInput) -> str:
-    """The job whose log `inp` belongs to (the key it is written under)."""
-    return inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
 
 
 @dataclass

@@ -23,12 +23,12 @@ from connectors.audit.replay import replay, run_audit
 from schemas.codec import JOB_LOG, RUN_EVENTS
 from schemas.records import (
     JobEvent,
-    JobUpserted,
     LedgerInput,
     RunEvent,
     RunStarted,
     RunStateName,
 )
+from streams.core.ledger import input_job
 from streams.kafka import producer_config
 from streams.settings import Settings
 from streams.topics import CATALOGUE, ensure_topics
@@ -49,7 +49,7 @@ def record(event: Event) -> Record:
 
 
 def report_record(inp: LedgerInput) -> Record:
-    job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
+    job_id = input_job(inp)
     return job_id.encode(), JOB_LOG.encode(inp), inp.at_ms
 
 

@@ -15,8 +15,8 @@ from schemas.records import (
     RunEvent,
     RunState,
 )
-from streams.core.ledger import Decision, LedgerConfig
-from streams.core.partition import PartitionState, job_of
+from streams.core.ledger import Decision, LedgerConfig, input_job
+from streams.core.partition import PartitionState
 
 
 @dataclass
@@ -41,7 +41,7 @@ class World:
 
     def _apply_one(self, inp: LedgerInput, now: int | None = None) -> Decision:
         state = PartitionState(self.jobs, self.runs)  # over this world's own dicts
-        decision = state.decide(job_of(inp), inp, self.config, now)
+        decision = state.decide(input_job(inp), inp, self.config, now)
         state.apply(decision)
         self.events.extend(decision.events)
         self.dispatch.extend(decision.dispatch)

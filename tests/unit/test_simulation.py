@@ -52,7 +52,7 @@ from schemas.records import (
     WorkerLost,
 )
 from schemas.spec import EverySchedule, JobSpec, RetryPolicy
-from streams.core.ledger import LedgerConfig
+from streams.core.ledger import LedgerConfig, input_job
 from streams.core.schedule import fires_between
 from tests.support.world import World
 
@@ -194,7 +194,7 @@ class Sim:
 
     def command(self, inp: LedgerInput) -> None:
         copies = [inp, inp] if self.rng.random() < 0.2 else [inp]
-        job_id = inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
+        job_id = input_job(inp)
         self.ordered.setdefault(("op", job_id, 0), []).extend(copies)
 
     def deliver_now(self, inp: LedgerInput) -> None:

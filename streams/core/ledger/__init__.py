@@ -72,6 +72,7 @@ __all__ = [
     "LedgerConfig",
     "RunLookup",
     "decide",
+    "input_job",
 ]
 
 
@@ -105,7 +106,7 @@ def decide(
     if job is None and isinstance(inp, DependencyLinked):
         job = _stub(inp.job_id, now)  # the upstream is not registered (yet)
     if job is None:
-        return Decision(rejected=f"unknown job {_job_id(inp)}")
+        return Decision(rejected=f"unknown job {input_job(inp)}")
     builder = _Builder(job, runs, now, config)
     match inp:
         case JobUpserted():
@@ -166,7 +167,8 @@ def _owned_by_another(job: JobState, spec: JobSpec) -> bool:
     return job.version > 0 and job.spec.owner != spec.owner
 
 
-def _job_id(inp: LedgerInput) -> str:
+def input_job(inp: LedgerInput) -> str:
+    """The job whose log `inp` belongs to (the key it is written under)."""
     return inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
 
 

@@ -28,7 +28,7 @@ import time
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from streams.kafka import admin_config
+from streams.kafka import KAFKA_CLIENTS, Clients, admin_config
 from streams.settings import Settings
 from streams.topics import CATALOGUE, choose_replication
 
@@ -87,7 +87,12 @@ class Inboxes:
         self.refreshed = time.monotonic()
 
 
-def ensure_private_inbox(settings: Settings, worker_id: str, timeout_s: float = 30.0) -> bool:
+def ensure_private_inbox(
+    settings: Settings,
+    worker_id: str,
+    timeout_s: float = 30.0,
+    clients: Clients = KAFKA_CLIENTS,
+) -> bool:
     """Make `worker_id`'s private inbox topic unless it exists. True if it was made now
     (its worker then waits `MISS_TTL_S` before heartbeating). Raises ValueError for an id
     that cannot name a topic, PermissionError if the broker lets this principal neither
@@ -98,7 +103,7 @@ def ensure_private_inbox(settings: Settings, worker_id: str, timeout_s: float = 
             f"worker id {worker_id!r} must be 1 to 150 letters, digits, '.', '_' or '-' "
             "(it names the worker's inbox topic)"
         )
-    admin = AdminClient(admin_config(settings))
+    admin = clients.admin(admin_config(settings))
     metadata = admin.list_topics(timeout=timeout_s)
     found = metadata.topics.get(name)
     if found is not None and found.error is None:

@@ -346,7 +346,9 @@ class Worker:
             raise PermissionError(f"worker id {self.config.worker_id!r} cannot name an inbox")
         while not self.stop_event.is_set():
             try:
-                if ensure_private_inbox(self.settings, self.config.worker_id, INBOX_ASK_S):
+                if ensure_private_inbox(
+                    self.settings, self.config.worker_id, INBOX_ASK_S, self.clients
+                ):
                     self.stop_event.wait(MISS_TTL_S + REFRESH_MIN_S)
                 return name
             except (KafkaException, TopicError) as exc:

@@ -30,6 +30,7 @@ from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE
 from schemas.records import FireProposed, JobState, JobUpserted, LedgerInput, RunState
 from streams.kafka import (
     TRANSACTION_TIMEOUT_MS,
+    Clients,
     consumer_config,
     producer_config,
     transactional_producer_config,
@@ -259,9 +260,14 @@ class _SlowConsumer(Consumer):
         return messages
 
 
-def test_a_long_restore_that_progresses_is_not_cut_off(
-    fresh: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class _SlowClients(Clients):
+    """The ledger's clients, its consumers slow (`_SlowConsumer`)."""
+
+    def consumer(self, config: dict[str, Any]) -> Consumer:
+        return _SlowConsumer(config)
+
+
+def test_a_long_restore_that_progresses_is_not_cut_off(fresh: Settings) -> None:
     """4,000 run states read at ~1 ms each (~4 s) with a 1 s stall limit: a fixed limit
     on the total would fail (and on every rebalance again); progress keeps it."""
     run = RunState(
@@ -291,8 +297,12 @@ def test_a_long_restore_that_progresses_is_not_cut_off(
             partition=0,
         )
     assert producer.flush(30) == 0
-    monkeypatch.setattr("streams.ledger.Consumer", _SlowConsumer)
-    ledger = Ledger(fresh, node_id=f"slow-{uuid.uuid4().hex[:6]}", restore_stall_s=1.0)
+    ledger = Ledger(
+        fresh,
+        node_id=f"slow-{uuid.uuid4().hex[:6]}",
+        restore_stall_s=1.0,
+        clients=_SlowClients(),
+    )
     started = time.monotonic()
     state = ledger._restore(0)
     assert len(state.runs) == 4000

@@ -351,13 +351,17 @@ class Worker:
                 ):
                     self.stop_event.wait(MISS_TTL_S + REFRESH_MIN_S)
                 return name
-            except (KafkaException, TopicError) as exc:
+            except KafkaException as exc:
                 # Started while the broker is down: wait for it, as every other part does.
                 log.warning(
                     "Kafka unreachable: cannot make sure of the inbox %s yet (%s); retrying",
                     name,
                     exc,
                 )
+                self.stop_event.wait(2.0)
+            except TopicError as exc:
+                # The cluster answers but cannot hold the topic yet (brokers missing).
+                log.warning("cannot make the inbox %s yet (%s); retrying", name, exc)
                 self.stop_event.wait(2.0)
         return name
 

@@ -295,10 +295,10 @@ def test_priority_and_fairness_under_contention(
         topics,
         [{"type": "job.run_now", "job_id": "hog-a", "request_id": f"a{i}"} for i in range(6)],
     )
-    # The hog's runs queue first (created: `due`), then owner-b's arrive.
-    events.wait_until(
-        lambda: len(final_states(events, "hog-a")) == 6, 60, "the hog's six runs created"
-    )
+    # Owner-b's requests must arrive while the hog's first run or two hold the slot (the
+    # property below is about what follows): a time on purpose, not a condition; waiting
+    # for all six hog runs to be created let a third be placed first (seen in CI).
+    time.sleep(0.5)
     send_commands(
         topics,
         [{"type": "job.run_now", "job_id": "small-b", "request_id": f"b{i}"} for i in range(2)],

@@ -282,7 +282,7 @@ class Dispatcher:
     def run(self) -> None:
         lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
         try:
-            self.key = placement_key(self.settings, self._stop)
+            self.key = placement_key(self.settings, self._stop, self.clients)
         except KeyError:
             return  # stopped while waiting for the broker
         self._subscribe()
@@ -637,7 +637,7 @@ class Dispatcher:
         """The copy of `request` assigned to `worker_id`: with the seal of that placement,
         without which the ledger grants the worker no claim (streams/core/seals.py)."""
         if self.key is None:
-            self.key = placement_key(self.settings, self._stop)
+            self.key = placement_key(self.settings, self._stop, self.clients)
         mark = seal(self.key, request.run_id, request.attempt, worker_id)
         return replace(request, placement=mark)
 

@@ -20,27 +20,31 @@ import secrets
 import threading
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from streams.core.seals import KEY_BYTES
-from streams.kafka import consumer_config, producer_config
+from streams.kafka import KAFKA_CLIENTS, Clients, consumer_config, producer_config
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.keys")
 TOPIC = "node-keys"
 
 
-def placement_key(settings: Settings, stop: threading.Event | None = None) -> bytes:
+def placement_key(
+    settings: Settings,
+    stop: threading.Event | None = None,
+    clients: Clients = KAFKA_CLIENTS,
+) -> bytes:
     """The deployment's placement key, written first if there is none yet. Waits for the
     broker as long as it takes (a node starting during an outage just starts later),
     unless `stop` is set meanwhile (then KeyError)."""
     failures = 0
     while True:
         try:
-            found = _first_key(settings)
+            found = _first_key(settings, clients)
             if found is None:
-                _offer_key(settings)
-                found = _first_key(settings)
+                _offer_key(settings, clients)
+                found = _first_key(settings, clients)
             if found is not None:
                 return found
         except KafkaException as exc:
@@ -53,10 +57,10 @@ def placement_key(settings: Settings, stop: threading.Event | None = None) -> by
             time.sleep(1.0)
 
 
-def _first_key(settings: Settings) -> bytes | None:
+def _first_key(settings: Settings, clients: Clients) -> bytes | None:
     """The first well-formed record of partition 0, or None if there is none."""
     topic = settings.topic(TOPIC)
-    consumer = Consumer(consumer_config(settings, None))
+    consumer = clients.consumer(consumer_config(settings, None))
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         if high <= low:
@@ -78,8 +82,8 @@ def _first_key(settings: Settings) -> bytes | None:
         consumer.close()
 
 
-def _offer_key(settings: Settings) -> None:
-    producer = Producer(producer_config(settings))
+def _offer_key(settings: Settings, clients: Clients) -> None:
+    producer = clients.producer(producer_config(settings))
     producer.produce(
         settings.topic(TOPIC),
         key=secrets.token_hex(8).encode(),

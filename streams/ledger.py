@@ -370,33 +370,48 @@ class Ledger:
         self._subscribe()
 
     def run(self) -> None:
+        if not self.open():
+            return
+        try:
+            while not self._stop.is_set():
+                self.step()
+        finally:
+            self.close()
+
+    def open(self) -> bool:
+        """Join the group and start reading ahead (False: stopped before it could).
+        `run` is `open`, `step` until stopped, `close`; a test drives the steps itself."""
         self._lag = metrics.ConsumerLag("ledger", self.settings.topic_prefix)
         if self.config.placement_key is None:
             # The seals of claims are checked with the nodes' key (streams/keys.py).
             try:
-                key = placement_key(self.settings, self._stop)
+                key = placement_key(self.settings, self._stop, self.clients)
             except KeyError:
-                return  # stopped while waiting for the broker
+                return False  # stopped while waiting for the broker
             self.config = replace(self.config, placement_key=key)
         self._subscribe()
         self._start_read_ahead()
-        try:
-            while not self._stop.is_set():
-                if self.watch.stuck():
-                    self._replace_consumer()
-                ahead = self._ahead is not None and not self._ahead.full
-                messages = self.consumer.consume(self.batch_size, timeout=0 if ahead else 0.2)
-                if self._ahead is not None and not self._ahead.full:  # not yet assigned
-                    self._read_ahead()
-                records = [m for m in messages if self._usable(m)]
-                if records:
-                    self._process_batch(records)
-                self._lag.report(self.consumer)
-        finally:
-            self._end_read_ahead()
-            self.consumer.close()
-            if self.store is not None:
-                self.store.close()
+        return True
+
+    def step(self) -> None:
+        """One turn of the loop: consume a batch (serving rebalances), decide and commit
+        it in transactions."""
+        if self.watch.stuck():
+            self._replace_consumer()
+        ahead = self._ahead is not None and not self._ahead.full
+        messages = self.consumer.consume(self.batch_size, timeout=0 if ahead else 0.2)
+        if self._ahead is not None and not self._ahead.full:  # not yet assigned
+            self._read_ahead()
+        records = [m for m in messages if self._usable(m)]
+        if records:
+            self._process_batch(records)
+        self._lag.report(self.consumer)
+
+    def close(self) -> None:
+        self._end_read_ahead()
+        self.consumer.close()
+        if self.store is not None:
+            self.store.close()
 
     # -- reading ahead while the group decides ------------------------------------------
     def _start_read_ahead(self) -> None:

@@ -1,0 +1,338 @@
+"""The seeded simulation again, with the real ledger process in the loop (pure, no broker).
+
+test_simulation.py decides every input with the ledger's rules on a dict World. Here the
+same actors (test_simulation.Sim: schedulers, a zombie proposer, workers, an operator, a
+hostile network) write their inputs to job-log on an in-memory Kafka (streams/memory.py),
+and `streams.ledger.Ledger` itself - its consumer group, transactions, state writes and
+takeovers - decides them; everything the actors see (jobs, runs, run-events, dispatch
+requests, claim replies) is read back from the committed topics. Between steps the
+nodes fail as real ones do:
+ - kill -9 of a ledger node at a random client call (mid-transaction, at the offsets, at
+   the commit, or idle); its open transaction and its group membership stay behind until
+   the broker's timeouts end them, and a new node starts, under the same node id (its
+   `init_transactions` fences the dead one at once) or a new one;
+ - a zombie: another node joins the group while a node is about to send its offsets, so
+   the group's generation moves on under it and its transaction must abort;
+ - a node joins or leaves cleanly (a rebalance).
+The checks are test_simulation's (no two runs for one firing, every firing decided, one
+claim per attempt, legal transitions, every run final), on what the topics hold.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from schemas.codec import DISPATCH, JOB_LOG, JOB_STATE, RUN_EVENTS, RUN_STATE, WORKER_INBOX
+from schemas.records import (
+    CancelOrder,
+    ClaimReply,
+    ClaimRequested,
+    DispatchRequest,
+    JobEvent,
+    JobState,
+    LedgerInput,
+    RunEvent,
+    RunFinished,
+    RunReleased,
+    RunStarted,
+    RunState,
+)
+from streams import ledger as ledger_module
+from streams.core.clock import ManualClock
+from streams.core.ledger import input_job
+from streams.core.seals import KEY_BYTES, seal
+from streams.kafka import consumer_config, producer_config
+from streams.ledger import Ledger
+from streams.memory import MemoryClients, MemoryLog
+from streams.settings import Settings
+from tests.support.world import World
+from tests.unit.test_simulation import CONFIG, T0, Sim, check, replace_pause
+
+SEEDS = int(os.environ.get("CRONLOG_LOG_SIM_SEEDS", "12"))
+STEPS = int(os.environ.get("CRONLOG_LOG_SIM_STEPS", "700"))
+SETTINGS = Settings(partitions=4, topic_prefix="sim.")
+KEY = bytes(range(KEY_BYTES))
+LEDGER_CONFIG = replace(CONFIG, placement_key=KEY)
+GROUP = SETTINGS.group("ledger")
+SEALED = (ClaimRequested, RunStarted, RunFinished, RunReleased)
+
+
+class Killed(BaseException):
+    """kill -9: raised from a client call, it unwinds the node's loop (no handler in the
+    ledger catches a BaseException) and the node is never touched again."""
+
+
+class LogWorld:
+    """What the actors see: the committed topics, read as they grow."""
+
+    def __init__(self, log: MemoryLog, settle: Callable[[], None]):
+        self.settle = settle
+        self.outbox: list[LedgerInput] = []  # notices travel through job-log itself
+        self._jobs: dict[str, JobState] = {}
+        self._runs: dict[str, RunState] = {}
+        self._events: list[RunEvent | JobEvent] = []
+        self._dispatch: list[DispatchRequest] = []
+        self._replies: list[ClaimReply | CancelOrder] = []
+        self.reader = MemoryClients(log).consumer(consumer_config(SETTINGS, None))
+        self.reader.assign(
+            [
+                tp
+                for name in ("jobs", "runs", "run-events", "dispatch", "worker-inbox")
+                for tp in _partitions(log, SETTINGS.topic(name))
+            ]
+        )
+
+    def _read(self) -> None:
+        self.settle()
+        topic = {SETTINGS.topic(n): n for n in ("jobs", "runs", "run-events", "dispatch")}
+        while messages := self.reader.consume(100_000, timeout=0):
+            for msg in messages:
+                name = topic.get(msg.topic() or "", "worker-inbox")
+                key, value = (msg.key() or b"").decode(), msg.value()
+                if name == "jobs" and value is not None:
+                    self._jobs[key] = JOB_STATE.decode(value)
+                elif name == "runs":
+                    if value is None:
+                        self._runs.pop(key, None)
+                    else:
+                        self._runs[key] = RUN_STATE.decode(value)
+                elif name == "run-events" and value is not None:
+                    self._events.append(RUN_EVENTS.decode(value))
+                elif name == "dispatch" and value is not None:
+                    self._dispatch.append(DISPATCH.decode(value))
+                elif value is not None:
+                    reply = WORKER_INBOX.decode(value)
+                    if isinstance(reply, ClaimReply | CancelOrder):
+                        self._replies.append(reply)
+
+    @property
+    def jobs(self) -> dict[str, JobState]:
+        self._read()
+        return self._jobs
+
+    @property
+    def runs(self) -> dict[str, RunState]:
+        self._read()
+        return self._runs
+
+    @property
+    def events(self) -> list[RunEvent | JobEvent]:
+        self._read()
+        return self._events
+
+    @property
+    def dispatch(self) -> list[DispatchRequest]:
+        self._read()
+        return self._dispatch
+
+    @property
+    def replies(self) -> list[ClaimReply | CancelOrder]:
+        self._read()
+        return self._replies
+
+    def run_events(self, run_id: str | None = None) -> list[RunEvent]:
+        return [
+            e
+            for e in self.events
+            if isinstance(e, RunEvent) and (run_id is None or e.run_id == run_id)
+        ]
+
+    def snapshot(self) -> World:
+        """A frozen view (for the zombie proposer)."""
+        return World(CONFIG, dict(self.jobs), dict(self.runs))
+
+
+def _partitions(log: MemoryLog, topic: str) -> list[TopicPartition]:
+    return [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(len(log.topics[topic]))]
+
+
+class LogSim(Sim):
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.clock = ManualClock(wall_s=T0 / 1000)
+        self.kafka = MemoryLog(self.clock)
+        self.kafka.create_catalogue(SETTINGS)
+        self.clients = MemoryClients(self.kafka)
+        self.producer = self.clients.producer(producer_config(SETTINGS))
+        self.nodes: list[Ledger] = []
+        self.names = 0
+        self.faults = {
+            "killed": 0,
+            "errors": 0,
+            "zombies": 0,
+            "joined": 0,
+            "left": 0,
+            "recoveries": 0,
+        }
+        self.world: Any = LogWorld(self.kafka, self.settle)  # the World's view, from the topics
+        self.start_node()
+
+    # -- nodes --------------------------------------------------------------------------
+    def start_node(self, node_id: str | None = None) -> Ledger:
+        if node_id is None:
+            self.names += 1
+            node_id = f"node-{self.names}"
+        node = Ledger(
+            SETTINGS, LEDGER_CONFIG, node_id=node_id, clients=self.clients, clock=self.clock
+        )
+        assert node.open()
+        self.nodes.append(node)
+        return node
+
+    def kill(self, node: Ledger) -> None:
+        self.nodes.remove(node)
+        self.faults["killed"] += 1
+        self.faults["recoveries"] += node.stats().recoveries
+
+    def arm_kill(self, node: Ledger) -> None:
+        """kill -9 of `node` at its n-th client call from now."""
+        calls = self.rng.randint(1, 40)
+
+        def fault(call: str, client: object) -> None:
+            nonlocal calls
+            if node not in self.nodes or client not in (node.producer, node.consumer):
+                return
+            calls -= 1
+            if calls == 0:
+                self.kafka.faults.remove(fault)
+                raise Killed(f"{node.node_id} at {call}")
+
+        self.kafka.faults.append(fault)
+
+    def arm_error(self, node: Ledger) -> None:
+        """A broker error at one of `node`'s next transactional calls: the ledger aborts,
+        takes its partitions over again from the committed state and redoes the batch."""
+        calls = self.rng.randint(1, 30)
+        kinds = ("produce", "send_offsets_to_transaction", "commit_transaction")
+
+        def fault(call: str, client: object) -> None:
+            nonlocal calls
+            if node not in self.nodes or client is not node.producer or call not in kinds:
+                return
+            calls -= 1
+            if calls == 0:
+                self.kafka.faults.remove(fault)
+                self.faults["errors"] += 1
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, f"injected at {call}"))
+
+        self.kafka.faults.append(fault)
+
+    def arm_zombie(self, node: Ledger) -> None:
+        """At `node`'s next offsets, the group moves on under it: a new member joins, and
+        half the time the others take its partitions over while it stands frozen there
+        (its session lapses, its open transaction times out), then it goes on."""
+
+        def fault(call: str, client: object) -> None:
+            if call != "send_offsets_to_transaction" or client is not node.producer:
+                return
+            self.kafka.faults.remove(fault)
+            self.faults["zombies"] += 1
+            self.start_node()  # a new generation, which the zombie's offsets do not carry
+            if self.rng.random() < 0.5:
+                self.settle(frozen=node)
+
+        self.kafka.faults.append(fault)
+
+    def settle(self, frozen: Ledger | None = None) -> None:
+        """Step the live nodes (but `frozen`) until the group has decided every input it
+        can see and no transaction is open. A dead node's open transaction holds every
+        read_committed reader of the partitions it wrote at its first record until the
+        broker aborts it (a newer one of the same partition waits behind it), so only
+        then do the topics read as one cut: the actors see the runs and their events
+        together, as the simulation's workers assume."""
+        for _ in range(5_000):
+            if (
+                not self.kafka.lag(GROUP, SETTINGS.topic("job-log"))
+                and self._steady(frozen)
+                and not self.kafka.open
+            ):
+                break
+            for node in [n for n in self.nodes if n is not frozen]:
+                try:
+                    node.step()
+                except Killed:
+                    self.kill(node)
+                    # A node starts in its place: under its id (fencing the dead one's
+                    # transaction at once) or a new one (the broker's timeouts end it).
+                    self.start_node(node.node_id if self.rng.random() < 0.5 else None)
+        else:
+            raise AssertionError(f"the ledger did not catch up: {self.faults}")
+        self.now = max(self.now, int(self.clock.time() * 1000))
+
+    def _steady(self, frozen: Ledger | None) -> bool:
+        """Every live node (but `frozen`) has taken its share of the newest generation."""
+        group = self.kafka.groups[GROUP]
+        return all(
+            (m := group.members.get(node.consumer.memberid() or "")) is not None
+            and m.generation == group.generation
+            for node in self.nodes
+            if node is not frozen
+        )
+
+    # -- the actors' writes -------------------------------------------------------------
+    def send(self, inp: LedgerInput) -> None:
+        if isinstance(inp, SEALED):  # the seal the dispatcher gave this worker
+            inp = replace(inp, placement=seal(KEY, inp.run_id, inp.attempt, inp.worker_id))
+        super().send(inp)
+
+    def deliver_now(self, inp: LedgerInput) -> None:
+        behind = self.now / 1000 - self.clock.time()
+        if behind > 0:
+            self.clock.advance(behind)
+        self.producer.produce(
+            SETTINGS.topic("job-log"), key=input_job(inp).encode(), value=JOB_LOG.encode(inp)
+        )
+
+    def step(self, calm: bool = False) -> None:
+        roll = self.rng.random()
+        if not calm and roll < 0.01:
+            self.arm_kill(self.rng.choice(self.nodes))
+        elif not calm and roll < 0.02:
+            self.arm_error(self.rng.choice(self.nodes))
+        elif not calm and roll < 0.025 and len(self.nodes) < 4:
+            self.arm_zombie(self.rng.choice(self.nodes))
+        elif not calm and roll < 0.03 and len(self.nodes) < 3:
+            self.faults["joined"] += 1
+            self.start_node()
+        elif not calm and roll < 0.035 and len(self.nodes) > 1:
+            self.faults["left"] += 1
+            node = self.rng.choice(self.nodes)
+            self.nodes.remove(node)
+            node.close()
+        super().step(calm=calm)
+
+    def crash_and_replay(self) -> None:
+        """Crashes here are real (see `step`); nothing to replay by hand."""
+
+
+def simulate(seed: int, steps: int) -> LogSim:
+    sim = LogSim(seed)
+    sim.register_jobs()
+    for _ in range(steps):
+        sim.step()
+    sim.kafka.faults.clear()  # calm down: no more faults armed
+    for key in [k for k in sim.ordered if k is not None and k[0] == "op"]:
+        for inp in sim.ordered.pop(key):
+            sim.deliver_now(inp)
+    for job_id in list(sim.world.jobs):
+        sim.deliver_now(replace_pause(job_id, sim.now))
+    for _ in range(400):
+        sim.step(calm=True)
+    return sim
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_simulation_through_the_ledger_process(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The watchdog of transactional calls waits on real time, not the simulation's: a
+    # zombie stands frozen inside one while the others take over, which may take a
+    # while on a loaded machine, and must not be mistaken for a hung call.
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    sim = simulate(seed, STEPS)
+    check(sim)
+    assert sim.world.run_events(), "the simulation produced no runs"

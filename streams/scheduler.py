@@ -216,6 +216,16 @@ class Scheduler:
         self._subscribe()
 
     def run(self) -> None:
+        self.open()
+        try:
+            while not self._stop.is_set():
+                self.step()
+        finally:
+            self.close()
+
+    def open(self) -> None:
+        """Join the group, start the warm-up, follow the heartbeats' stamps. `run` is
+        `open`, `step` until stopped, `close`; a test drives the steps itself."""
         self._lag = metrics.ConsumerLag("scheduler", self.settings.topic_prefix)
         self._subscribe()
         self._start_warm_up()
@@ -223,27 +233,29 @@ class Scheduler:
         self.beats.assign(
             [TopicPartition(beats, p, OFFSET_END) for p in range(self.settings.partitions)]
         )
-        try:
-            while not self._stop.is_set():
-                warming = self._warm is not None
-                wait = 0 if warming else self.config.tick_s  # the warm-up waits instead
-                self._read(self.consumer.consume(2000, timeout=wait), self.timers)
-                if self._warm is not None:
-                    self._warm_up()
-                self._cap_catch_ups()
-                if self.watch.stuck():
-                    self._replace_consumer()
-                self._read_beats()
-                self.producer.poll(0)  # delivery reports: samples of the broker's time
-                self._resync()
-                self._propose(self.propose_at())
-                self._gauges()
-                self._lag.report(self.consumer)
-        finally:
-            self._end_warm_up()
-            self.producer.flush(10)
-            self.consumer.close()
-            self.beats.close()
+
+    def step(self) -> None:
+        """One turn: read the state topics (serving rebalances), then propose what is due."""
+        warming = self._warm is not None
+        wait = 0 if warming else self.config.tick_s  # the warm-up waits instead
+        self._read(self.consumer.consume(2000, timeout=wait), self.timers)
+        if self._warm is not None:
+            self._warm_up()
+        self._cap_catch_ups()
+        if self.watch.stuck():
+            self._replace_consumer()
+        self._read_beats()
+        self.producer.poll(0)  # delivery reports: samples of the broker's time
+        self._resync()
+        self._propose(self.propose_at())
+        self._gauges()
+        self._lag.report(self.consumer)
+
+    def close(self) -> None:
+        self._end_warm_up()
+        self.producer.flush(10)
+        self.consumer.close()
+        self.beats.close()
 
     def _gauges(self) -> None:
         now = self.clock.monotonic()

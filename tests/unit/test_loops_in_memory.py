@@ -9,7 +9,6 @@ exactly one run, and none is missed."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
@@ -35,11 +34,11 @@ class Killed(BaseException):
     """kill -9 at a client call: nothing in the loops catches it."""
 
 
-def _kill_at(log: MemoryLog, client: Callable[[], object], call: str) -> None:
-    """Kill the owner of `client()` at its next `call`."""
+def _kill_at(log: MemoryLog, node: Ledger, call: str) -> None:
+    """Kill `node` at its producer's next `call`."""
 
     def fault(name: str, who: object) -> None:
-        if name == call and who is client():
+        if name == call and who is node.producer:
             log.faults.remove(fault)
             raise Killed(call)
 
@@ -94,8 +93,7 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
             schedulers["s3"] = scheduler("s3")
         if elapsed > 25 and not killed_ledger:
             killed_ledger = True
-            victim = ledgers[0]
-            _kill_at(log, lambda: victim.producer, "commit_transaction")
+            _kill_at(log, ledgers[0], "commit_transaction")
         for node in list(schedulers.values()):
             node.step()
         for node in list(ledgers):

@@ -94,8 +94,8 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
         if elapsed > 25 and not killed_ledger:
             killed_ledger = True
             _kill_at(log, ledgers[0], "commit_transaction")
-        for node in list(schedulers.values()):
-            node.step()
+        for proposer in list(schedulers.values()):
+            proposer.step()
         for node in list(ledgers):
             try:
                 node.step()

@@ -32,7 +32,15 @@ def main() -> None:
     parser.add_argument(
         "--lead-s", type=float, default=10.0, help="pre-dispatch lead; 0 turns it off"
     )
+    parser.add_argument(
+        "--lookahead-s", type=float, default=None, help="the node's look-ahead (default its own)"
+    )
+    parser.add_argument("--lookahead-rate", type=float, default=None)
+    parser.add_argument("--max-lead-s", type=float, default=None)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="write the processes' logs here and keep them"
+    )
     parser.add_argument("--executor", choices=("noop", "process"), default="noop")
     parser.add_argument("--schedule", choices=("at", "cron"), default="at")
     parser.add_argument(
@@ -54,9 +62,13 @@ def main() -> None:
     if args.lead_in_s is None:
         args.lead_in_s = 35.0 + args.jobs / 500
     with bench_settings("burst") as settings, tempfile.TemporaryDirectory() as tmp:
-        logs = Path(tmp)
+        logs = Path(tmp) if args.keep_logs is None else args.keep_logs
+        logs.mkdir(parents=True, exist_ok=True)
         node = Node(settings, "bench-node", logs)
         node.argv += ["--lead-s", str(args.lead_s)]
+        for option in ("lookahead_s", "lookahead_rate", "max_lead_s"):
+            if getattr(args, option) is not None:
+                node.argv += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
         node.start()
         workers = [
             WorkerProc(settings, f"bw{i}", logs, cpu=1000, memory_mb=10**6, heartbeat_s=3.0)
@@ -107,7 +119,9 @@ def main() -> None:
             if len(finished) < args.jobs:
                 by_run: dict[str, list[str]] = {}
                 for event, _ in events.run_events():
-                    by_run.setdefault(event.run_id, []).append(event.state)
+                    by_run.setdefault(event.run_id, []).append(
+                        f"{event.state} ({event.reason})" if event.reason else event.state
+                    )
                 stuck = {r: s for r, s in by_run.items() if r not in finished}
                 print("unfinished:", len(stuck), list(stuck.items())[:5])
             code, audit_report = audit(settings)
@@ -120,6 +134,9 @@ def main() -> None:
                     "workers": args.workers,
                     "executor": args.executor,
                     "pre_dispatch_lead_s": args.lead_s,
+                    "lookahead_s": args.lookahead_s,
+                    "lookahead_rate": args.lookahead_rate,
+                    "max_lead_s": args.max_lead_s,
                     "registration_s": registered_s,
                     "runs_started": len(starts),
                     "runs_succeeded": len(finished),

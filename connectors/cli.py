@@ -362,12 +362,19 @@ def scheduler(
         float,
         typer.Option(
             help="Propose runs due within this earlier still, at --lookahead-rate, so a "
-            "burst is decided before it is due (below 60; 0 turns it off)."
+            "burst is decided before it is due (below --max-lead-s; 0 turns it off)."
         ),
     ] = 45.0,
     lookahead_rate: Annotated[
         float, typer.Option(help="Early proposals per second per node.")
     ] = 400.0,
+    max_lead_s: Annotated[
+        float,
+        typer.Option(
+            help="The ledger refuses fire proposals made earlier than this before their "
+            "time (a bound on how far ahead runs are decided). Give every node the same.",
+        ),
+    ] = LedgerConfig().max_lead_ms / 1000,
     state_store: Annotated[
         str | None,
         typer.Option(
@@ -386,11 +393,10 @@ def scheduler(
 
     settings = _settings()
     chosen = _logging(loglevel, "scheduler", node_id, log_format)
-    max_lead_s = LedgerConfig().max_lead_ms / 1000  # the ledger refuses earlier proposals
-    if not 0 <= lookahead_s < max_lead_s or lookahead_rate < 0 or lead_s < 0:
+    if not 0 <= lookahead_s < max_lead_s or lookahead_rate < 0 or not 0 <= lead_s < max_lead_s:
         raise _fail(
-            f"--lead-s and --lookahead-rate must not be negative, "
-            f"--lookahead-s in [0, {max_lead_s:g})",
+            f"--lead-s and --lookahead-rate must not be negative, --lead-s and "
+            f"--lookahead-s in [0, --max-lead-s = {max_lead_s:g})",
             2,
         )
     _stop_watchdog()  # Faust's handlers, installed later through asyncio, get wrapped
@@ -400,6 +406,7 @@ def scheduler(
         lead_ms=int(lead_s * 1000),
         lookahead_ms=int(lookahead_s * 1000),
         lookahead_per_s=lookahead_rate,
+        ledger_config=LedgerConfig(max_lead_ms=int(max_lead_s * 1000)),
         loglevel=loglevel,
         store_dir=_ledger_store(state_store),
         log_format=chosen,

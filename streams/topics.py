@@ -62,6 +62,11 @@ class TopicSpec:
 #   stamps and durations on its own monotonic clock, so no producer's clock decides
 #   anything. ensure_topics sets it on topics created before it was required.
 BROKER_TIME = {"message.timestamp.type": "LogAppendTime"}
+# - heartbeats list every attempt their worker holds (the failure detector declares each
+#   of them lost when the worker dies): a worker that claimed a burst of 50,000 runs
+#   ahead sends ~2 MB beats, beyond the broker's 1 MB default. HEARTBEAT_MAX_BYTES lets
+#   one through; the worker holds no more attempts than such a beat can list.
+HEARTBEAT_MAX_BYTES = 16 * 1024 * 1024
 CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         "commands",
@@ -100,7 +105,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         "heartbeats",
         "worker liveness and free resources",
-        {"retention.ms": str(DAY_MS), **BROKER_TIME},
+        {
+            "retention.ms": str(DAY_MS),
+            "max.message.bytes": str(HEARTBEAT_MAX_BYTES),
+            **BROKER_TIME,
+        },
     ),
     TopicSpec(
         "worker-inbox", "assignments to workers, keyed by worker_id", {"retention.ms": str(DAY_MS)}
@@ -271,6 +280,7 @@ def ensure_topics(
         admin, [settings.topic(s.name) for s in older if s.config.get(_TIMESTAMP_TYPE)], timeout_s
     )
     _require_min_isr(admin, [settings.topic(s.name) for s in older], replication, timeout_s)
+    _require_size_limits(admin, {settings.topic(s.name): s for s in older}, timeout_s)
     order = {settings.topic(spec.name): i for i, spec in enumerate(specs)}
     return sorted(outcomes, key=lambda o: order[o.topic])
 
@@ -315,6 +325,21 @@ def _require_min_isr(
         if future.result(timeout=timeout_s)[_MIN_ISR].value != wanted
     ]
     _set_config(admin, lagging, _MIN_ISR, wanted, timeout_s)
+
+
+def _require_size_limits(admin: AdminClient, specs: dict[str, TopicSpec], timeout_s: float) -> None:
+    """Set max.message.bytes on existing topics whose contract names one and that differ
+    (made before it was required). Safe online: it only lets larger records in."""
+    key = "max.message.bytes"
+    named = {name: spec.config[key] for name, spec in specs.items() if key in spec.config}
+    if not named:
+        return
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, name) for name in named], request_timeout=timeout_s
+    )
+    for resource, future in futures.items():
+        if future.result(timeout=timeout_s)[key].value != named[resource.name]:
+            _set_config(admin, [resource.name], key, named[resource.name], timeout_s)
 
 
 def _set_config(

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from connectors.worker.engine import lease_text
 from connectors.worker.lease import write_atomic
@@ -100,12 +100,18 @@ class Heartbeat:
             if stamp is not None and self.observe is not None:
                 self.observe(stamp)
 
-        self.producer.produce(
-            self.topic,
-            key=self.worker_id.encode(),
-            value=HEARTBEAT.encode(record),
-            on_delivery=acked,
-        )
+        try:
+            self.producer.produce(
+                self.topic,
+                key=self.worker_id.encode(),
+                value=HEARTBEAT.encode(record),
+                on_delivery=acked,
+            )
+        except (KafkaException, BufferError) as exc:
+            # Refused before it left (too large, a full queue): not delivered, so the
+            # lease is not renewed; the thread goes on beating, it never dies of it.
+            log.error("heartbeat of %d attempts refused: %s", len(held), exc)
+            delivered.append(False)
         self.producer.flush(self.heartbeat_s)
         took = time.monotonic() - started
         if delivered and delivered[0] and took > self.heartbeat_s / 2:

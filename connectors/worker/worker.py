@@ -80,7 +80,7 @@ from streams.core.timeline import DurationEstimates, Timeline, as_vector
 from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
 from streams.kafka import KAFKA_CLIENTS, Clients, committed_or, consumer_config, producer_config
 from streams.settings import Settings
-from streams.topics import TopicError
+from streams.topics import HEARTBEAT_MAX_BYTES, TopicError
 
 log = logging.getLogger("cronlog.worker")
 _STARTED = metrics.WORKER_REPORTS.labels("started")
@@ -91,6 +91,18 @@ Key = tuple[str, int]
 HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
 TAIL_EVERY_S = 1.0
 CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
+# The most attempts a worker holds (claimed ahead, or running): each heartbeat lists them
+# all (~40 bytes each), within the heartbeats topic's record limit with room to spare.
+MAX_HELD = HEARTBEAT_MAX_BYTES // 160
+
+
+def heartbeat_producer_config(settings: Settings) -> dict[str, Any]:
+    """The heartbeat thread's producer: unlingered, and allowed a beat as large as the
+    heartbeats topic takes (`MAX_HELD` attempts listed)."""
+    extra = {"linger.ms": 0, "message.max.bytes": HEARTBEAT_MAX_BYTES}
+    return producer_config(settings, **extra, **RECONNECT)
+
+
 INBOX_ASK_S = 10.0  # one try at finding or making the private inbox (retried while down)
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
 # Retry a broker that is down every second (librdkafka's default backs off up to 10 s):
@@ -282,7 +294,7 @@ class Worker:
         self.housekeeping.run(at_start=True)
         self._publish()
         heartbeat = Heartbeat(
-            self.clients.producer(producer_config(self.settings, **{"linger.ms": 0}, **RECONNECT)),
+            self.clients.producer(heartbeat_producer_config(self.settings)),
             self.topics["heartbeats"],
             self.config.worker_id,
             self.config.capacity,
@@ -440,8 +452,10 @@ class Worker:
         if key in self.attempts or self.journal.phase(*key) in ("started", "reported"):
             return  # a repeated assignment: claimed or ran already
         expected = self.durations.expected_ms(d.job_id)
-        if not labels_match(d.resources.labels, self.config.labels) or not self.timeline.fits(
-            d.resources, d.not_before_ms, expected
+        if (
+            not labels_match(d.resources.labels, self.config.labels)
+            or len(self.attempts) >= MAX_HELD
+            or not self.timeline.fits(d.resources, d.not_before_ms, expected)
         ):
             # Hand it straight back rather than leave it to the claim deadline (30 s
             # after its time): the dispatcher that placed it places it again, and that

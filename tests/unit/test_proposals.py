@@ -149,14 +149,18 @@ def test_every_firing_is_proposed_in_time_and_never_too_early(
         ["--lookahead-s", "-1"],
         ["--lookahead-rate", "-5"],
         ["--lead-s", "-1"],
+        ["--lead-s", "60"],
+        ["--lookahead-s", "200", "--max-lead-s", "120"],
     ],
 )
 def test_the_scheduler_command_refuses_bad_timings(args: list[str]) -> None:
-    """Refused before anything starts: the ledger would reject proposals 60 s early."""
+    """Refused before anything starts: the ledger would reject proposals made earlier
+    than its max lead (60 s unless --max-lead-s says otherwise)."""
     from typer.testing import CliRunner
 
     from connectors.cli import app
 
     result = CliRunner().invoke(app, ["scheduler", *args])
     assert result.exit_code == 2
-    assert "--lookahead-s in [0, 60)" in result.output
+    limit = "120" if "--max-lead-s" in args else "60"
+    assert f"--lookahead-s in [0, --max-lead-s = {limit})" in result.output

@@ -1,0 +1,50 @@
+"""A heartbeat the client refuses (too large, a full queue) renews no lease and stops
+nothing: the next beat goes out (on the in-memory Kafka, streams/memory.py)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException
+
+from connectors.worker.heartbeat import Heartbeat
+from connectors.worker.worker import heartbeat_producer_config
+from streams.core.clock import ManualClock
+from streams.core.placement import Capacity
+from streams.memory import MemoryClients, MemoryLog
+from streams.settings import Settings
+
+SETTINGS = Settings(partitions=1)
+
+
+def test_a_refused_beat_renews_no_lease_and_the_next_one_goes_out(tmp_path: Path) -> None:
+    log = MemoryLog(ManualClock())
+    log.create_catalogue(SETTINGS)
+    refuse = [True]
+
+    def too_large(call: str, client: object) -> None:
+        if call == "produce" and refuse[0]:
+            refuse[0] = False
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+
+    log.faults.append(too_large)
+    lease = tmp_path / "lease"
+    beat = Heartbeat(
+        MemoryClients(log).producer(heartbeat_producer_config(SETTINGS)),
+        SETTINGS.topic("heartbeats"),
+        "w1",
+        Capacity(1, 100, 0),
+        (),
+        heartbeat_s=3.0,
+        lease_s=7.0,
+        view=lambda: (Capacity(1, 100, 0), (("job@t", 1),)),
+        lease_file=lambda: lease,
+        stop=threading.Event(),
+    )
+    assert beat.beat() is False  # refused: not delivered
+    assert not lease.exists()
+    assert log.records(SETTINGS.topic("heartbeats")) == []
+    assert beat.beat() is True  # the thread goes on; this one is acknowledged
+    assert lease.exists()
+    assert len(log.records(SETTINGS.topic("heartbeats"))) == 1

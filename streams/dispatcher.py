@@ -280,11 +280,23 @@ class Dispatcher:
         self._subscribe()
 
     def run(self) -> None:
-        lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
+        if not self.open():
+            return
+        try:
+            while not self._stop.is_set():
+                self.step()
+        finally:
+            self.close()
+
+    def open(self) -> bool:
+        """Read the placement key, join the group, follow heartbeats and hand-backs
+        (False: stopped before it could). `run` is `open`, `step` until stopped, `close`;
+        a test drives the steps itself."""
+        self._lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
         try:
             self.key = placement_key(self.settings, self._stop, self.clients)
         except KeyError:
-            return  # stopped while waiting for the broker
+            return False  # stopped while waiting for the broker
         self._subscribe()
         self._follow_heartbeats()
         self.handback_consumer.assign(
@@ -293,29 +305,33 @@ class Dispatcher:
                 for p in range(self.settings.partitions)
             ]
         )
-        try:
-            while not self._stop.is_set():
-                if self.watch.stuck():
-                    self._replace_consumer()
-                self._read_heartbeats()
-                self._read_handbacks()
-                for msg in self.dispatch_consumer.consume(500, timeout=0.05):
-                    self._consumed(msg)
-                now = int(self.clock.time() * 1000)
-                self._expire(now)
-                self._detect(now)
-                self._place(now)
-                self.producer.poll(0)
-                if self.clock.monotonic() - self._committed_at >= COMMIT_EVERY_S:
-                    self._commit(asynchronous=True)
-                    self._report_reserved()
-                lag.report(self.dispatch_consumer)
-        finally:
-            self.producer.flush(10)
-            self._commit(asynchronous=False)
-            self.dispatch_consumer.close()
-            self.heartbeat_consumer.close()
-            self.handback_consumer.close()
+        return True
+
+    def step(self) -> None:
+        """One turn: read beats, hand-backs and dispatch requests; expire reservations,
+        judge liveness, place what waits; commit what is handled now and then."""
+        if self.watch.stuck():
+            self._replace_consumer()
+        self._read_heartbeats()
+        self._read_handbacks()
+        for msg in self.dispatch_consumer.consume(500, timeout=0.05):
+            self._consumed(msg)
+        now = int(self.clock.time() * 1000)
+        self._expire(now)
+        self._detect(now)
+        self._place(now)
+        self.producer.poll(0)
+        if self.clock.monotonic() - self._committed_at >= COMMIT_EVERY_S:
+            self._commit(asynchronous=True)
+            self._report_reserved()
+        self._lag.report(self.dispatch_consumer)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self._commit(asynchronous=False)
+        self.dispatch_consumer.close()
+        self.heartbeat_consumer.close()
+        self.handback_consumer.close()
 
     def _report_reserved(self) -> None:
         cpu, memory_mb, gpu = 0.0, 0, 0

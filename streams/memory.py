@@ -315,6 +315,7 @@ class MemoryConsumer:
         self.topics: list[str] = []
         self.closed = False
         self._turn = 0
+        self._assigned = False  # assign() was called (in a rebalance callback)
 
     def _check(self, call: str) -> None:
         self.log.fault(call, self)
@@ -374,9 +375,10 @@ class MemoryConsumer:
             self.positions.clear()
         tps = [TopicPartition(t, p, OFFSET_INVALID) for t, p in given]
         on_assign = self.callbacks.get("assign")
+        self._assigned = False
         if on_assign is not None:
             on_assign(self, tps)
-        else:
+        if not self._assigned:  # as confluent-kafka does when the callback did not
             self.assign(tps)
 
     def consumer_group_metadata(self) -> GroupMetadata:
@@ -395,6 +397,7 @@ class MemoryConsumer:
     # -- positions ----------------------------------------------------------------------
     def assign(self, partitions: list[TopicPartition]) -> None:
         self._check("assign")
+        self._assigned = True
         with self.log.lock:
             self.positions = {}
             for tp in partitions:
@@ -469,6 +472,22 @@ class MemoryConsumer:
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         self._check("list_topics")
         return self.log.metadata()
+
+    def offsets_for_times(
+        self, partitions: list[TopicPartition], timeout: float | None = None
+    ) -> list[TopicPartition]:
+        """Per partition, the first offset stamped at or after `offset` (a time in ms),
+        or the end (-1) when none is."""
+        self._check("offsets_for_times")
+        out = []
+        with self.log.lock:
+            for tp in partitions:
+                log = self.log.topics[tp.topic][tp.partition]
+                found = next((i for i, r in enumerate(log) if r.timestamp[1] >= tp.offset), None)
+                out.append(
+                    TopicPartition(tp.topic, tp.partition, OFFSET_END if found is None else found)
+                )
+        return out
 
     # -- reading ------------------------------------------------------------------------
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:

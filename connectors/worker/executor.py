@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,12 @@ class Executor(Protocol):
 
 
 class NoopExecutor:
-    """Starts nothing: each attempt starts at its time and exits 0 at once."""
+    """Starts nothing: each attempt starts at its time and exits 0 at once.
+
+    Its clock runs on a thread of its own, as the executor process runs apart from the
+    worker's loop: a run starts when its instant comes, whatever the loop is doing (at
+    a burst, reporting the first thousands of starts takes the loop seconds, which must
+    not delay the starts behind them). The loop collects the events (`events`)."""
 
     log_path = ""
     pid = 0
@@ -123,31 +129,48 @@ class NoopExecutor:
     def __init__(self) -> None:
         self.due: list[tuple[float, Key]] = []  # (monotonic start, attempt), a heap
         self.waiting: set[Key] = set()
-        self._cancelled: list[Event] = []
+        self._out: list[Event] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def start(self, spec: StartSpec) -> None:
-        if spec.key not in self.waiting:
-            self.waiting.add(spec.key)
-            heapq.heappush(self.due, (spec.start_mono(), spec.key))
+        with self._changed:
+            if spec.key not in self.waiting:
+                self.waiting.add(spec.key)
+                heapq.heappush(self.due, (spec.start_mono(), spec.key))
+                self._changed.notify()
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._clock, name="noop executor", daemon=True
+                )
+                self._thread.start()
 
     def cancel(self, key: Key) -> None:
-        if key in self.waiting:
-            self.waiting.discard(key)  # its heap entry is skipped when it comes up
-            at = int(time.time() * 1000)
-            self._cancelled.append(Finished(key, "not_started", None, None, None, at, "cancelled"))
+        with self._changed:
+            if key in self.waiting:
+                self.waiting.discard(key)  # its heap entry is skipped when it comes up
+                at = int(time.time() * 1000)
+                self._out.append(Finished(key, "not_started", None, None, None, at, "cancelled"))
+
+    def _clock(self) -> None:
+        with self._changed:
+            while not self._closed:
+                now = time.monotonic()
+                while self.due and self.due[0][0] <= now:
+                    _, key = heapq.heappop(self.due)
+                    if key in self.waiting:
+                        self.waiting.discard(key)
+                        at, mono = int(time.time() * 1000), time.monotonic()  # honest times
+                        self._out += [
+                            Started(key, 0, at, mono),
+                            Finished(key, "exited", 0, None, at, at, "", mono, mono),
+                        ]
+                self._changed.wait(None if not self.due else max(0.0, self.due[0][0] - now))
 
     def events(self) -> list[Event]:
-        now = time.monotonic()
-        out, self._cancelled = list(self._cancelled), []
-        while self.due and self.due[0][0] <= now:
-            _, key = heapq.heappop(self.due)
-            if key in self.waiting:
-                self.waiting.discard(key)
-                at, mono = int(time.time() * 1000), time.monotonic()  # per run: honest times
-                out += [
-                    Started(key, 0, at, mono),
-                    Finished(key, "exited", 0, None, at, at, "", mono, mono),
-                ]
+        with self._changed:
+            out, self._out = self._out, []
         return out
 
     def health(self) -> str:
@@ -157,8 +180,11 @@ class NoopExecutor:
         self.close()
 
     def close(self) -> None:
-        self.waiting.clear()
-        self.due.clear()
+        with self._changed:
+            self._closed = True
+            self.waiting.clear()
+            self.due.clear()
+            self._changed.notify()
 
 
 class ProcessExecutor:

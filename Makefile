@@ -96,7 +96,7 @@ bench: topics
 
 bench-full: topics
 	$(BIN)/python -m bench.ledger --jobs 50000
-	$(BIN)/python -m bench.burst --executor noop
+	$(BIN)/python -m bench.burst --executor noop --lookahead-s 330 --lookahead-rate 400 --max-lead-s 360
 	$(BIN)/python -m bench.burst --executor noop --lead-s 0
 	$(BIN)/python -m bench.spawn
 	$(BIN)/python -m bench.burst --jobs 10000 --executor process --command sh

@@ -54,14 +54,17 @@ def main() -> None:
         "--lead-in-s",
         type=float,
         default=None,
-        help="how far ahead the burst is scheduled (default: 35 s + 2 ms per job: the node's "
-        "start and the registrations must be done before pre-dispatch begins)",
+        help="how far ahead the burst is scheduled (default: 35 s + 2 ms per job, and at "
+        "least --lookahead-s + 70 s: the node's start and the registrations must be done "
+        "before pre-dispatch begins)",
     )
     args = parser.parse_args()
     if args.quick:
         args.jobs = 10_000
     if args.lead_in_s is None:
         args.lead_in_s = 35.0 + args.jobs / 500
+        if args.lookahead_s is not None:  # the whole look-ahead after the registrations
+            args.lead_in_s = max(args.lead_in_s, args.lookahead_s + 70.0)
     with bench_settings("burst") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) if args.keep_logs is None else args.keep_logs
         logs.mkdir(parents=True, exist_ok=True)

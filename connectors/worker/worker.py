@@ -95,12 +95,9 @@ CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
 # all (~40 bytes each), within the heartbeats topic's record limit with room to spare.
 MAX_HELD = HEARTBEAT_MAX_BYTES // 160
 
-
-def heartbeat_producer_config(settings: Settings) -> dict[str, Any]:
-    """The heartbeat thread's producer: unlingered, and allowed a beat as large as the
-    heartbeats topic takes (`MAX_HELD` attempts listed)."""
-    extra = {"linger.ms": 0, "message.max.bytes": HEARTBEAT_MAX_BYTES}
-    return producer_config(settings, **extra, **RECONNECT)
+# The heartbeat thread's producer: unlingered, and allowed a beat as large as the
+# heartbeats topic takes (`MAX_HELD` attempts listed).
+HEARTBEAT_PRODUCER: dict[str, Any] = {"linger.ms": 0, "message.max.bytes": HEARTBEAT_MAX_BYTES}
 
 
 INBOX_ASK_S = 10.0  # one try at finding or making the private inbox (retried while down)
@@ -294,7 +291,9 @@ class Worker:
         self.housekeeping.run(at_start=True)
         self._publish()
         heartbeat = Heartbeat(
-            self.clients.producer(heartbeat_producer_config(self.settings)),
+            self.clients.producer(
+                producer_config(self.settings, **HEARTBEAT_PRODUCER, **RECONNECT)
+            ),
             self.topics["heartbeats"],
             self.config.worker_id,
             self.config.capacity,

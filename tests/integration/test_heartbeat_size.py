@@ -18,11 +18,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from confluent_kafka.cimpl import NewTopic
 
 from connectors.worker.heartbeat import Heartbeat
-from connectors.worker.worker import heartbeat_producer_config
+from connectors.worker.worker import HEARTBEAT_PRODUCER
 from schemas.codec import HEARTBEAT
 from schemas.records import Heartbeat as Beat
 from streams.core.placement import Capacity
-from streams.kafka import consumer_config
+from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from streams.topics import HEARTBEAT_MAX_BYTES, delete_topics, ensure_topics
 
@@ -52,7 +52,7 @@ def test_a_beat_listing_sixty_thousand_attempts_is_acknowledged(
         assert len(HEARTBEAT.encode(_beat(held))) > 1_048_576  # beyond the old limit
         lease = tmp_path / "lease"
         beat = Heartbeat(
-            Producer(heartbeat_producer_config(settings)),  # the worker's
+            Producer(producer_config(settings, **HEARTBEAT_PRODUCER)),  # the worker's
             topic,
             "big-worker",
             Capacity(1000, 1000, 0),

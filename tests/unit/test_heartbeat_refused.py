@@ -9,9 +9,10 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException
 
 from connectors.worker.heartbeat import Heartbeat
-from connectors.worker.worker import heartbeat_producer_config
+from connectors.worker.worker import HEARTBEAT_PRODUCER
 from streams.core.clock import ManualClock
 from streams.core.placement import Capacity
+from streams.kafka import producer_config
 from streams.memory import MemoryClients, MemoryLog
 from streams.settings import Settings
 
@@ -31,7 +32,7 @@ def test_a_refused_beat_renews_no_lease_and_the_next_one_goes_out(tmp_path: Path
     log.faults.append(too_large)
     lease = tmp_path / "lease"
     beat = Heartbeat(
-        MemoryClients(log).producer(heartbeat_producer_config(SETTINGS)),
+        MemoryClients(log).producer(producer_config(SETTINGS, **HEARTBEAT_PRODUCER)),
         SETTINGS.topic("heartbeats"),
         "w1",
         Capacity(1, 100, 0),

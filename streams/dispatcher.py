@@ -117,6 +117,7 @@ from streams.kafka import (
     until_done,
 )
 from streams.keys import placement_key
+from streams.lifecycle import run_steps
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")
@@ -280,13 +281,7 @@ class Dispatcher:
         self._subscribe()
 
     def run(self) -> None:
-        if not self.open():
-            return
-        try:
-            while not self._stop.is_set():
-                self.step()
-        finally:
-            self.close()
+        run_steps(self.open, self.step, self.close, self._stop)
 
     def open(self) -> bool:
         """Read the placement key, join the group, follow heartbeats and hand-backs

@@ -133,6 +133,7 @@ from streams.kafka import (
     transactional_producer_config,
 )
 from streams.keys import placement_key
+from streams.lifecycle import run_steps
 from streams.settings import Settings
 from streams.state_store import DiskStore, MemoryStates, Topic
 from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
@@ -370,13 +371,7 @@ class Ledger:
         self._subscribe()
 
     def run(self) -> None:
-        if not self.open():
-            return
-        try:
-            while not self._stop.is_set():
-                self.step()
-        finally:
-            self.close()
+        run_steps(self.open, self.step, self.close, self._stop)
 
     def open(self) -> bool:
         """Join the group and start reading ahead (False: stopped before it could).

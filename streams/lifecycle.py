@@ -12,6 +12,8 @@ components) and by every long-running command:
   `send_offsets_to_transaction` or `close` when it loses its coordinator).
 - `hold_instance_lock`: one `cronlog run` per state folder. An flock dies with the
   process that holds it, so a SIGKILLed supervisor leaves no stale lock.
+- `run_steps`: the loop of every stepped loop (ledger, scheduler, dispatcher): open,
+  step until stopped, close.
 """
 
 from __future__ import annotations
@@ -204,3 +206,21 @@ def hold_instance_lock(path: Path) -> IO[str]:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def run_steps(
+    open_: Callable[[], bool],
+    step: Callable[[], None],
+    close: Callable[[], None],
+    stop: threading.Event,
+) -> None:
+    """`open_()`, then `step()` until `stop` is set, then `close()` (also on an error); a
+    loop that could not open (stopped first) neither steps nor closes. Tests drive the
+    three parts themselves."""
+    if not open_():
+        return
+    try:
+        while not stop.is_set():
+            step()
+    finally:
+        close()

@@ -92,6 +92,7 @@ from streams.kafka import (
     consumer_config,
     producer_config,
 )
+from streams.lifecycle import run_steps
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.scheduler")
@@ -216,15 +217,10 @@ class Scheduler:
         self._subscribe()
 
     def run(self) -> None:
-        self.open()
-        try:
-            while not self._stop.is_set():
-                self.step()
-        finally:
-            self.close()
+        run_steps(self.open, self.step, self.close, self._stop)
 
-    def open(self) -> None:
-        """Join the group, start the warm-up, follow the heartbeats' stamps. `run` is
+    def open(self) -> bool:
+        """Join the group, start the warm-up, follow the heartbeats' stamps (True). `run` is
         `open`, `step` until stopped, `close`; a test drives the steps itself."""
         self._lag = metrics.ConsumerLag("scheduler", self.settings.topic_prefix)
         self._subscribe()
@@ -233,6 +229,7 @@ class Scheduler:
         self.beats.assign(
             [TopicPartition(beats, p, OFFSET_END) for p in range(self.settings.partitions)]
         )
+        return True
 
     def step(self) -> None:
         """One turn: read the state topics (serving rebalances), then propose what is due."""

@@ -148,7 +148,7 @@ def window_lateness(
             due += 1
             if e.run_id in starts:
                 started += 1
-                late.append((starts[e.run_id].at_ms - e.scheduled_ms) / 1000)
+                late.append((starts[e.run_id].happened_ms - e.scheduled_ms) / 1000)
     return due, started, late
 
 

@@ -73,7 +73,7 @@ def main() -> None:
         code, audit_text = audit(settings)
     starts = {e.run_id: e for e, _ in events.run_events() if e.state == "running"}
     window = [
-        (starts[e.run_id].at_ms - e.scheduled_ms) / 1000
+        (starts[e.run_id].happened_ms - e.scheduled_ms) / 1000
         for e, _ in events.run_events()
         if e.state == "due"
         and e.attempt == 1

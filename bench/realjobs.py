@@ -5,7 +5,7 @@ One scheduler node; three workers offering 4, 2 and 1 CPUs (memory generous, hea
 After --seconds (the first --settle-s are not measured) the jobs are paused and the runs
 get --drain-s to finish. Over the window it reports the firings due, how many started,
 how many reached a final state (by the end of the drain), the start lateness of first
-attempts (running.at_ms - scheduled_ms), the runs still not final, the CPU each process
+attempts (running.happened_ms - scheduled_ms), the runs still not final, the CPU each process
 used (cores, children included: job processes and per-run helpers, reaped ones too) and
 the workers' CPU per run. It ends with `cronlog audit` over the run-events written, and
 exits non-zero if the audit is not clean.
@@ -336,7 +336,7 @@ def scenario(args: argparse.Namespace) -> int:
         ]
         started = [e for e in window if e.run_id in starts]
         final = [e for e in window if latest[e.run_id].state in FINAL_STATES]
-        late = [(starts[e.run_id].at_ms - e.scheduled_ms) / 1000 for e in started]
+        late = [(starts[e.run_id].happened_ms - e.scheduled_ms) / 1000 for e in started]
         outcomes = Counter(latest[e.run_id].state for e in window)
         failed_why = Counter(
             latest[e.run_id].reason.split(":")[0] or "(none)"

@@ -534,8 +534,10 @@ class Projector:
             "worker_id": worker,
             "created_at": at,
             "at": at,
-            "started_at": at if e.state == "running" else None,
-            "finished_at": at if e.state in FINAL_STATES else None,
+            # When it happened (a worker's vouched stamp), which under load precedes
+            # the record (`at`) by the time its report took to reach the ledger.
+            "started_at": _ts(e.happened_ms) if e.state == "running" else None,
+            "finished_at": _ts(e.happened_ms) if e.state in FINAL_STATES else None,
             "exit_code": e.exit_code,
             "error": reason or None,
             "seq": seq,

@@ -362,6 +362,18 @@ class RunEvent:
     worker_id: str
     reason: str
     exit_code: int | None = None
+    # When what a worker reported happened (its start or finish stamp), for the transition
+    # that report decided; None for the ledger's own transitions (then it is `at_ms`).
+    # Clamped by the ledger to what it can vouch for: no earlier than the attempt could
+    # have started (its grant and its start time) or, for a finish, than its recorded
+    # start; no later than `at_ms`, when the ledger recorded it. Under load the record can
+    # trail the start by seconds; the history shows when the run started.
+    reported_ms: int | None = None
+
+    @property
+    def happened_ms(self) -> int:
+        """When the transition happened: what the worker reported, else when recorded."""
+        return self.at_ms if self.reported_ms is None else self.reported_ms
 
 
 @dataclass(frozen=True, slots=True)

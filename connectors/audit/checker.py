@@ -154,8 +154,10 @@ ledger folded into it, and is not checked. Jobs with a schedule and upstreams ha
 run per fire time (``missing_firing``), ``waiting`` until its upstreams are done
 (``not_final`` past the dependency wait).
 
-Start lateness is ``running.at_ms - scheduled_ms`` of first attempts (retries and reruns
-start late on purpose), backfill runs excluded (created long after their time).
+Start lateness is ``running.happened_ms - scheduled_ms`` of first attempts (retries and
+reruns start late on purpose), backfill runs excluded (created long after their time):
+the start the worker reported, as the ledger vouched for it (no earlier than the grant
+and the start time, no later than the record ``at_ms``), else the record itself.
 
 Memory: per run, one small object with bit sets (seq numbers, attempts claimed and
 started, who held and who ran each attempt: one shared worker id string and a bit set in
@@ -684,7 +686,7 @@ class Auditor:
                 mark = attempt if e.trigger == "schedule" else -attempt
                 job.starts.extend((e.scheduled_ms, e.at_ms, mark))
             if kind is None and attempt == 1 and e.trigger != "backfill":
-                self._lateness.append(e.at_ms - e.scheduled_ms)
+                self._lateness.append(e.happened_ms - e.scheduled_ms)
         else:
             if state in FINAL_STATES and e.trigger != "manual":
                 at = e.at_ms
@@ -792,7 +794,7 @@ class Auditor:
 
     def _start_lateness(self, e: RunEvent) -> None:
         if e.attempt == 1 and e.trigger != "backfill":
-            self._lateness.append(e.at_ms - e.scheduled_ms)
+            self._lateness.append(e.happened_ms - e.scheduled_ms)
 
     # -- who held and ran each attempt ----------------------------------------------------------
     def _claim_ended(self, run: _Run, e: RunEvent, attempt_bit: int) -> None:

@@ -153,12 +153,13 @@ class Lateness(Generic[T]):
             resolved = self._pending.pop(run_id, None)
             freed = None if resolved is None else resolved[3]
             # Late by the events: started after the deadline, or ended after it without
-            # ever starting (a pending entry means no start was seen).
+            # ever starting (a pending entry means no start was seen). When it started is
+            # the worker's stamp (`happened_ms`), not when the ledger recorded it.
             started_late = event.state == "running" and event.attempt == 1
             ended_unstarted = event.state in FINAL_STATES and resolved is not None
             if (
                 (started_late or ended_unstarted)
-                and event.at_ms > deadline
+                and event.happened_ms > deadline
                 and run_id not in self._alerted
             ):
                 self._remember(run_id)

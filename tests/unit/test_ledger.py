@@ -555,3 +555,50 @@ def test_a_placeholder_upstream_belongs_to_no_one_until_registered() -> None:
     first = w.apply(JobUpserted(spec(job_id="up", owner="team-up"), T0 + 1_000))
     assert not first.rejected
     assert w.jobs["up"].spec.owner == "team-up"
+
+
+def test_the_history_keeps_when_the_worker_started_and_finished() -> None:
+    # A burst's reports can reach the ledger seconds after the starts they tell of: the
+    # run's start and finish are the worker's stamps, its events' at_ms the records.
+    w = world()
+    t = T0 + MIN
+    w.apply(FireProposed("j", t, t - 20_000, "a"))
+    w.apply(ClaimRequested("j", rid(t), 1, "w1", t - 15_000))
+    w.apply(RunStarted("j", rid(t), 1, "w1", t + 300), now=t + 12_000)
+    started = w.run_events(rid(t))[-1]
+    assert (started.state, started.at_ms, started.reported_ms) == ("running", t + 12_000, t + 300)
+    assert started.happened_ms == w.runs[rid(t)].started_ms == t + 300
+    w.apply(RunFinished("j", rid(t), 1, "w1", 0, "", t + 900), now=t + 13_000)
+    assert w.runs[rid(t)].finished_ms == t + 900
+    assert w.run_events(rid(t))[-1].happened_ms == t + 900
+    # The ledger's own transitions carry no report.
+    assert [e.reported_ms for e in w.run_events(rid(t))[:2]] == [None, None]
+
+
+@given(
+    grant=st.integers(-30_000, 5_000),
+    stamp=st.integers(-120_000, 120_000),
+    lag=st.integers(0, 60_000),
+    end=st.integers(-120_000, 120_000),
+    exit_code=st.sampled_from([0, 1]),
+)
+def test_a_reported_time_stays_within_what_the_ledger_can_vouch_for(
+    grant: int, stamp: int, lag: int, end: int, exit_code: int
+) -> None:
+    # Whatever a worker's clock says: no start before its grant and its start time, no
+    # finish before its start, nothing after the ledger recorded it.
+    w = world()
+    t = T0 + MIN
+    w.apply(FireProposed("j", t, t - 40_000, "a"))
+    w.apply(ClaimRequested("j", rid(t), 1, "w1", t + grant))
+    granted = w.runs[rid(t)].updated_ms
+    recorded = max(t, granted) + lag
+    w.apply(RunStarted("j", rid(t), 1, "w1", t + stamp), now=recorded)
+    start = w.runs[rid(t)].started_ms
+    assert start is not None
+    assert max(t, granted) <= start <= recorded
+    assert start == min(max(t + stamp, max(t, granted)), recorded)
+    w.apply(RunFinished("j", rid(t), 1, "w1", exit_code, "", t + end), now=recorded + lag)
+    last = w.run_events(rid(t))[-1]
+    assert last.reported_ms is not None
+    assert start <= last.reported_ms <= recorded + lag

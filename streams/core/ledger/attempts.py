@@ -123,7 +123,15 @@ class Attempts(Kernel):
         if run.worker_id != inp.worker_id or run.state != "dispatched":
             return self.reject(f"start by {inp.worker_id} while {run.state} on {run.worker_id}")
         pending = run.cancelling
-        running = self._move(run, "running", deadline=(self._timeout_backstop(self.at), "timeout"))
+        # Started no earlier than granted (`updated_ms` of the dispatched state, or a
+        # later cancel) and than its start time; the timeout backstop counts from now.
+        earliest = max(run.updated_ms, self._not_before(run) or run.updated_ms)
+        running = self._move(
+            run,
+            "running",
+            deadline=(self._timeout_backstop(self.at), "timeout"),
+            reported_ms=self._vouched(inp.at_ms, earliest),
+        )
         if pending:
             # It started before the stop order reached it: recorded, then cancelled (the
             # order, already on its way, stops it; sent again for a restarted worker).
@@ -141,11 +149,12 @@ class Attempts(Kernel):
             return None
         if run.worker_id != inp.worker_id or run.state not in ("dispatched", "running"):
             return self.reject(f"report by {inp.worker_id} while {run.state} on {run.worker_id}")
+        ended = self._vouched(inp.at_ms, run.started_ms or run.updated_ms)
         if inp.exit_code == 0:
-            self._move(run, "succeeded", exit_code=0)
+            self._move(run, "succeeded", exit_code=0, reported_ms=ended)
             return None
         if run.cancelling:  # it ran, and was stopped by the order (or failed): no retry
-            return self._settle_cancel(run, STARTED, exit_code=inp.exit_code)
+            return self._settle_cancel(run, STARTED, exit_code=inp.exit_code, reported_ms=ended)
         reason = inp.error or (
             f"exit code {inp.exit_code}" if inp.exit_code is not None else "killed"
         )
@@ -154,7 +163,9 @@ class Attempts(Kernel):
         # alive). Like a WorkerLost verdict: only idempotent jobs run again.
         lost = inp.exit_code is None and inp.error.startswith(("lost", "fenced"))
         retry = not lost or self.job.spec.idempotent
-        self._fail_attempt(run, reason, retry_allowed=retry, exit_code=inp.exit_code)
+        self._fail_attempt(
+            run, reason, retry_allowed=retry, exit_code=inp.exit_code, reported_ms=ended
+        )
 
     def lost(self, inp: WorkerLost) -> None:
         run = self._current(inp.run_id, inp.attempt)
@@ -228,10 +239,18 @@ class Attempts(Kernel):
             )
 
     def _fail_attempt(
-        self, run: RunState, reason: str, *, retry_allowed: bool, exit_code: int | None = None
+        self,
+        run: RunState,
+        reason: str,
+        *,
+        retry_allowed: bool,
+        exit_code: int | None = None,
+        reported_ms: int | None = None,
     ) -> None:
         if run.cancelling:
-            return self._settle_cancel(run, MAY_HAVE_STARTED, exit_code=exit_code)
+            return self._settle_cancel(
+                run, MAY_HAVE_STARTED, exit_code=exit_code, reported_ms=reported_ms
+            )
         retry = self.job.spec.retry
         if retry_allowed and run.attempt < retry.max_attempts:
             backoff_s = min(
@@ -242,6 +261,13 @@ class Attempts(Kernel):
             # failed together do not return together.
             jitter = jitter_ms(f"{run.run_id}#{run.attempt}", run.scheduled_ms, backoff_s * 0.1)
             due = self.at + int(backoff_s * 1000) + jitter
-            self._move(run, "retrying", reason, deadline=(due, "retry"), exit_code=exit_code)
+            self._move(
+                run,
+                "retrying",
+                reason,
+                deadline=(due, "retry"),
+                exit_code=exit_code,
+                reported_ms=reported_ms,
+            )
         else:
-            self._move(run, "failed", reason, exit_code=exit_code)
+            self._move(run, "failed", reason, exit_code=exit_code, reported_ms=reported_ms)

@@ -99,14 +99,18 @@ class Kernel:
         worker_id: str | None = None,
         deadline: tuple[int, DeadlineKind] | None = None,
         exit_code: int | None = None,
+        reported_ms: int | None = None,
     ) -> RunState:
-        """Record one transition: new run state, its event, and the job's run lists."""
+        """Record one transition: new run state, its event, and the job's run lists.
+        `reported_ms`: when the worker whose report decides it says it happened, already
+        clamped (`_vouched`); the run's start or finish time, else the ledger's now."""
         before = None if run.seq <= 0 else run.state
         if state not in TRANSITIONS[before]:  # a bug in this module, never an input's fault
             raise AssertionError(f"{run.run_id}: {before} -> {state} is not a legal transition")
         attempt = run.attempt if attempt is None else attempt
         worker = run.worker_id if worker_id is None else worker_id
         final = state in FINAL_STATES
+        happened = self.at if reported_ms is None else reported_ms
         moved = replace(
             run,
             state=state,
@@ -115,8 +119,8 @@ class Kernel:
             updated_ms=self.at,
             deadline_ms=None if deadline is None else deadline[0],
             deadline_kind=None if deadline is None else deadline[1],
-            started_ms=self.at if state == "running" else run.started_ms,
-            finished_ms=self.at if final else run.finished_ms,
+            started_ms=happened if state == "running" else run.started_ms,
+            finished_ms=happened if final else run.finished_ms,
             exit_code=exit_code if exit_code is not None else run.exit_code,
             reason=reason,
             seq=run.seq + 1,
@@ -136,6 +140,7 @@ class Kernel:
                 worker_id=worker,
                 reason=reason,
                 exit_code=exit_code,
+                reported_ms=reported_ms,
             )
         )
         if final:
@@ -297,14 +302,25 @@ class Kernel:
         self._move(run, "cancelled", reason)
 
     def _settle_cancel(
-        self, run: RunState, started: str = "", exit_code: int | None = None
+        self,
+        run: RunState,
+        started: str = "",
+        exit_code: int | None = None,
+        reported_ms: int | None = None,
     ) -> None:
         """The holder of an attempt with a cancel pending answered, or was declared lost:
         the run is cancelled. Given back unstarted, it keeps the cancel's own reason (a
         withdrawn firing is known by it, and may be revived); if it started, or may have
         (`started` says which), the reason says so and the firing is never revived."""
         reason = f"{run.cancelling} ({started})" if started else run.cancelling
-        self._move(run, "cancelled", reason, exit_code=exit_code)
+        self._move(run, "cancelled", reason, exit_code=exit_code, reported_ms=reported_ms)
+
+    def _vouched(self, reported_ms: int, earliest: int) -> int:
+        """A worker's stamp for what it reports, within what the ledger can vouch for:
+        not before `earliest` (nothing starts before its grant and start time, nothing
+        ends before its start) nor after now (the ledger has recorded it). A worker's
+        clock, however skewed, moves a run's history only inside that window."""
+        return min(max(reported_ms, min(earliest, self.at)), self.at)
 
     def _stop_order(self, run: RunState, reason: str) -> None:
         """Tell the worker holding (run, attempt) to stop it, if one holds it."""

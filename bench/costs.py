@@ -13,7 +13,7 @@ frame of ours on the stack).
 Scale-out: `--nodes N` runs N scheduler nodes over the same partitions (each owns its
 share of job-log and dispatch); node rows are summed over the nodes. Before any job is
 registered the bench measures the nodes' idle CPU (`--idle-s`) so that the table can
-tell a cost per run from a fixed cost per node (Faust's event loop, consumers polling).
+tell a cost per run from a fixed cost per node (consumers polling).
 """
 
 from __future__ import annotations
@@ -66,14 +66,12 @@ def _comm(path: str) -> str:
 
 
 def node_threads(pid: int) -> Counter[str]:
-    """CPU ticks of the node process by thread group: the main thread runs ingress
-    (Faust), the loops carry the OS names streams/node.py gives them."""
+    """CPU ticks of the node process by thread group: the loops carry the OS names
+    streams/node.py gives them (the main thread only waits for a signal)."""
     ticks: Counter[str] = Counter()
     for task in Path(f"/proc/{pid}/task").glob("*"):
         comm = _comm(f"{task}/comm")
-        if task.name == str(pid):
-            group = "ingress"
-        elif comm in ("scheduler", "dispatcher"):
+        if comm in ("ingress", "gate", "scheduler", "dispatcher"):
             group = comm
         elif comm.startswith("rdk:"):
             group = "librdkafka"

@@ -1,27 +1,26 @@
-"""Ingress alone: how fast commands become job-log records, and what Faust itself allows.
+"""Ingress alone: how fast commands become job-log records.
 
 N valid job.upsert commands (1,440 distinct cron expressions, as `bench.registry`) are
-put on `commands` first; then, each in its own process, over the same records:
-- `faust_noop`: a Faust agent that only counts what `take_events` hands it (the
-  framework's own ceiling on this machine: consume, event objects, acks);
-- `ingress`: the real ingress agent (`streams.ingress`), alone, no ledger: the time from
-  its start to the last job-log record produced (N records on job-log).
-Rates are records/s after the first record is seen (the start-up and the group join are
-left out). `python -m bench.ingress --jobs 100000` (`--quick`: 30,000).
+put on `commands` first; then the real ingress loop (`streams.ingress.Ingress`) runs in
+its own process, alone, no ledger: the time from its first job-log record to the last
+(N records on job-log), so the start-up and the group join are left out; with its CPU
+seconds from /proc. `python -m bench.ingress --jobs 100000` (`--quick`: 30,000).
+(Until 2026-12-03 it also ran a do-nothing Faust agent, Faust's own ceiling: 8,600-9,500
+records/s here; docs/performance.md.)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
+import signal
 import subprocess
 import sys
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bench.common import bench_settings, report
+from bench.common import bench_settings, report, tree_stats
 from bench.registry import upsert
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
@@ -61,26 +60,11 @@ def child_env(settings: Settings, jobs: int) -> dict[str, str]:
     }
 
 
-def faust_noop(settings: Settings, jobs: int) -> float:
-    """Records/s through a do-nothing agent (the child prints its own rate)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.ingress", "--child", "noop"],
-        env=child_env(settings, jobs),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    # Faust's worker redirects print() into its log (stderr): look in both.
-    found = re.search(r"RATE ([\d.]+)", out.stdout + out.stderr)
-    if found:
-        return float(found.group(1))
-    raise RuntimeError(f"the Faust child printed no rate:\n{out.stdout}\n{out.stderr[-3000:]}")
-
-
-def ingress(settings: Settings, jobs: int) -> float:
-    """Records/s of the real ingress agent: job-log's end offsets from the first to N."""
+def ingress(settings: Settings, jobs: int) -> tuple[float, float]:
+    """Records/s of the real ingress loop (job-log's end offsets from the first to N),
+    and the CPU seconds its process used in all."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.ingress", "--child", "ingress"],
+        [sys.executable, "-m", "bench.ingress", "--child"],
         env=child_env(settings, jobs),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -95,7 +79,8 @@ def ingress(settings: Settings, jobs: int) -> float:
                 first_at, first = time.monotonic(), done
             if done >= jobs:
                 assert first_at is not None
-                return (done - first) / max(time.monotonic() - first_at, 1e-9)
+                rate = (done - first) / max(time.monotonic() - first_at, 1e-9)
+                return rate, tree_stats(proc.pid)[1]
             time.sleep(0.25)
         raise RuntimeError(f"ingress produced {done} of {jobs} job-log records in 900 s")
     finally:
@@ -103,70 +88,33 @@ def ingress(settings: Settings, jobs: int) -> float:
         proc.wait(30)
 
 
-def run_child(kind: str) -> None:
-    import faust
+def run_child() -> None:
+    from streams.ingress import Ingress
 
-    from streams.ingress import build_app
-
-    settings = Settings.from_env()
-    jobs = int(os.environ["BENCH_JOBS"])
-    if kind == "ingress":
-        app = build_app(settings)
-    else:
-        app = faust.App(
-            f"{settings.topic_prefix}noop",
-            broker=f"kafka://{settings.kafka}",
-            store="memory://",
-            web_enabled=False,
-            topic_partitions=settings.partitions,
-            consumer_auto_offset_reset="earliest",
-            datadir=f"/tmp/{settings.topic_prefix}noop-{os.getpid()}",
-        )
-        source = app.topic(
-            settings.topic("commands"),
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
-        seen = {"n": 0, "at": 0.0}
-
-        @app.agent(source, concurrency=1)
-        async def noop(stream: faust.StreamT[bytes]) -> None:
-            async for events in stream.take_events(1000, within=0.05):  # type: ignore[attr-defined]
-                if not seen["n"]:
-                    seen["at"] = time.monotonic()
-                seen["n"] += len(events)
-                if seen["n"] >= jobs:
-                    rate = seen["n"] / max(time.monotonic() - seen["at"], 1e-9)
-                    print(f"RATE {rate:.1f}", flush=True)
-                    os._exit(0)
-
-    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+    ingress = Ingress(Settings.from_env())
+    signal.signal(signal.SIGTERM, lambda *_: ingress.stop())
+    ingress.run()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", choices=("noop", "ingress"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        sys.argv = [sys.argv[0], "worker"]
-        run_child(args.child)
+        run_child()
         return
     jobs = 30_000 if args.quick else args.jobs
     with bench_settings("ingress") as settings:
         fill(settings, jobs)
-        noop = faust_noop(settings, jobs)
-        real = ingress(settings, jobs)
+        rate, cpu_s = ingress(settings, jobs)
     report(
         "ingress",
         {
             "jobs": jobs,
-            "faust_noop_per_s": noop,
-            "ingress_per_s": real,
-            "ingress_share_of_faust": real / noop,
+            "ingress_per_s": rate,
+            "ingress_cpu_us_per_command": cpu_s / jobs * 1e6,
         },
     )
 

@@ -389,7 +389,7 @@ def scheduler(
     metrics_port: MetricsPortOption = None,
 ) -> None:
     """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
-    from streams.node import run_node  # imported late: Faust is heavy to import
+    from streams.node import run_node  # imported late: the loops' imports are heavy
 
     settings = _settings()
     chosen = _logging(loglevel, "scheduler", node_id, log_format)
@@ -399,7 +399,7 @@ def scheduler(
             f"--lookahead-s in [0, --max-lead-s = {max_lead_s:g})",
             2,
         )
-    _stop_watchdog()  # Faust's handlers, installed later through asyncio, get wrapped
+    _stop_watchdog()  # the node's handlers, installed later, get wrapped
     run_node(
         settings,
         node_id=node_id,

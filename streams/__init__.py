@@ -1,1 +1,2 @@
-"""Kafka-facing side of cronlog: the Faust app, its agents, settings and topics."""
+"""Kafka-facing side of cronlog: the node's loops (ingress, gate, ledger, scheduler,
+dispatcher), settings and topics; `streams/core/` is the pure domain."""

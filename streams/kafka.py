@@ -1,9 +1,10 @@
 """Kafka client configuration shared by every cronlog process.
 
-One partitioner everywhere: `murmur2_random` is the Java client's (and aiokafka's, so
-Faust's) partitioner. librdkafka's default (CRC32) would put a job's records on another
-partition than Faust's ingress does, and the ledger relies on every record of a job, and
-its state, living in the same partition number of each topic.
+One partitioner everywhere: `murmur2_random` is the Java client's (and aiokafka's)
+partitioner. librdkafka's default (CRC32) would put a job's records on another partition
+than other Kafka clients (a user's Java producer of commands) do, and the ledger relies
+on every record of a job, and its state, living in the same partition number of each
+topic.
 """
 
 from __future__ import annotations

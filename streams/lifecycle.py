@@ -151,8 +151,8 @@ def install_stop_watchdog(bound_s: float | None = None) -> float:
     """Exit hard `bound_s` after the first SIGTERM/SIGINT/SIGHUP that has a handler.
 
     Whoever handles the signal: the handlers in place now and every handler installed
-    later through `signal.signal` (asyncio's `add_signal_handler`, which Faust and mode
-    use, installs one that way; so does uvicorn) are wrapped so that they arm the
+    later through `signal.signal` (asyncio's `add_signal_handler`, which uvicorn uses,
+    installs one that way; so does the node) are wrapped so that they arm the
     watchdog first. Call it from the main thread before the command sets up its own
     handlers. Returns the bound. Idempotent.
 

@@ -158,7 +158,7 @@ LEDGER_DLQ = Counter(
     ["component"],
     registry=LEDGER,
 )
-# -- ingress (the node's Faust agents) ----------------------------------------------------------
+# -- ingress and the gate (the node's relays, streams/relay.py) ---------------------------------
 COMMANDS = Counter(
     "cronlog_ingress_commands_total",
     "Commands read from the commands topic, by outcome (accepted, rejected).",
@@ -250,6 +250,7 @@ CONSUMER_LAG: Final = {
     "worker": _lag_gauge(WORKER),
     "notifier": _lag_gauge(NOTIFIER),
 }
+CONSUMER_LAG["gate"] = CONSUMER_LAG["ingress"]  # one registry: the node's relays
 
 
 class ConsumerLag:

@@ -1,21 +1,21 @@
-"""A scheduler node (`cronlog scheduler`): ingress, ledger, scheduler and dispatcher.
+"""A scheduler node (`cronlog scheduler`): ingress, gate, ledger, scheduler and dispatcher.
 
-The scheduler and the dispatcher are confluent-kafka loops on their own threads; the
-Faust ingress agent owns the main thread and its event loop (Faust handles
-SIGTERM/SIGINT and stops the node cleanly). The ledger, the busiest loop, runs in a
-child process by default so that it does not share the GIL with the rest: on 2 cores
-that lifts the node's throughput (see docs/performance.md). The child dies with the node
-(PR_SET_PDEATHSIG, so even a SIGKILL of the node takes its ledger with it) and the node
-dies with the child. Any loop that dies takes the whole node down with it: a half-alive
-node that holds partitions without serving them would stall its jobs until its session
-expired, while a dead one loses them in seconds.
+Ingress, the gate, the scheduler and the dispatcher are confluent-kafka loops on their
+own threads; the main thread waits for SIGTERM/SIGINT and then stops them all. The
+ledger, the busiest loop, runs in a child process by default so that it does not share
+the GIL with the rest: on 2 cores that lifts the node's throughput (see
+docs/performance.md). The child dies with the node (PR_SET_PDEATHSIG, so even a SIGKILL
+of the node takes its ledger with it) and the node dies with the child. Any loop that
+dies takes the whole node down with it: a half-alive node that holds partitions without
+serving them would stall its jobs until its session expired, while a dead one loses them
+in seconds.
 
 A broker outage is not a loop dying: a node started while the broker is down waits for
 it (saying so every few seconds), and once running every loop keeps retrying while the
-broker is down and resumes by itself when it is back (Faust's aiokafka clients reconnect;
-the confluent-kafka loops treat client errors as transient and retry; the ledger bounds
-its transactional calls with a watchdog, streams/ledger.py). Only a loop that fails for
-another reason takes the node down, and the supervisor restarts it.
+broker is down and resumes by itself when it is back (the loops treat client errors as
+transient and retry; the ledger bounds its transactional calls with a watchdog,
+streams/ledger.py). Only a loop that fails for another reason takes the node down, and
+the supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from streams.core.ledger import LedgerConfig
 from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
 from streams.gate import Gate
+from streams.ingress import Ingress
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
 from streams.lifecycle import die_with_parent as _die_with_parent
@@ -74,9 +75,7 @@ def _guarded(name: str, target: Callable[[], None]) -> threading.Thread:
 
 
 def _dump_stacks_on_sigusr1() -> None:
-    """`kill -USR1` prints every thread's stack to stderr: what a stuck loop waits on.
-    (In the node's own process Faust later installs its own SIGUSR1 dump, which lists the
-    threads' stacks too.)"""
+    """`kill -USR1` prints every thread's stack to stderr: what a stuck loop waits on."""
     with contextlib.suppress(AttributeError, ValueError, RuntimeError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -131,8 +130,8 @@ def run_node(
             f"the look-ahead ({lookahead_ms} ms) must be below the ledger's max lead "
             f"({ledger_config.max_lead_ms} ms), which rejects earlier proposals"
         )
-    # Faust cannot start without the broker (it exits at once), so the node waits for it
-    # first; once running, every loop rides out an outage by itself (module docstring).
+    # The node waits for the broker before it joins any group, saying so; once running,
+    # every loop rides out an outage by itself (module docstring).
     wait_for_broker(settings, f"scheduler node {node_id}")
     policy = ProposalPolicy(
         lead_ms=lead_ms,
@@ -141,10 +140,11 @@ def run_node(
     )
     scheduler = Scheduler(settings, node_id, SchedulerConfig(proposals=policy))
     dispatcher = Dispatcher(settings, node_id)
-    parts: dict[str, Ledger | Scheduler | Dispatcher | Gate] = {
+    parts: dict[str, Ledger | Scheduler | Dispatcher | Gate | Ingress] = {
         "scheduler": scheduler,
         "dispatcher": dispatcher,
         "gate": Gate(settings),
+        "ingress": Ingress(settings),
     }
     stopping = threading.Event()
     child: multiprocessing.process.BaseProcess | None = None
@@ -173,19 +173,14 @@ def run_node(
             lambda: next((why for check in ready if (why := check())), None),
             alive=lambda: all(thread.is_alive() for thread in threads),
         ).start()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     log.info("node %s started: ingress, gate, ledger, scheduler, dispatcher", node_id)
-    # Faust is imported only now (~0.8 s): the scheduler is already reading ahead, and
-    # the ledger's process, which imports this module, never loads it.
-    from faust.worker import Worker
-
-    from streams.ingress import build_app
-
-    app = build_app(settings)
     try:
-        # The logging is the node's own (streams/logs.py), not Faust's.
-        worker = Worker(app, loglevel=loglevel, quiet=True, override_logging=False)
-        worker.spinner = None  # its terminal escapes would land in the logs
-        worker.execute_from_commandline()
+        while not stop.wait(0.5):  # a signal handler runs between these waits
+            pass
+        log.info("node %s stopping", node_id)
     finally:
         stopping.set()
         for part in parts.values():

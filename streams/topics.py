@@ -67,6 +67,11 @@ BROKER_TIME = {"message.timestamp.type": "LogAppendTime"}
 #   ahead sends ~2 MB beats, beyond the broker's 1 MB default. HEARTBEAT_MAX_BYTES lets
 #   one through; the worker holds no more attempts than such a beat can list.
 HEARTBEAT_MAX_BYTES = 16 * 1024 * 1024
+# - commands.dlq keeps a rejected record's original bytes, base64 in a JSON envelope: a
+#   third larger than the record, which may be as large as its own topic allows (the
+#   broker's 1 MB default). DLQ_MAX_BYTES takes any of them, so no rejected record can
+#   be refused by the DLQ too (it would be read again for ever: a poison pill).
+DLQ_MAX_BYTES = 4 * 1024 * 1024
 CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         "commands",
@@ -76,7 +81,7 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         "commands.dlq",
         "rejected commands: original bytes and a reason",
-        {"retention.ms": str(30 * DAY_MS)},
+        {"retention.ms": str(30 * DAY_MS), "max.message.bytes": str(DLQ_MAX_BYTES)},
     ),
     TopicSpec(
         "job-log",

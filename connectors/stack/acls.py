@@ -82,13 +82,6 @@ GRANTS: tuple[Grant, ...] = (
         why="the ledger's replies and the dispatcher's assignments to each native worker's "
         "own inbox (Write lets the nodes see which exist)",
     ),
-    Grant(
-        "node",
-        "topic",
-        "ingress-__assignor-__leader",
-        ("create", "read", "write"),
-        why="Faust's own topic of the ingress app, made on its first start",
-    ),
     *(
         Grant("node", "group", name, ("read",), why="the node loops' consumer groups")
         for name in ("ingress", "gate", "scheduler", "ledger", "dispatcher")

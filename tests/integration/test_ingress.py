@@ -207,3 +207,43 @@ def test_a_registration_forged_with_a_workers_access_registers_nothing(
         assert not [e for e in events.job_events() if e.job_id == "forged"]
     finally:
         events.close()
+
+
+def test_a_command_as_large_as_its_topic_allows_is_kept_whole_in_the_dlq(
+    topics: Settings, node: Node
+) -> None:
+    """A rejected record's envelope (its bytes in base64) is a third larger than the
+    record: for a record near the commands topic's 1 MB limit it must still fit in the
+    DLQ, or the record would be read again for ever and hold back every command behind
+    it on its partition. The next command on the same partition takes effect."""
+    huge = orjson.dumps(upsert("huge", env={"PAD": "x" * 900_000}))
+    producer = Producer(producer_config(topics))
+    producer.produce(topics.topic("commands"), key=b"huge", value=huge)
+    assert producer.flush(30) == 0
+    send_commands(topics, [upsert("huge")])  # the same key: the same partition, after it
+
+    dlq = consumer(topics, "commands.dlq")
+    letters: list[dict[str, object]] = []
+    try:
+
+        def kept() -> bool:
+            for m in drain(dlq, 1, timeout_s=1):
+                letter = orjson.loads(m.value() or b"")
+                if base64.b64decode(str(letter["original_base64"])) == huge:
+                    letters.append(letter)
+            return bool(letters)
+
+        eventually(kept, "the large command in the DLQ", 90)
+    finally:
+        dlq.close()
+    assert "bytes" in str(letters[0]["reason"])
+    events = EventReader(topics, "huge-check")
+    try:
+        events.wait_until(
+            lambda: any(e.job_id == "huge" and e.kind == "upserted" for e in events.job_events()),
+            90,
+            "the command behind it",
+        )
+    finally:
+        events.close()
+    assert node.alive

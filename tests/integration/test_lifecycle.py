@@ -306,9 +306,9 @@ def test_a_component_that_does_not_stop_is_killed_with_its_group(
     try:
         procs = eventually(lambda: tree_complete(proc.pid, jobs=False), "every component", 180)
         node = next(p for p in procs if "connectors.cli scheduler" in p.argv)
-        # Once it handles SIGTERM (Faust's handler), a stopped node keeps it pending; it
+        # Once it handles SIGTERM (the node's handler), a stopped node keeps it pending; it
         # cannot stop. (Without a handler the kernel would kill it, stopped or not.)
-        eventually(lambda: catches(node.pid, signal.SIGTERM), "Faust's signal handlers", 120)
+        eventually(lambda: catches(node.pid, signal.SIGTERM), "the node's signal handlers", 120)
         os.kill(node.pid, signal.SIGSTOP)
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -330,7 +330,7 @@ def test_a_component_that_does_not_stop_is_killed_with_its_group(
 def test_a_node_whose_stop_hangs_still_stops_within_the_bound(
     topics: Settings, tmp_path: Path
 ) -> None:
-    """A real scheduler node, stopped by Faust's signal handling, whose ledger process
+    """A real scheduler node, stopped by its signal handling, whose ledger process
     cannot be stopped (SIGSTOPped): the node would wait for it; its watchdog ends it
     within the bound, and the ledger dies with it."""
     node = Node(topics, "wedged", tmp_path, {"CRONLOG_STOP_TIMEOUT_S": "3"}).start()
@@ -338,8 +338,8 @@ def test_a_node_whose_stop_hangs_still_stops_within_the_bound(
     pid = node.proc.pid
     ledger: list[Proc] = []
     try:
-        # Faust handles SIGTERM once it has started (the command itself leaves it be).
-        eventually(lambda: catches(pid, signal.SIGTERM), "Faust's signal handlers", 120)
+        # The node handles SIGTERM once its loops are started.
+        eventually(lambda: catches(pid, signal.SIGTERM), "the node's signal handlers", 120)
         ledger = eventually(
             lambda: [p for p in descendants(pid) if "multiprocessing.spawn" in p.argv],
             "the ledger process",
@@ -367,7 +367,7 @@ def test_a_node_whose_stop_hangs_still_stops_within_the_bound(
 
 @pytest.mark.parametrize(
     ("mode", "sig"),
-    [("faust", signal.SIGTERM), ("plain", signal.SIGTERM), ("interrupt", signal.SIGINT)],
+    [("plain", signal.SIGTERM), ("interrupt", signal.SIGINT)],
 )
 @pytest.mark.parametrize("how", ["none", "released", "held"])
 def test_a_stop_that_hangs_is_bounded(

@@ -3,8 +3,7 @@
     python -m tests.support.hanging_stop MODE HANG
 
 MODE is how the process learns of SIGTERM/SIGINT, as cronlog's commands do:
-  faust     a mode.Worker (what Faust's worker is built on: asyncio's add_signal_handler)
-  plain     a handler set with signal.signal (the worker and projector commands)
+  plain     a handler set with signal.signal (the scheduler, worker and projector commands)
   interrupt Python's default SIGINT handler: KeyboardInterrupt
 HANG is what its stop then does:
   none      nothing: it exits 0 at once (the watchdog must not fire)
@@ -18,14 +17,11 @@ handlers are in place.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import signal
 import sys
 import threading
 import time
-
-from mode import Service, Worker
 
 from streams.lifecycle import install_stop_watchdog
 
@@ -42,24 +38,10 @@ def ready() -> None:
     sys.stdout.flush()
 
 
-class Hangs(Service):
-    def __init__(self, how: str) -> None:
-        super().__init__()
-        self.how = how
-
-    async def on_started(self) -> None:
-        asyncio.get_running_loop().call_later(0.5, ready)  # after the handlers are set
-
-    async def on_stop(self) -> None:
-        hang(self.how)  # blocks the event loop, as a sync client call in a stop would
-
-
 def main() -> None:
     mode, how = sys.argv[1], sys.argv[2]
     install_stop_watchdog()  # its bound: CRONLOG_STOP_TIMEOUT_S
-    if mode == "faust":
-        Worker(Hangs(how), loglevel="warning", quiet=True).execute_from_commandline()
-    elif mode == "plain":
+    if mode == "plain":
         stopping = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())
         ready()

@@ -50,7 +50,7 @@ def drop_database(admin_url: str, name: str, kind: str) -> None:
 
 
 def delete_topics_with_prefix(settings: Settings, prefix: str, timeout_s: float = 30) -> None:
-    """Delete every topic under the prefix, Faust's changelogs included."""
+    """Delete every topic under the prefix."""
     admin = AdminClient(admin_config(settings))
     names = [t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith(prefix)]
     if names:

@@ -1,6 +1,6 @@
 """One place configures every Kafka client: CRONLOG_KAFKA_CONFIG's properties reach every
-confluent-kafka client through streams/kafka.py, and Faust's through its credentials; no
-client in the product is built any other way."""
+confluent-kafka client through streams/kafka.py; no client in the product is built any
+other way."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from streams.ingress import UnsupportedClientConfig, faust_credentials
 from streams.kafka import (
     admin_config,
     connection_config,
@@ -78,33 +77,6 @@ def test_a_bad_properties_file_is_refused_with_its_line(
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="cannot read"):
         Settings.from_env({"CRONLOG_KAFKA_CONFIG": str(tmp_path / "none.properties")})
-
-
-def test_faust_gets_the_same_security(tmp_path: Path) -> None:
-    from faust.types.auth import AuthProtocol, SASLMechanism
-
-    assert faust_credentials({}) is None
-    assert faust_credentials({"security.protocol": "PLAINTEXT"}) is None
-    scram = faust_credentials(dict(props(tmp_path, SECURED)))
-    assert scram.protocol == AuthProtocol.SASL_SSL
-    assert scram.mechanism == SASLMechanism.SCRAM_SHA_512
-    assert (scram.username, scram.password) == ("cronlog-ledger", "pa=ss")
-    assert scram.ssl_context is not None
-    plain = faust_credentials(
-        {"security.protocol": "SASL_PLAINTEXT", "sasl.username": "u", "sasl.password": "p"}
-    )
-    assert plain.protocol == AuthProtocol.SASL_PLAINTEXT
-    assert plain.mechanism == SASLMechanism.PLAIN
-    tls = faust_credentials(
-        {"security.protocol": "SSL", "ssl.ca.location": "/etc/ssl/certs/ca-certificates.crt"}
-    )
-    assert tls.protocol == AuthProtocol.SSL
-    for unsupported in (
-        {"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"},
-        {"security.protocol": "KERBEROS"},
-    ):
-        with pytest.raises(UnsupportedClientConfig):
-            faust_credentials(unsupported)
 
 
 # -- no client built anywhere else --------------------------------------------------------

@@ -16,7 +16,7 @@ RECORDS = ("schemas.records", "schemas.spec")
 # What the pure domain may use beyond the standard library: no Kafka, no database, no
 # codec, no clock of its own (time comes in as arguments or through streams.core.clock).
 DOMAIN_LIBRARIES = ("croniter", "tzdata", "orjson")
-IO_LIBRARIES = ("confluent_kafka", "faust", "aiokafka", "psycopg", "fastavro", "httpx")
+IO_LIBRARIES = ("confluent_kafka", "aiokafka", "psycopg", "fastavro", "httpx")
 
 
 def _imports(path: Path) -> set[str]:

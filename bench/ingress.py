@@ -31,9 +31,11 @@ def fill(settings: Settings, jobs: int) -> None:
     topic = settings.topic("commands")
     for i in range(jobs):
         job_id = f"ing-{i:07d}"
-        producer.produce(topic, key=job_id.encode(), value=upsert(job_id, i))
-        if i % 10_000 == 0:
-            while len(producer) > 100_000:
+        while True:
+            try:
+                producer.produce(topic, key=job_id.encode(), value=upsert(job_id, i))
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.05)
     producer.flush(300)
 

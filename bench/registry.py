@@ -58,8 +58,8 @@ def upsert(job_id: str, i: int) -> bytes:
     return orjson.dumps(command)
 
 
-def node(settings: Settings, name: str, logs: Path, store: str) -> CronlogProcess:
-    argv = ["scheduler", "--node-id", name, "--loglevel", "info"]
+def node(settings: Settings, name: str, logs: Path, store: str, ledgers: int) -> CronlogProcess:
+    argv = ["scheduler", "--node-id", name, "--loglevel", "info", "--ledgers", str(ledgers)]
     if store == "memory":  # the ledger's encoded states on the heap, not in RocksDB
         argv += ["--state-store", "memory"]
     return CronlogProcess(settings, name, logs, argv)
@@ -75,11 +75,12 @@ def main() -> None:
         default="disk",
         help="where the ledger holds the states it is not deciding about (--state-store)",
     )
+    parser.add_argument("--ledgers", type=int, default=1, help="the node's --ledgers")
     args = parser.parse_args()
     jobs = 50_000 if args.quick else args.jobs
     with bench_settings("registry") as settings, tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        first = node(settings, "reg-1", logs, args.store).start()
+        first = node(settings, "reg-1", logs, args.store, args.ledgers).start()
         try:
             producer = Producer(producer_config(settings, **{"linger.ms": 50}))
             topic = settings.topic("commands")
@@ -109,10 +110,10 @@ def main() -> None:
             rss_mb = tree_stats(first.proc.pid)[0] if first.proc else float("nan")
         finally:
             first.kill()
-        second = node(settings, "reg-2", logs, args.store)
+        second = node(settings, "reg-2", logs, args.store, args.ledgers)
         takeover_started = time.monotonic()
         second.start()
-        restored = None
+        restored: list[tuple[str, str]] = []  # (records, seconds) of each ledger process
         ready_s = float("nan")
         caught_up: list[str] = []
         scheduler_s = float("nan")
@@ -120,14 +121,14 @@ def main() -> None:
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 text = second.log.read_text(errors="replace")
-                if restored is None:
-                    restored = re.search(r"restored from (\d+) state records in ([\d.]+) s", text)
-                    if restored is not None:
+                if len(restored) < args.ledgers:
+                    restored = re.findall(r"restored from (\d+) state records in ([\d.]+) s", text)
+                    if len(restored) >= args.ledgers:
                         ready_s = time.monotonic() - takeover_started
                 caught_up = re.findall(r"caught up with partition \d+ in ([\d.]+) s", text)
                 if len(caught_up) >= settings.partitions and scheduler_s != scheduler_s:
                     scheduler_s = time.monotonic() - takeover_started
-                if restored is not None and scheduler_s == scheduler_s:
+                if len(restored) >= args.ledgers and scheduler_s == scheduler_s:
                     break
                 time.sleep(0.5)
             second_rss = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
@@ -139,13 +140,14 @@ def main() -> None:
         {
             "jobs": jobs,
             "store": args.store,
+            "ledgers": args.ledgers,
             "produce_s": produced_s,
             "registered_per_s": jobs / applied_s,
             "all_applied_s": applied_s,
             "node_rss_mb": rss_mb,
             "node_peak_rss_mb": peak_rss,
-            "takeover_restored_records": int(restored.group(1)) if restored else -1,
-            "takeover_restore_s": float(restored.group(2)) if restored else float("nan"),
+            "takeover_restored_records": sum(int(n) for n, _ in restored),
+            "takeover_restore_s": max((float(t) for _, t in restored), default=float("nan")),
             "takeover_ready_s": ready_s,
             # Until the scheduler caught up with every partition (its timers rebuilt).
             "takeover_scheduler_ready_s": scheduler_s,

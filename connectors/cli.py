@@ -375,6 +375,16 @@ def scheduler(
             "time (a bound on how far ahead runs are decided). Give every node the same.",
         ),
     ] = LedgerConfig().max_lead_ms / 1000,
+    ledgers: Annotated[
+        int,
+        typer.Option(
+            help="Ledger processes on this node (1-8): members of the one ledger group, "
+            "they split the node's share of the partitions and use a core each. Ledger i "
+            "serves its metrics on the node's --metrics-port + 1 + i.",
+            min=1,
+            max=8,
+        ),
+    ] = 1,
     state_store: Annotated[
         str | None,
         typer.Option(
@@ -411,6 +421,7 @@ def scheduler(
         store_dir=_ledger_store(state_store),
         log_format=chosen,
         metrics_port=_metrics_port(metrics_port),
+        ledgers=ledgers,
     )
 
 

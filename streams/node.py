@@ -4,7 +4,8 @@ Ingress, the gate, the scheduler and the dispatcher are confluent-kafka loops on
 own threads; the main thread waits for SIGTERM/SIGINT and then stops them all. The
 ledger, the busiest loop, runs in a child process by default so that it does not share
 the GIL with the rest: on 2 cores that lifts the node's throughput (see
-docs/performance.md). The child dies with the node (PR_SET_PDEATHSIG, so even a SIGKILL
+docs/performance.md); `--ledgers N` runs N of them, members of the one ledger group, for
+more cores. The child dies with the node (PR_SET_PDEATHSIG, so even a SIGKILL
 of the node takes its ledger with it) and the node dies with the child. Any loop that
 dies takes the whole node down with it: a half-alive node that holds partitions without
 serving them would stall its jobs until its session expired, while a dead one loses them
@@ -43,6 +44,7 @@ from streams.ingress import Ingress
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
 from streams.lifecycle import die_with_parent as _die_with_parent
+from streams.lifecycle import limit_malloc_arenas, trim_malloc_every
 from streams.logs import LogFormat
 from streams.logs import configure as configure_logging
 from streams.metrics import MetricsServer
@@ -90,14 +92,22 @@ def _ledger_main(
     metrics_port: int | None = None,
 ) -> None:
     _die_with_parent()
+    trim_malloc_every()  # MALLOC_ARENA_MAX came with the environment
     _dump_stacks_on_sigusr1()
     configure_logging(loglevel, "ledger", node_id, log_format)
     ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir)
-    if metrics_port is not None:  # the node's port + 1 (streams/metrics.py)
-        MetricsServer(metrics_port + 1, [metrics.LEDGER], ledger.ready).start()
+    if metrics_port is not None:  # the node's port + 1 + its index (streams/metrics.py)
+        MetricsServer(metrics_port, [metrics.LEDGER], ledger.ready).start()
     signal.signal(signal.SIGTERM, lambda *_: ledger.stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node stops it with SIGTERM
     ledger.run()
+
+
+def ledger_id(node_id: str, index: int) -> str:
+    """The id of a node's ledger process `index` (its transactional.id derives from it):
+    the node's own for the first, so one ledger per node keeps the id it always had, and
+    stable per (node, index) so that a restarted node fences what its ledgers left."""
+    return node_id if index == 0 else f"{node_id}-ledger{index}"
 
 
 def _watch(child: multiprocessing.process.BaseProcess, stopping: threading.Event) -> None:
@@ -120,10 +130,17 @@ def run_node(
     store_dir: Path | None = None,
     log_format: LogFormat = "text",
     metrics_port: int | None = None,
+    ledgers: int = 1,
 ) -> None:
     """Run a node until stopped. `store_dir`: where the ledger keeps the states it holds
-    encoded (a RocksDB scratch store, streams/state_store.py); None keeps them on the heap."""
+    encoded (a RocksDB scratch store, streams/state_store.py); None keeps them on the heap.
+    `ledgers`: ledger processes (members of the one ledger group, so they split the node's
+    share of the partitions); more than one uses more cores for the decisions."""
+    if ledgers < 1 or (ledgers > 1 and not ledger_process):
+        raise ValueError(f"ledgers must be >= 1, and 1 in the node's own process ({ledgers})")
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
+    limit_malloc_arenas()
+    trim_malloc_every()
     _dump_stacks_on_sigusr1()
     if lookahead_ms >= ledger_config.max_lead_ms:
         raise ValueError(
@@ -147,15 +164,26 @@ def run_node(
         "ingress": Ingress(settings),
     }
     stopping = threading.Event()
-    child: multiprocessing.process.BaseProcess | None = None
+    children: list[multiprocessing.process.BaseProcess] = []
     if ledger_process:
-        child = multiprocessing.get_context("spawn").Process(
-            target=_ledger_main,
-            args=(settings, ledger_config, node_id, loglevel, store_dir, log_format, metrics_port),
-            name="ledger",
-        )
-        child.start()
-        threading.Thread(target=_watch, args=(child, stopping), daemon=True).start()
+        for index in range(ledgers):
+            port = None if metrics_port is None else metrics_port + 1 + index
+            child = multiprocessing.get_context("spawn").Process(
+                target=_ledger_main,
+                args=(
+                    settings,
+                    ledger_config,
+                    ledger_id(node_id, index),
+                    loglevel,
+                    store_dir,
+                    log_format,
+                    port,
+                ),
+                name="ledger" if index == 0 else f"ledger{index}",
+            )
+            child.start()
+            children.append(child)
+            threading.Thread(target=_watch, args=(child, stopping), daemon=True).start()
     else:
         parts["ledger"] = Ledger(settings, ledger_config, node_id=node_id, store_dir=store_dir)
     threads = [_guarded(name, part.run) for name, part in parts.items()]
@@ -185,9 +213,11 @@ def run_node(
         stopping.set()
         for part in parts.values():
             part.stop()
-        if child is not None and child.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGTERM)
-            child.join(15)
+        for process in children:
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+        for process in children:
+            process.join(15)
         for thread in threads:
             thread.join(15)

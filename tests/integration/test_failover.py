@@ -1,6 +1,8 @@
 """The kill test: two scheduler nodes, 120 jobs firing every 2 s for about a minute, one
 node killed with SIGKILL and restarted. Every (job, T) in the window has exactly one run
-(read back from run-events); lateness during the failover is measured and reported."""
+(read back from run-events); lateness during the failover is measured and reported. The
+killed node runs two ledger processes (`--ledgers 2`): three ledger members share the
+partitions, two of them die at once and come back under their own transactional ids."""
 
 from __future__ import annotations
 
@@ -29,10 +31,23 @@ REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "failover.
 
 @pytest.fixture
 def nodes(topics: Settings, tmp_path: Path) -> Iterator[list[Node]]:
-    started = [Node(topics, f"node-{i}", tmp_path).start() for i in (1, 2)]
+    started = [
+        Node(topics, "node-1", tmp_path, args=("--ledgers", "2")).start(),
+        Node(topics, "node-2", tmp_path).start(),
+    ]
     yield started
     for node in started:
         node.stop()
+
+
+def ledger_processes(pid: int) -> list[int]:
+    """The node's ledger processes: its multiprocessing children (not the tracker)."""
+    found = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        argv = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"multiprocessing.spawn" in argv:
+            found.append(int(child))
+    return found
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -74,6 +89,8 @@ def test_one_run_per_firing_through_a_kill(topics: Settings, nodes: list[Node]) 
         )
         events.poll_for(20)  # firings of every job before the kill
         victim = nodes[0]
+        assert victim.proc is not None
+        assert len(ledger_processes(victim.proc.pid)) == 2
         killed_ms = int(time.time() * 1000)
         victim.kill()
         events.poll_for(10)  # the session timeout (6 s) passes: the survivor takes over

@@ -95,8 +95,9 @@ class CronlogProcess:
 
 
 class Node(CronlogProcess):
-    """A scheduler node: ingress, ledger, scheduler, dispatcher. `extra_env` reaches the
-    node and its children (say, libfaketime's variables to skew its clock)."""
+    """A scheduler node: ingress, gate, ledger, scheduler, dispatcher. `extra_env` reaches
+    the node and its children (say, libfaketime's variables to skew its clock); `args`
+    are more options of `cronlog scheduler`."""
 
     def __init__(
         self,
@@ -104,12 +105,13 @@ class Node(CronlogProcess):
         name: str,
         logdir: Path,
         extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ):
         super().__init__(
             settings,
             name,
             logdir,
-            ["scheduler", "--node-id", name, "--loglevel", "warning"],
+            ["scheduler", "--node-id", name, "--loglevel", "warning", *args],
             extra_env,
         )
 

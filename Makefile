@@ -105,7 +105,8 @@ bench-full: topics
 	$(BIN)/python -m bench.realjobs --rates 100,250,400,600 --compare-noop
 	$(BIN)/python -m bench.sustained --rates 1000 --step-s 300
 	$(BIN)/python -m bench.sustained
-	$(BIN)/python -m bench.registry
+	$(BIN)/python -m bench.registry --ledgers 2
+	$(BIN)/python -m bench.registry --ledgers 1
 	$(BIN)/python -m bench.restore --jobs 100000 --versions 1,5
 	$(BIN)/python -m bench.costs --nodes 1
 	$(BIN)/python -m bench.costs --nodes 2

@@ -787,7 +787,7 @@ class Ledger:
         if state is None:  # revoked mid-batch: the new owner redoes it
             raise KafkaException(KafkaError(KafkaError._STATE, "partition revoked mid-batch"))
         try:
-            inp = JOB_LOG.decode(msg.value() or b"")
+            inp = JOB_LOG.decode_keeping_spec(msg.value() or b"")
         except CodecError as exc:
             self._produce(
                 self.topics["commands.dlq"],

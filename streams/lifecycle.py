@@ -229,9 +229,10 @@ def run_steps(
 # -- the process's memory ---------------------------------------------------------------
 # glibc gives every thread that allocates its own malloc arena (up to 8 per core), and an
 # arena keeps what its thread freed; a loop that reads batches frees most of what it
-# allocates. `bench.registry --jobs 300000` (one node): node process 254-314 MB at the
-# end with the default arenas, 254 with two, 209 with two and a trim every 10 s (the
-# code before the relays: 249); the ledger process 198 -> see docs/performance.md.
+# allocates. `bench.registry` (one node, its processes' RSS with all jobs registered):
+# 300,000 jobs 527 MB with the default arenas, 458 with two, 413 with two and the node
+# trimming every 10 s; 1,000,000 jobs 1,027-1,086 MB before, 673 MB with the node and
+# its ledgers trimming (docs/performance.md).
 MALLOC_ARENAS = 2
 TRIM_EVERY_S = 10.0
 

@@ -26,6 +26,7 @@ from schemas.codec import (
     WORKER_INBOX,
     Codec,
     CodecError,
+    JobLogCodec,
     JobStateCodec,
     _union_body,
 )
@@ -40,6 +41,7 @@ from schemas.records import (
     Heartbeat,
     JobEvent,
     JobState,
+    JobUpserted,
     RecentRequest,
     RunEvent,
     RunLogChunk,
@@ -616,6 +618,37 @@ def test_the_spliced_job_event_is_byte_for_byte_the_plain_encoding(
     spliced = RUN_EVENTS.encode(record)
     assert spliced == plain.encode(record)
     assert RUN_EVENTS.decode(spliced) == record
+
+
+@PROPERTY
+@given(specs, st.integers(-(2**63), 2**63 - 1))
+def test_a_registrations_spec_bytes_read_from_job_log_are_its_encoding(
+    spec: JobSpec, at_ms: int
+) -> None:
+    # The ledger decodes a JobUpserted keeping its spec's bytes (a slice of the record):
+    # the job state and the job event written with them must be what the plain codecs
+    # write, whatever the spec and however long at_ms's varint.
+    codec = JobStateCodec(JOB_STATE.schema)
+    job_log = JobLogCodec(JOB_LOG.schema, codec)
+    upsert = job_log.decode_keeping_spec(JOB_LOG.encode(JobUpserted(spec, at_ms)))
+    assert isinstance(upsert, JobUpserted)
+    assert upsert == JobUpserted(spec, at_ms)
+    kept = codec.spec_bytes(upsert.spec)  # a hit: nothing encoded
+    assert kept == JobStateCodec(JOB_STATE.schema).spec_bytes(upsert.spec)
+    plain = Codec(JOB_STATE.schema, job_state_to_avro, job_state_from_avro)
+    state = job_state(upsert.spec)
+    assert codec.encode(state) == plain.encode(state)
+
+
+def test_only_a_current_registration_hands_over_its_spec_bytes() -> None:
+    codec = JobStateCodec(JOB_STATE.schema)
+    job_log = JobLogCodec(JOB_LOG.schema, codec)
+    spec = JobSpec(job_id="j", owner="o", schedule=EverySchedule(60_000), command=("true",))
+    job_log.decode_keeping_spec(JOB_LOG.encode(FireProposed("j", 60_000, 1, "n")))
+    assert codec._specs == {}
+    upsert = job_log.decode_keeping_spec(JOB_LOG.encode(JobUpserted(spec, 5)))
+    assert isinstance(upsert, JobUpserted)
+    assert list(codec._specs) == [id(upsert.spec)]
 
 
 @given(specs)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Generic, TypeVar
@@ -198,8 +199,10 @@ class JobStateCodec(Codec[JobState]):
         self._spec_writer = parse_schema(first["type"])
         self._rest_writer = parse_schema({**full, "name": f"{full['name']}Rest", "fields": rest})
         # id(spec) -> (spec, its bytes); the spec held so that its id is never reused
-        # while the entry lives, and a hit checked by identity.
-        self._specs: dict[int, tuple[JobSpec, bytes]] = {}
+        # while the entry lives, and a hit checked by identity. An OrderedDict: dropping
+        # a plain dict's first entry over and over scans the holes the drops leave at its
+        # front, which cost a fifth of the ledger's time registering 400,000 jobs.
+        self._specs: OrderedDict[int, tuple[JobSpec, bytes]] = OrderedDict()
 
     def spec_bytes(self, spec: JobSpec) -> bytes:
         hit = self._specs.get(id(spec))
@@ -223,10 +226,9 @@ class JobStateCodec(Codec[JobState]):
         """Keep `data` as the bytes of `spec` (its encoding, or read from a record that
         holds it encoded the same way: `JobLogCodec.decode_keeping_spec`)."""
         if len(self._specs) >= self.SPEC_CACHE:
-            # The oldest entry; another thread writing at the same moment may make the
-            # iteration fail, and then the cache is one entry over for a while.
-            with contextlib.suppress(StopIteration, RuntimeError):
-                self._specs.pop(next(iter(self._specs)), None)
+            # The oldest entry; another thread may have emptied it meanwhile.
+            with contextlib.suppress(KeyError):
+                self._specs.popitem(last=False)
         self._specs[id(spec)] = (spec, data)
 
     def encode(self, record: JobState) -> bytes:

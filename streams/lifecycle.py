@@ -231,10 +231,14 @@ def run_steps(
 # arena keeps what its thread freed; a loop that reads batches frees most of what it
 # allocates. `bench.registry` (one node, its processes' RSS with all jobs registered):
 # 300,000 jobs 527 MB with the default arenas, 458 with two, 413 with two and the node
-# trimming every 10 s; 1,000,000 jobs 1,027-1,086 MB before, 673 MB with the node and
-# its ledgers trimming (docs/performance.md).
+# trimming every 10 s; 1,000,000 jobs 1,027-1,086 MB, 673-701 MB with the node and its
+# ledgers trimming (docs/performance.md).
+# Trimming is off unless CRONLOG_MALLOC_TRIM_S asks for it: malloc_trim walks every free
+# chunk with the arena locked, and the threads that allocate wait. Every 10 s it held
+# 1,000,000 registered jobs at 673-701 MB instead of ~1,030, but at 1,000 runs/s it put
+# 1-2 % of the runs 1-2 s late (p99 start lateness 1.03 s; 0.016 s without it).
 MALLOC_ARENAS = 2
-TRIM_EVERY_S = 10.0
+TRIM_ENV = "CRONLOG_MALLOC_TRIM_S"
 
 
 def limit_malloc_arenas() -> None:
@@ -247,10 +251,18 @@ def limit_malloc_arenas() -> None:
         libc.mallopt(-8, int(chosen))  # M_ARENA_MAX
 
 
-def trim_malloc_every(every_s: float = TRIM_EVERY_S) -> None:
-    """Hand the free memory of every malloc arena back to the OS every `every_s` (glibc's
-    malloc_trim, on a daemon thread; safe beside allocating threads, which it locks out
-    of one arena at a time). A no-op where glibc is not."""
+def trim_malloc_every(every_s: float | None = None) -> None:
+    """Hand the free memory of every malloc arena back to the OS every `every_s` (default
+    CRONLOG_MALLOC_TRIM_S; none or 0: never), with glibc's malloc_trim on a daemon thread.
+    Safe beside allocating threads, which it locks out of one arena at a time: they
+    wait meanwhile (above). A no-op where glibc is not."""
+    if every_s is None:
+        try:
+            every_s = float(os.environ.get(TRIM_ENV, "0") or 0)
+        except ValueError:
+            every_s = 0.0
+    if every_s <= 0:
+        return
     try:
         trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
     except (OSError, AttributeError, TypeError):

@@ -92,7 +92,7 @@ def _ledger_main(
     metrics_port: int | None = None,
 ) -> None:
     _die_with_parent()
-    trim_malloc_every()  # MALLOC_ARENA_MAX came with the environment
+    trim_malloc_every()  # if CRONLOG_MALLOC_TRIM_S asks; MALLOC_ARENA_MAX came with the env
     _dump_stacks_on_sigusr1()
     configure_logging(loglevel, "ledger", node_id, log_format)
     ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir)

@@ -409,12 +409,6 @@ def scheduler(
             f"--lookahead-s in [0, --max-lead-s = {max_lead_s:g})",
             2,
         )
-    from streams.lifecycle import TRIM_ENV, trim_setting
-
-    try:
-        trim_setting(os.environ.get(TRIM_ENV))
-    except ValueError as exc:
-        raise _fail(str(exc), 2) from exc
     _stop_watchdog()  # the node's handlers, installed later, get wrapped
     run_node(
         settings,

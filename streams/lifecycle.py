@@ -28,7 +28,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -234,16 +233,12 @@ def run_steps(
 # 300,000 jobs 527 MB with the default arenas, 458 with two, 413 with two and the node
 # trimming every 10 s; 1,000,000 jobs 1,027-1,086 MB, 673-701 MB with the node and its
 # ledgers trimming (docs/performance.md).
-# Handing the freed memory back (glibc's malloc_trim) costs a stall: it walks every free
+# Trimming is off unless CRONLOG_MALLOC_TRIM_S asks for it: malloc_trim walks every free
 # chunk with the arena locked, and the threads that allocate wait. Every 10 s it held
 # 1,000,000 registered jobs at 673-701 MB instead of ~1,030, but at 1,000 runs/s it put
-# 1-2 % of the runs 1-2 s late (p99 start lateness 1.03 s; 0.016 s without it). So by
-# default a process trims only once malloc holds much more free memory than it did
-# (`TrimPolicy`, on glibc's mallinfo2): a registration, a restore or a burst frees a lot
-# once, while a steady load reuses what it has and is never stalled by a trim.
+# 1-2 % of the runs 1-2 s late (p99 start lateness 1.03 s; 0.016 s without it).
 MALLOC_ARENAS = 2
 TRIM_ENV = "CRONLOG_MALLOC_TRIM_S"
-TRIM_CHECK_S = 5.0
 
 
 def limit_malloc_arenas() -> None:
@@ -256,111 +251,26 @@ def limit_malloc_arenas() -> None:
         libc.mallopt(-8, int(chosen))  # M_ARENA_MAX
 
 
-@dataclass
-class TrimPolicy:
-    """When to trim, from the free bytes malloc holds, looked at now and then: once they
-    exceed their lowest since the last trim by `grow_bytes`. A trim leaves its chunks
-    free (their pages handed back), so what counts is what was freed after it: the low
-    mark follows the free memory down as it is reused, and a steady load that frees and
-    reuses within `grow_bytes` never trims."""
-
-    grow_bytes: int = 64 << 20
-    low: int | None = None
-
-    def due(self, free: int) -> bool:
-        if self.low is None or free < self.low:
-            self.low = free
-        return free - self.low >= self.grow_bytes
-
-    def trimmed(self, free: int) -> None:
-        self.low = free
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def malloc_free_bytes() -> Callable[[], int] | None:
-    """A probe of the free bytes glibc's malloc holds in its arenas (mallinfo2's
-    fordblks), or None where there is no mallinfo2 (not glibc, or older than 2.33). Each
-    look walks the free chunks' bins (~25 ms at 130,000 free chunks)."""
-    try:
-        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
-    except (OSError, AttributeError, TypeError):
-        return None
-    mallinfo2.restype = _MallInfo2
-    return lambda: int(mallinfo2().fordblks)
-
-
-def resident_bytes() -> int | None:
-    """This process's resident memory (/proc/self/statm), or None where there is none."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def trim_setting(raw: str | None) -> float | None:
-    """CRONLOG_MALLOC_TRIM_S read: None for after growth (unset, empty, `auto`), 0 for
-    never (`0`, `off`), else every that many seconds."""
-    text = (raw or "").strip().lower()
-    if text in ("", "auto"):
-        return None
-    if text == "off":
-        return 0.0
-    try:
-        every_s = float(text)
-    except ValueError:
-        raise ValueError(f"{TRIM_ENV} must be auto, off or seconds, not {raw!r}") from None
-    if every_s < 0:
-        raise ValueError(f"{TRIM_ENV} must be auto, off or seconds >= 0, not {raw!r}")
-    return every_s
-
-
-def trim_malloc() -> None:
-    """Trim the process's malloc arenas: once much was freed by default, every
-    CRONLOG_MALLOC_TRIM_S seconds if set to a number, never if `off`/0 (above). On a
-    daemon thread with glibc's malloc_trim; a no-op where glibc is not."""
-    every_s = trim_setting(os.environ.get(TRIM_ENV))
-    if every_s == 0:
+def trim_malloc_every(every_s: float | None = None) -> None:
+    """Hand the free memory of every malloc arena back to the OS every `every_s` (default
+    CRONLOG_MALLOC_TRIM_S; none or 0: never), with glibc's malloc_trim on a daemon thread.
+    Safe beside allocating threads, which it locks out of one arena at a time: they
+    wait meanwhile (above). A no-op where glibc is not."""
+    if every_s is None:
+        try:
+            every_s = float(os.environ.get(TRIM_ENV, "0") or 0)
+        except ValueError:
+            every_s = 0.0
+    if every_s <= 0:
         return
     try:
         trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
     except (OSError, AttributeError, TypeError):
         return
-    free_bytes = malloc_free_bytes()
-    if every_s is None and free_bytes is None:
-        return  # nothing to tell what was freed by
 
-    def periodic() -> None:
-        assert every_s is not None
+    def loop() -> None:
         while True:
             time.sleep(every_s)
             trim(0)
 
-    def once_freed() -> None:
-        assert free_bytes is not None
-        policy = TrimPolicy()
-        while True:
-            time.sleep(TRIM_CHECK_S)
-            if policy.due(free_bytes()):
-                trim(0)
-                policy.trimmed(free_bytes())
-
-    loop = once_freed if every_s is None else periodic
     threading.Thread(target=loop, name="malloc-trim", daemon=True).start()

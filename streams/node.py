@@ -44,7 +44,7 @@ from streams.ingress import Ingress
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
 from streams.lifecycle import die_with_parent as _die_with_parent
-from streams.lifecycle import limit_malloc_arenas, trim_malloc
+from streams.lifecycle import limit_malloc_arenas, trim_malloc_every
 from streams.logs import LogFormat
 from streams.logs import configure as configure_logging
 from streams.metrics import MetricsServer
@@ -92,7 +92,7 @@ def _ledger_main(
     metrics_port: int | None = None,
 ) -> None:
     _die_with_parent()
-    trim_malloc()  # CRONLOG_MALLOC_TRIM_S came with the env, as MALLOC_ARENA_MAX
+    trim_malloc_every()  # if CRONLOG_MALLOC_TRIM_S asks; MALLOC_ARENA_MAX came with the env
     _dump_stacks_on_sigusr1()
     configure_logging(loglevel, "ledger", node_id, log_format)
     ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir)
@@ -140,7 +140,7 @@ def run_node(
         raise ValueError(f"ledgers must be >= 1, and 1 in the node's own process ({ledgers})")
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
     limit_malloc_arenas()
-    trim_malloc()
+    trim_malloc_every()
     _dump_stacks_on_sigusr1()
     if lookahead_ms >= ledger_config.max_lead_ms:
         raise ValueError(

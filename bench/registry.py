@@ -133,8 +133,8 @@ def main() -> None:
                     break
                 time.sleep(0.5)
             second_rss = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
-            # Settled as the first node was: what a takeover's restore freed is handed back
-            # once its processes look (CRONLOG_MALLOC_TRIM_S, every 5 s).
+            # Settled, as the first node's is taken a while after its last job: with
+            # CRONLOG_MALLOC_TRIM_S set, a trim has come since the restore.
             time.sleep(10)
             second_settled = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
         finally:

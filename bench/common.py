@@ -100,6 +100,22 @@ def tree_stats(pid: int) -> tuple[float, float]:
     return rss_mb, cpu_s
 
 
+def rss_split(pid: int) -> tuple[float, float]:
+    """(resident MiB of the process itself, of its descendants), from /proc: a node's
+    main process (ingress, scheduler, dispatcher) apart from its ledger processes."""
+    return _rss_mb(pid), sum(_rss_mb(c) for c in _children(pid))
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def table(name: str, rows: list[dict[str, object]]) -> None:
     """Print rows as an aligned table (and keep them in the JSON report)."""
     if not rows:

@@ -23,7 +23,7 @@ import orjson
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench.common import audit, bench_settings, report, tree_stats, verdict
+from bench.common import audit, bench_settings, report, rss_split, tree_stats, verdict
 from streams.kafka import admin_config, connection_config, producer_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess
@@ -109,6 +109,7 @@ def main() -> None:
             applied_s = time.monotonic() - started
             time.sleep(5)  # the scheduler's heaps follow the committed state
             rss_mb = tree_stats(first.proc.pid)[0] if first.proc else float("nan")
+            split = rss_split(first.proc.pid) if first.proc else (float("nan"),) * 2
         finally:
             first.kill()
         second = node(settings, "reg-2", logs, args.store, args.ledgers)
@@ -137,6 +138,7 @@ def main() -> None:
             # CRONLOG_MALLOC_TRIM_S set, a trim has come since the restore.
             time.sleep(10)
             second_settled = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
+            second_split = rss_split(second.proc.pid) if second.proc else (float("nan"),) * 2
         finally:
             second.stop()
         code, audit_text = audit(settings)
@@ -151,6 +153,9 @@ def main() -> None:
             "all_applied_s": applied_s,
             "node_rss_mb": rss_mb,
             "node_peak_rss_mb": peak_rss,
+            # The main process (ingress, scheduler, dispatcher) and the ledger processes.
+            "node_main_rss_mb": split[0],
+            "node_ledgers_rss_mb": split[1],
             "takeover_restored_records": sum(int(n) for n, _ in restored),
             "takeover_restore_s": max((float(t) for _, t in restored), default=float("nan")),
             "takeover_ready_s": ready_s,
@@ -159,6 +164,8 @@ def main() -> None:
             "scheduler_catch_up_s": max(map(float, caught_up), default=float("nan")),
             "takeover_node_rss_at_ready_mb": second_rss,
             "takeover_node_rss_mb": second_settled,
+            "takeover_main_rss_mb": second_split[0],
+            "takeover_ledgers_rss_mb": second_split[1],
             "audit": verdict(code),
         },
     )

@@ -108,7 +108,7 @@ RESYNC_SKEW_MS = 1000
 CATCH_UP_MAX_S = 10.0
 # Reading ahead before the first assignment (module docstring) stops at this many keys,
 # so a node that will own few partitions of a large registry holds the rest only briefly
-# and never beyond this (~200 bytes a job in the timers).
+# and never beyond this (~250 bytes a job in the timers, its id included).
 WARM_MAX_KEYS = 2_000_000
 
 
@@ -193,7 +193,7 @@ class Scheduler:
     def _fresh_timers(self) -> PartitionTimers:
         """A partition's timers before its catch-up: both topics' backlogs open."""
         return PartitionTimers(
-            FireTimers(self.config.proposals),
+            FireTimers(self.config.proposals, bulk=True),
             backlog={self.jobs_topic: {}, self.runs_topic: {}},
             since=self.clock.monotonic(),
         )
@@ -449,6 +449,8 @@ class Scheduler:
             return
         for key, value in backlog.items():
             self._learn(timers, topic, key, value, partition, None)
+        if topic == self.jobs_topic:
+            timers.fires.settle()
         if not timers.backlog and owned is self.timers:
             self._log_caught_up(partition, timers)
 

@@ -23,10 +23,18 @@ proposals that come earlier than that.
 
 from __future__ import annotations
 
+import heapq
+from array import array
 from dataclasses import dataclass
 
 from schemas.spec import JobSpec
-from streams.core.duequeue import DueQueue
+
+# A heap item packs (time, slot) into one int: time * _SLOTS + slot, ordered as the pair
+# (times may be negative: divmod floors). _NONE is "no time" in the arrays.
+_SLOTS = 1 << 32
+_NONE = -(1 << 63)
+# Catching up, times this far beyond the last take get no heap item (FireTimers).
+_BULK_WINDOW_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +80,48 @@ class Allowance:
 
 
 class FireTimers:
-    """One partition's jobs: their next due times and when to propose them."""
+    """One partition's jobs: their next due times and when to propose them.
 
-    def __init__(self, policy: ProposalPolicy) -> None:
+    Compact, since a node holds every job of the partitions it owns (a million jobs
+    took ~430 MB as dicts of job id -> int and heaps of (time, job id) tuples): each
+    job gets a slot once, its three times live in arrays of machine integers, and a
+    heap item is one int packing (time, slot). Heap items are replaced lazily, as in
+    `DueQueue`: an item whose time is no longer its slot's is dropped when it surfaces.
+
+    Catching up (`bulk`, until `settle`), a job learnt with nothing to propose within
+    `_BULK_WINDOW_MS` of the last `take` gets no heap item: its times are only written
+    to the arrays, and the heaps are rebuilt from them in one pass (heapify) when the
+    catch-up ends, or sooner should a `take` reach the earliest time that was left out.
+    That halves the cost of learning a million jobs on a takeover.
+    """
+
+    def __init__(self, policy: ProposalPolicy, bulk: bool = False) -> None:
         self.policy = policy
-        self.due: dict[str, int] = {}  # job_id -> the scheduled time to propose
-        self._normal: DueQueue[str] = DueQueue()  # job_id -> when to propose (again)
-        # job_id -> when it may be proposed early (not yet proposed for this due time)
-        self._early: DueQueue[str] = DueQueue()
+        self._bulk = bulk
+        self._now = 0  # the last take's time
+        # Every time written without a heap item is later than this (none: None).
+        self._unheaped_after: int | None = None
+        self._slots: dict[str, int] = {}  # job_id -> slot
+        self._ids: list[str] = []  # slot -> job_id ("" when free)
+        self._free: list[int] = []
+        self._due = array("q")  # slot -> the scheduled time to propose
+        self._normal = array("q")  # slot -> when to propose (again)
+        # slot -> when it may be proposed early (not yet proposed for this due time)
+        self._early = array("q")
+        self._normal_heap: list[int] = []
+        self._early_heap: list[int] = []
 
     def __len__(self) -> int:
-        return len(self.due)
+        return len(self._slots)
+
+    def due_of(self, job_id: str) -> int | None:
+        slot = self._slots.get(job_id)
+        return None if slot is None else self._due[slot]
+
+    @property
+    def due(self) -> dict[str, int]:
+        """Every job's scheduled time to propose (a copy, O(jobs): for tests and tools)."""
+        return {job_id: self._due[slot] for job_id, slot in self._slots.items()}
 
     def learn(
         self,
@@ -96,31 +135,103 @@ class FireTimers:
         time the ledger decided for it, whether it may be proposed before the lead
         (look-ahead) and whether before its time at all (the lead)."""
         policy = self.policy
+        slot = self._slots.get(job_id)
         if next_due is None:
-            self.due.pop(job_id, None)
-            self._normal.set(job_id, None)
-            self._early.set(job_id, None)
+            if slot is not None:
+                del self._slots[job_id]
+                self._ids[slot] = ""
+                self._due[slot] = self._normal[slot] = self._early[slot] = _NONE
+                self._free.append(slot)
             return
-        self.due[job_id] = next_due
-        self._normal.set(job_id, next_due - (policy.lead_ms if lead else 0))
+        if slot is None:
+            slot = self._slot(job_id)
+        self._due[slot] = next_due
+        normal = next_due - (policy.lead_ms if lead else 0)
         at = max(next_due - policy.horizon_ms, fired_ms)
         ahead = early and lead and policy.horizon_ms and at < next_due
-        self._early.set(job_id, at if ahead else None)
+        if self._bulk:
+            soon = self._now + _BULK_WINDOW_MS
+            if min(normal, at if ahead else normal) > soon:
+                self._normal[slot] = normal
+                self._early[slot] = at if ahead else _NONE
+                if self._unheaped_after is None:
+                    self._unheaped_after = soon
+                return
+        self._arm(self._normal, self._normal_heap, slot, normal)
+        self._arm(self._early, self._early_heap, slot, at if ahead else _NONE)
+
+    def settle(self) -> None:
+        """The catch-up is over: every time gets its heap item, learning pushes them."""
+        self._bulk = False
+        if self._unheaped_after is not None:
+            self._rebuild()
 
     def take(self, now: int, early_limit: int = 0) -> tuple[list[tuple[str, int]], int]:
         """The (job_id, scheduled_ms) to propose now, and how many of them are early."""
         policy = self.policy
+        self._now = now
+        if self._unheaped_after is not None and now >= self._unheaped_after:
+            self._rebuild()  # a time without a heap item may be due
+        ids, dues = self._ids, self._due
         out: list[tuple[str, int]] = []
-        for job_id, _ in self._normal.pop_due(now):
-            due = self.due[job_id]
-            out.append((job_id, due))
-            self._early.set(job_id, None)
-            self._normal.set(job_id, now + policy.repeat_ms)
+        for slot in self._pop(self._normal, self._normal_heap, now, 10_000):
+            out.append((ids[slot], dues[slot]))
+            self._early[slot] = _NONE
+            self._arm(self._normal, self._normal_heap, slot, now + policy.repeat_ms)
         early = 0
         if early_limit > 0:
-            for job_id, _ in self._early.pop_due(now, limit=early_limit):
-                due = self.due[job_id]
-                out.append((job_id, due))
+            for slot in self._pop(self._early, self._early_heap, now, early_limit):
+                due = dues[slot]
+                out.append((ids[slot], due))
                 early += 1
-                self._normal.set(job_id, max(now + policy.repeat_ms, due - policy.lead_ms))
+                normal = max(now + policy.repeat_ms, due - policy.lead_ms)
+                self._arm(self._normal, self._normal_heap, slot, normal)
         return out, early
+
+    def _slot(self, job_id: str) -> int:
+        if self._free:
+            slot = self._free.pop()
+            self._ids[slot] = job_id
+        else:
+            slot = len(self._ids)
+            if slot >= _SLOTS:
+                raise OverflowError(f"more than {_SLOTS} jobs in one partition")
+            self._ids.append(job_id)
+            for times in (self._due, self._normal, self._early):
+                times.append(_NONE)
+        self._slots[job_id] = slot
+        return slot
+
+    def _arm(self, times: array[int], heap: list[int], slot: int, at: int) -> None:
+        """Set the slot's time (_NONE: none); the old heap item goes stale."""
+        if times[slot] == at:
+            return
+        times[slot] = at
+        if at == _NONE:
+            return
+        heapq.heappush(heap, at * _SLOTS + slot)
+        if len(heap) > 2 * len(self._slots) + 1024:
+            self._rebuild()  # stale items piled up
+
+    def _rebuild(self) -> None:
+        """Both heaps afresh from the arrays: one item per slot that has a time."""
+        for times, heap in ((self._normal, self._normal_heap), (self._early, self._early_heap)):
+            heap[:] = [t * _SLOTS + s for s, t in enumerate(times) if t != _NONE]
+            heapq.heapify(heap)
+        self._unheaped_after = None
+
+    @staticmethod
+    def _pop(times: array[int], heap: list[int], now: int, limit: int) -> list[int]:
+        """Remove and return up to `limit` slots due at or before `now`, earliest first."""
+        out: list[int] = []
+        while heap and len(out) < limit:
+            at, slot = divmod(heap[0], _SLOTS)
+            if times[slot] != at:
+                heapq.heappop(heap)  # stale
+                continue
+            if at > now:
+                break
+            heapq.heappop(heap)
+            times[slot] = _NONE  # a duplicate item of the same time is stale now
+            out.append(slot)
+        return out

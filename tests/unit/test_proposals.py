@@ -164,3 +164,86 @@ def test_the_scheduler_command_refuses_bad_timings(args: list[str]) -> None:
     assert result.exit_code == 2
     limit = "120" if "--max-lead-s" in args else "60"
     assert f"--lookahead-s in [0, --max-lead-s = {limit})" in result.output
+
+
+class _Reference:
+    """FireTimers as first written (dicts of times, a sorted scan for what is due): the
+    model the compact one must agree with."""
+
+    def __init__(self, policy: ProposalPolicy) -> None:
+        self.policy = policy
+        self.due: dict[str, int] = {}
+        self.normal: dict[str, int] = {}
+        self.early: dict[str, int] = {}
+
+    def learn(self, job: str, next_due: int | None, fired: int, early: bool, lead: bool) -> None:
+        for times in (self.due, self.normal, self.early):
+            times.pop(job, None)
+        if next_due is None:
+            return
+        p = self.policy
+        self.due[job] = next_due
+        self.normal[job] = next_due - (p.lead_ms if lead else 0)
+        at = max(next_due - p.horizon_ms, fired)
+        if early and lead and p.horizon_ms and at < next_due:
+            self.early[job] = at
+
+    def take(self, now: int, early_limit: int) -> tuple[list[tuple[str, int]], int]:
+        p = self.policy
+        out = []
+        for job in sorted(j for j, t in self.normal.items() if t <= now):
+            out.append((job, self.due[job]))
+            self.early.pop(job, None)
+            self.normal[job] = now + p.repeat_ms
+        ahead = sorted(j for j, t in self.early.items() if t <= now) if early_limit else []
+        for job in ahead:  # the test never limits it: every early one is taken
+            out.append((job, self.due[job]))
+            del self.early[job]
+            self.normal[job] = max(now + p.repeat_ms, self.due[job] - p.lead_ms)
+        return sorted(out), len(ahead)
+
+
+_LEARN = st.tuples(
+    st.sampled_from([f"j{i}" for i in range(12)]),
+    st.one_of(st.none(), st.integers(-5 * S, 400 * S)),  # next due, relative to T
+    st.integers(-100 * S, 100 * S),  # fired, relative to T
+    st.booleans(),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(st.one_of(_LEARN, st.integers(0, 40 * S)), min_size=1, max_size=80),
+    bulk=st.booleans(),
+    settle_at=st.integers(0, 80),
+    early=st.booleans(),
+)
+def test_the_compact_timers_agree_with_plain_dicts(
+    steps: list[tuple[str, int | None, int, bool, bool] | int],
+    bulk: bool,
+    settle_at: int,
+    early: bool,
+) -> None:
+    """Learning and taking in any order (time only moving forward), with or without the
+    bulk catch-up and wherever it settles, proposes exactly what the plain model does;
+    freed slots are reused (twelve jobs learnt and dropped again and again)."""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=45 * S)
+    timers = FireTimers(policy, bulk=bulk)
+    model = _Reference(policy)
+    now = T
+    limit = 10_000 if early else 0
+    for i, step in enumerate(steps):
+        if i == settle_at:
+            timers.settle()
+        if isinstance(step, int):
+            now += step
+            fires, ahead = timers.take(now, limit)
+            assert (sorted(fires), ahead) == model.take(now, limit)
+        else:
+            job, due, fired, may_early, lead = step
+            timers.learn(job, None if due is None else T + due, T + fired, may_early, lead)
+            model.learn(job, None if due is None else T + due, T + fired, may_early, lead)
+            assert timers.due_of(job) == model.due.get(job)
+    assert timers.due == model.due
+    assert len(timers) == len(model.due)

@@ -189,10 +189,21 @@ def _runs() -> StateTable[RunState]:
     return StateTable(RUN_STATE.decode)
 
 
+def range_share(partitions: int, index: int, members: int) -> range:
+    """The partitions the range assignor gives member `index` of `members` (librdkafka's
+    RangeAssignor: consecutive ranges, the first `partitions % members` one larger)."""
+    if not 0 <= index < members:
+        raise ValueError(f"ledger index {index} out of {members}")
+    size, extra = divmod(partitions, members)
+    start = index * size + min(index, extra)
+    return range(start, start + size + (index < extra))
+
+
 @dataclass
 class _ReadAhead:
     """From a ledger's start to its first assignment, every partition's state records
-    read into tables of their own, by a consumer outside the group (`Ledger.run`)."""
+    read into tables of their own (those of its share: `range_share`), by a consumer
+    outside the group (`Ledger.run`)."""
 
     reader: Consumer
     sinks: dict[tuple[str, int], Encoded]
@@ -236,6 +247,7 @@ class Ledger:
         store_dir: Path | None = None,
         clock: Clock = SYSTEM_CLOCK,
         clients: Clients = KAFKA_CLIENTS,
+        share: tuple[int, int] = (0, 1),
     ):
         if txn_max_s >= TRANSACTION_TIMEOUT_MS / 1000 / 2:
             raise ValueError(
@@ -252,6 +264,8 @@ class Ledger:
         self.txn_max_s = txn_max_s
         self.restore_stall_s = restore_stall_s
         self.producer_overrides = producer_overrides or {}
+        # (index, count) of the node's ledger processes: what this one reads ahead.
+        self.share = share
         # Where the states held encoded live: on disk under store_dir, or on the heap.
         self.store = None if store_dir is None else DiskStore(store_dir)
         self.topics = {
@@ -347,7 +361,14 @@ class Ledger:
             consumer_config(
                 self.settings,
                 self.settings.group("ledger"),
-                **{"enable.partition.eof": False, **self.watch.config()},
+                **{
+                    "enable.partition.eof": False,
+                    # The range assignor orders members by their id, which begins with
+                    # this: a node's ledger processes get their partitions in index
+                    # order, those `range_share` reads ahead (when the node is alone).
+                    "client.id": f"cronlog-ledger-{self.share[0]:03d}",
+                    **self.watch.config(),
+                },
             )
         )
 
@@ -412,13 +433,15 @@ class Ledger:
     def _start_read_ahead(self) -> None:
         """A node taking over from a dead one waits out the dead member's session (6 s)
         before anything is assigned, then restored every partition it got. So from its
-        start it already reads every partition's state (read_committed, outside the
-        group); the first assignment's restore goes on from there (`_take_ahead`). The
+        start it already reads the state of the partitions it will likely get (its
+        `range_share`; read_committed, outside the group); the first assignment's
+        restore goes on from there (`_take_ahead`), and restores what it got beyond
+        them from the start. The
         fencing argument of `_take_over` is untouched: what is read before the offset
         fetch is a prefix of each topic-partition, and the rest, to the real end as it
         stands after the fetch, is still read after it, so the state holds exactly
         the same records as a restore from the start."""
-        partitions = range(self.settings.partitions)
+        partitions = range_share(self.settings.partitions, *self.share)
         sinks = {
             (self.topics[topic], p): self._encoded(p, topic)
             for topic in ("jobs", "runs")

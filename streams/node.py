@@ -90,12 +90,13 @@ def _ledger_main(
     store_dir: Path | None,
     log_format: LogFormat = "text",
     metrics_port: int | None = None,
+    share: tuple[int, int] = (0, 1),
 ) -> None:
     _die_with_parent()
     trim_malloc_every()  # if CRONLOG_MALLOC_TRIM_S asks; MALLOC_ARENA_MAX came with the env
     _dump_stacks_on_sigusr1()
     configure_logging(loglevel, "ledger", node_id, log_format)
-    ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir)
+    ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir, share=share)
     if metrics_port is not None:  # the node's port + 1 + its index (streams/metrics.py)
         MetricsServer(metrics_port, [metrics.LEDGER], ledger.ready).start()
     signal.signal(signal.SIGTERM, lambda *_: ledger.stop())
@@ -178,6 +179,7 @@ def run_node(
                     store_dir,
                     log_format,
                     port,
+                    (index, ledgers),
                 ),
                 name="ledger" if index == 0 else f"ledger{index}",
             )

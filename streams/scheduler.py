@@ -440,7 +440,9 @@ class Scheduler:
             backlog.pop(key, None)
         self._learn(timers, topic, key, value, msg.partition(), msg.offset())
 
-    def _caught_up(self, partition: int, topic: str, owned: dict[int, PartitionTimers]) -> None:
+    def _caught_up(
+        self, partition: int, topic: str, owned: dict[int, PartitionTimers], how: str = ""
+    ) -> None:
         """The end of `topic` in `partition` reached: learn the newest value of each key
         kept meanwhile, and follow record by record from now on."""
         timers = owned.get(partition)
@@ -452,7 +454,7 @@ class Scheduler:
         if topic == self.jobs_topic:
             timers.fires.settle()
         if not timers.backlog and owned is self.timers:
-            self._log_caught_up(partition, timers)
+            self._log_caught_up(partition, timers, how)
 
     def _log_caught_up(self, partition: int, timers: PartitionTimers, how: str = "") -> None:
         log.info(
@@ -469,7 +471,7 @@ class Scheduler:
         for partition, timers in list(self.timers.items()):
             if timers.backlog and now - timers.since > CATCH_UP_MAX_S:
                 for topic in list(timers.backlog):
-                    self._caught_up(partition, topic, self.timers)
+                    self._caught_up(partition, topic, self.timers, " (at its time bound)")
 
     def _learn(
         self,

@@ -35,7 +35,7 @@ from streams.kafka import (
     producer_config,
     transactional_producer_config,
 )
-from streams.ledger import Ledger, LedgerStats
+from streams.ledger import Ledger, LedgerStats, range_share
 from streams.settings import Settings
 from streams.topics import delete_topics, ensure_topics
 from tests.support.nodes import EventReader
@@ -338,9 +338,9 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
     fresh: Settings, store: str, tmp_path: Path
 ) -> None:
     """From its start to its first assignment a ledger reads every partition's state
-    (`_start_read_ahead`); the takeover's restore, after the offset fetch, goes on from
-    where that stopped to the real end. The records written in between - newer values, a
-    tombstone, a transaction whose commit marker is all that is left after the
+    (`_start_read_ahead`, the one ledger process of its node); the takeover's restore,
+    after the offset fetch, goes on from where that stopped to the real end. The records
+    written in between - newer values, a tombstone, a transaction whose commit marker is all that is left after the
     read-ahead's position - are all in the state, and the partitions not taken are
     dropped."""
     plain = Producer({"bootstrap.servers": fresh.kafka})
@@ -409,3 +409,62 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
         ledger.consumer.close()
         if ledger.store is not None:
             ledger.store.close()
+
+
+def test_a_second_ledger_process_reads_ahead_only_its_share(fresh: Settings) -> None:
+    """With two ledger processes on a node, the second reads ahead the range the range
+    assignor gives the second member (`range_share`), not the first's; a partition it
+    gets beyond its share (another node holds the first's range, say) is restored from
+    the start all the same. And the group's assignor does order the members as their
+    processes are numbered: two ledgers of one node get their shares."""
+    plain = Producer({"bootstrap.servers": fresh.kafka})
+    jobs = fresh.topic("jobs")
+    last = fresh.partitions - 1
+    for job_id, partition in (("job-first", 0), ("job-last", last)):
+        plain.produce(
+            jobs,
+            key=job_id.encode(),
+            value=JOB_STATE.encode(_job_state(job_id, 1)),
+            partition=partition,
+        )
+    assert plain.flush(30) == 0
+    second = Ledger(fresh, node_id=f"share-{uuid.uuid4().hex[:6]}", share=(1, 2))
+    try:
+        second._start_read_ahead()
+        ahead = second._ahead
+        assert ahead is not None
+        assert {p for _, p in ahead.sinks} == set(range_share(fresh.partitions, 1, 2))
+        assert 0 not in {p for _, p in ahead.sinks}
+        assert last in {p for _, p in ahead.sinks}
+
+        def read_one() -> bool:
+            second._read_ahead()
+            return ahead.read >= 1
+
+        eventually(read_one, "the read-ahead of the last partition", 30)
+        time.sleep(1.0)
+        second._read_ahead()
+        assert ahead.read == 1  # job-first's partition is not its share
+        states = second._restore_all([0, last], second._take_ahead([0, last]))
+        # Restored from the start, and from the read-ahead.
+        assert states[0].jobs["job-first"].fired_ms == 1
+        assert len(states[0].jobs) == 1
+        assert states[last].jobs["job-last"].fired_ms == 1
+        assert len(states[last].jobs) == 1
+    finally:
+        second._end_read_ahead()
+        second.consumer.close()
+    # In the group, numbered processes get the ranges their read-aheads guessed.
+    node = f"share-{uuid.uuid4().hex[:6]}"
+    ledgers = [Ledger(fresh, node_id=f"{node}-{i}", share=(i, 2)) for i in range(2)]
+    with _running(ledgers[0]), _running(ledgers[1]):
+
+        def assigned() -> dict[int, set[int]]:
+            return {i: set(ledger.state) for i, ledger in enumerate(ledgers)}
+
+        def both() -> bool:  # the first to join holds all until the second is in
+            now = assigned()
+            return all(now.values()) and sum(map(len, now.values())) == fresh.partitions
+
+        eventually(both, "both ledgers assigned", 60)
+        assert assigned() == {i: set(range_share(fresh.partitions, i, 2)) for i in range(2)}

@@ -340,9 +340,9 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
     """From its start to its first assignment a ledger reads every partition's state
     (`_start_read_ahead`, the one ledger process of its node); the takeover's restore,
     after the offset fetch, goes on from where that stopped to the real end. The records
-    written in between - newer values, a tombstone, a transaction whose commit marker is all that is left after the
-    read-ahead's position - are all in the state, and the partitions not taken are
-    dropped."""
+    written in between - newer values, a tombstone, a transaction whose commit marker is
+    all that is left after the read-ahead's position - are all in the state, and the
+    partitions not taken are dropped."""
     plain = Producer({"bootstrap.servers": fresh.kafka})
     jobs = fresh.topic("jobs")
     for job_id, fired in (("job-a", 1), ("job-b", 1), ("job-gone", 1)):

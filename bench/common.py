@@ -92,11 +92,9 @@ def tree_stats(pid: int) -> tuple[float, float]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             cpu_s += (int(fields[11]) + int(fields[12])) / tick
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss_mb += int(line.split()[1]) / 1024
         except OSError:
             continue
+        rss_mb += _rss_mb(p)
     return rss_mb, cpu_s
 
 

@@ -92,7 +92,7 @@ class FireTimers:
     `_BULK_WINDOW_MS` of the last `take` gets no heap item: its times are only written
     to the arrays, and the heaps are rebuilt from them in one pass (heapify) when the
     catch-up ends, or sooner should a `take` reach the earliest time that was left out.
-    That halves the cost of learning a million jobs on a takeover.
+    Learning a million jobs on a takeover costs about a fifth less that way.
     """
 
     def __init__(self, policy: ProposalPolicy, bulk: bool = False) -> None:

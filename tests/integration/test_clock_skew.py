@@ -248,6 +248,12 @@ def executions(marks: Path) -> tuple[list[Execution], Counter[tuple[str, int]]]:
     starts: Counter[tuple[str, int]] = Counter()
     for line in marks.read_text().splitlines():
         kind, ns, run_id, attempt, scheduled = line.split(" ")
+        if not ns:
+            # The SIGTERM that stops a run goes to its whole process group: a `date` it
+            # catches dies with no output, and the trapped shell still writes that mark with
+            # no time. Only a tick or an end can lose it: the trap is set after the start.
+            assert kind != "start", line
+            continue
         key, at = (run_id, int(attempt)), int(ns) / 1e6
         if kind == "start":
             starts[key] += 1

@@ -133,7 +133,7 @@ from streams.kafka import (
     transactional_producer_config,
 )
 from streams.keys import placement_key
-from streams.lifecycle import run_steps
+from streams.lifecycle import run_steps, trim_malloc_once
 from streams.settings import Settings
 from streams.state_store import DiskStore, MemoryStates, Topic
 from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
@@ -530,6 +530,7 @@ class Ledger:
             self._restored_records,
             self.clock.monotonic() - started,
         )
+        trim_malloc_once(f"ledger {self.node_id} restored", log.info)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:  # a replaced consumer, closing late

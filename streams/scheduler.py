@@ -92,7 +92,7 @@ from streams.kafka import (
     consumer_config,
     producer_config,
 )
-from streams.lifecycle import run_steps
+from streams.lifecycle import run_steps, trim_malloc_once
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.scheduler")
@@ -403,6 +403,7 @@ class Scheduler:
         self._end_warm_up()
         self.assigned = True
         consumer.assign(partitions)
+        self._release_if_caught_up()  # all of it read ahead
         self.watch.reset()
         log.info(
             "scheduler %s owns partitions %s",
@@ -455,6 +456,12 @@ class Scheduler:
             timers.fires.settle()
         if not timers.backlog and owned is self.timers:
             self._log_caught_up(partition, timers, how)
+            self._release_if_caught_up()
+
+    def _release_if_caught_up(self) -> None:
+        """Every owned partition caught up: what the catch-up read is freed, hand it back."""
+        if self.timers and not any(t.backlog for t in self.timers.values()):
+            trim_malloc_once(f"scheduler {self.node_id} caught up", log.info)
 
     def _log_caught_up(self, partition: int, timers: PartitionTimers, how: str = "") -> None:
         log.info(

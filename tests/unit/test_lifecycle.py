@@ -104,3 +104,38 @@ def test_a_process_whose_parent_is_already_gone_exits(tmp_path: Path) -> None:
     )
     assert kept.returncode == 0, kept.stderr
     assert kept.stdout.strip() == b"alive"
+
+
+TRIM_ONCE = """
+import threading, time
+from streams import lifecycle
+
+said = []
+chunks = [bytes(2000) for _ in range(150_000)]  # ~300 MB on malloc's heap, not mmapped
+keep = bytes(2000)  # above them: the heap's top cannot shrink, only a trim frees pages
+del chunks
+before = lifecycle._rss_mb()
+lifecycle.trim_malloc_once("test", lambda *a: said.append(a[0] % a[1:]))
+lifecycle.trim_malloc_once("again", lambda *a: said.append(a[0] % a[1:]))
+for t in threading.enumerate():
+    if t.name == "malloc-trim-once":
+        t.join()
+print(before - lifecycle._rss_mb(), said)
+"""
+
+
+def test_a_catch_up_hands_its_freed_memory_back_once() -> None:
+    """What a catch-up frees stays with malloc until a trim (the takeover node kept
+    ~200 MB): one trim hands it back, and a second within the gap does nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", TRIM_ONCE],
+        cwd=ROOT,
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    freed, said = done.stdout.split(" ", 1)
+    assert float(freed) > 200, done.stdout
+    assert said.count("handed") == 1 and "test: handed" in said, said

@@ -138,4 +138,5 @@ def test_a_catch_up_hands_its_freed_memory_back_once() -> None:
     )
     freed, said = done.stdout.split(" ", 1)
     assert float(freed) > 200, done.stdout
-    assert said.count("handed") == 1 and "test: handed" in said, said
+    assert said.count("handed") == 1, said
+    assert "test: handed" in said, said

@@ -118,6 +118,8 @@ def main() -> None:
         restored: list[tuple[str, str]] = []  # (records, seconds) of each ledger process
         ready_s = float("nan")
         caught_up: list[str] = []
+        held: dict[str, str] = {}
+        handed: list[str] = []
         bounded = 0
         scheduler_s = float("nan")
         try:
@@ -141,6 +143,11 @@ def main() -> None:
             time.sleep(10)
             second_settled = tree_stats(second.proc.pid)[0] if second.proc else float("nan")
             second_split = rss_split(second.proc.pid) if second.proc else (float("nan"),) * 2
+            text = second.log.read_text(errors="replace")
+            # What each partition's catch-up learnt (its last line), and what the node's
+            # processes handed back to the OS once caught up (streams/lifecycle.py).
+            held = dict(re.findall(r"caught up with partition (\d+) in .*?: (\d+) jobs", text))
+            handed = re.findall(r"handed (\d+) MB of freed memory back", text)
         finally:
             second.stop()
         code, audit_text = audit(settings)
@@ -167,6 +174,8 @@ def main() -> None:
             # Partitions whose catch-up ended at its bound (CATCH_UP_MAX_S) rather than at
             # the end of the topics: the rest of them learnt record by record after it.
             "scheduler_bounded_partitions": bounded,
+            "takeover_scheduler_jobs": sum(map(int, held.values())),
+            "takeover_trimmed_mb": sum(map(int, handed)),
             "takeover_node_rss_at_ready_mb": second_rss,
             "takeover_node_rss_mb": second_settled,
             "takeover_main_rss_mb": second_split[0],

@@ -119,7 +119,7 @@ def main() -> None:
         ready_s = float("nan")
         caught_up: list[str] = []
         held: dict[str, str] = {}
-        handed: list[str] = []
+        handed: list[tuple[str, str]] = []
         bounded = 0
         scheduler_s = float("nan")
         try:
@@ -147,7 +147,7 @@ def main() -> None:
             # What each partition's catch-up learnt (its last line), and what the node's
             # processes handed back to the OS once caught up (streams/lifecycle.py).
             held = dict(re.findall(r"caught up with partition (\d+) in .*?: (\d+) jobs", text))
-            handed = re.findall(r"handed (\d+) MB of freed memory back", text)
+            handed = re.findall(r"handed (\d+) MB of freed memory back in (\d+) ms", text)
         finally:
             second.stop()
         code, audit_text = audit(settings)
@@ -175,7 +175,8 @@ def main() -> None:
             # the end of the topics: the rest of them learnt record by record after it.
             "scheduler_bounded_partitions": bounded,
             "takeover_scheduler_jobs": sum(map(int, held.values())),
-            "takeover_trimmed_mb": sum(map(int, handed)),
+            "takeover_trimmed_mb": sum(int(mb) for mb, _ in handed),
+            "takeover_trim_ms": max((int(ms) for _, ms in handed), default=0),
             "takeover_node_rss_at_ready_mb": second_rss,
             "takeover_node_rss_mb": second_settled,
             "takeover_main_rss_mb": second_split[0],

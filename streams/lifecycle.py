@@ -292,14 +292,15 @@ def trim_malloc_once(what: str, log: Callable[..., None] | None = None) -> None:
         return
 
     def run() -> None:
-        before = _rss_mb()
+        before, started = _rss_mb(), time.monotonic()
         trim(0)
-        after = _rss_mb()
+        after, took_ms = _rss_mb(), (time.monotonic() - started) * 1000
         if log is not None and before is not None and after is not None:
             log(
-                "%s: handed %.0f MB of freed memory back (RSS %.0f -> %.0f MB)",
+                "%s: handed %.0f MB of freed memory back in %.0f ms (RSS %.0f -> %.0f MB)",
                 what,
                 before - after,
+                took_ms,
                 before,
                 after,
             )

@@ -276,11 +276,11 @@ def _rss_mb() -> float | None:
 def trim_malloc_once(what: str, log: Callable[..., None] | None = None) -> None:
     """Hand the free memory of every malloc arena back to the OS once, now, on a daemon
     thread: after a catch-up, whose reading (consumer buffers, a backlog of raw records,
-    the decoded batches) is freed at once but kept by the arenas. With trimming off, a
-    node that took over 1,000,000 jobs kept ~200 MB more than one that learnt them as
-    they came (docs/performance.md). Once is cheap and off the hot path (nothing runs
-    yet); at most one per TRIM_ONCE_MIN_GAP_S, so a burst of assignments trims once. `log`
-    (a logger's info) gets the RSS before and after."""
+    the decoded batches) is freed at once but kept by the arenas. A node that took over
+    1,000,000 jobs held 1.2 GB without it and ~510 MB with it, 649 MB handed back
+    (docs/performance.md, eighth round). Once is cheap and off the hot path (nothing
+    runs yet); at most one per TRIM_ONCE_MIN_GAP_S, so a burst of assignments trims
+    once. `log` (a logger's info) gets the RSS before and after and the trim's time."""
     global _trimmed_at
     with _trim_lock:
         now = time.monotonic()

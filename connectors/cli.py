@@ -28,6 +28,7 @@ from projections.migrate import MigrationError, migrate_for
 from projections.retention import RetentionError, RetentionPolicy
 from projections.retention import prune as prune_history
 from streams.core.ledger import LedgerConfig
+from streams.core.timing import TIMING
 from streams.core.zones import use_tzdata_only
 from streams.inboxes import WORKER_ID
 from streams.logs import LogFormat, LogFormatError
@@ -357,7 +358,9 @@ def db_prune(
 @app.command("scheduler")
 def scheduler(
     node_id: Annotated[str | None, typer.Option(help="Name of this node (logs).")] = None,
-    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
+    lead_s: Annotated[
+        float, typer.Option(help="Propose runs this early (pre-dispatch).")
+    ] = TIMING.lead_s,
     lookahead_s: Annotated[
         float,
         typer.Option(
@@ -520,7 +523,13 @@ def worker(
     gpu: Annotated[int, typer.Option(help="GPUs this worker offers.")] = 0,
     label: Annotated[list[str] | None, typer.Option(help="A label k=v (repeatable).")] = None,
     executor: Annotated[str, typer.Option(help="process, or noop (benchmarks).")] = "process",
-    heartbeat_s: Annotated[float, typer.Option(help="Heartbeat interval.")] = 3.0,
+    heartbeat_s: Annotated[
+        float,
+        typer.Option(
+            help=f"Heartbeat interval (s), at most {TIMING.ack_window_s:g}: the window in "
+            "which a beat must be acknowledged to renew the lease."
+        ),
+    ] = TIMING.heartbeat_s,
     keep_s: Annotated[
         float,
         typer.Option(
@@ -572,6 +581,10 @@ def worker(
         raise _fail("--executor must be process or noop", 2)
     if cpu < 0 or memory_mb < 0 or gpu < 0:
         raise _fail("--cpu, --memory-mb and --gpu must not be negative", 2)
+    if not 0 < heartbeat_s <= TIMING.ack_window_s:
+        # Beats further apart leave moments no beat's window covers: a broker failover
+        # would then end the lease and fence running jobs (streams/core/timing.py).
+        raise _fail(f"--heartbeat-s must be in (0, {TIMING.ack_window_s:g}]", 2)
     if WORKER_ID.fullmatch(worker_id) is None:
         raise _fail(
             f"--id {worker_id!r} must be 1 to 150 letters, digits, '.', '_' or '-' "
@@ -787,7 +800,9 @@ def audit(
 
 @app.command("run")
 def run_all(
-    lead_s: Annotated[float, typer.Option(help="Propose runs this early (pre-dispatch).")] = 10.0,
+    lead_s: Annotated[
+        float, typer.Option(help="Propose runs this early (pre-dispatch).")
+    ] = TIMING.lead_s,
     loglevel: Annotated[str, typer.Option(help="Log level of the components.")] = "info",
     api_port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8080,
     demo: Annotated[

@@ -168,11 +168,16 @@ class DeadlineReached:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLost:
+    """The dispatcher's verdict: `worker_id` is dead, and with it this attempt."""
+
     job_id: str
     run_id: str
     attempt: int
     worker_id: str
     at_ms: int
+    # Broker time by which the worker's lease had ended, at the latest: an attempt whose
+    # start time is later never started (None: not known, the verdict's time stands).
+    lease_ended_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

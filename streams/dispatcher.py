@@ -92,7 +92,7 @@ from schemas.records import (
 )
 from schemas.spec import Resources
 from streams import metrics
-from streams.core.clock import SYSTEM_CLOCK, Clock
+from streams.core.clock import SYSTEM_CLOCK, Clock, broker_stamp
 from streams.core.ids import job_of
 from streams.core.liveness import BeatMark, Liveness, newer
 from streams.core.placement import (
@@ -105,6 +105,7 @@ from streams.core.placement import (
 )
 from streams.core.seals import seal
 from streams.core.timeline import Timeline
+from streams.core.timing import TIMING
 from streams.inboxes import Inboxes
 from streams.kafka import (
     KAFKA_CLIENTS,
@@ -132,9 +133,11 @@ Key = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class DispatcherConfig:
-    heartbeat_s: float = 3.0
-    dead_after_missed: int = 3
-    grace_s: float = 1.0
+    suspect_after_s: float = TIMING.suspect_after_s
+    dead_after_s: float = TIMING.dead_after_s
+    # A dead worker started nothing whose start time is past the broker time of its
+    # last beat read plus this (its lease, plus a margin): WorkerLost says so.
+    lease_bound_ms: int = int((TIMING.lease_s + TIMING.lease_bound_margin_s) * 1000)
     reservation_ms: int = 35_000
     settle_s: float = 10.0  # know the workers this long before failing a run as unplaceable
     history_s: float = 30.0  # heartbeats read back at start-up
@@ -184,6 +187,8 @@ class WorkerInfo:
     booked: Timeline = field(default_factory=lambda: Timeline(Capacity(0.0, 0, 0)))
     maybe: dict[Key, int] = field(default_factory=dict)  # released early, until (ms)
     cut: tuple[str, ...] = ()  # what the worker limits cut from its last offer
+    beat_ms: int | None = None  # the broker's append time of the newest beat read
+    taken_back: bool = False  # its unclaimed placements were placed again (suspected)
 
     def view(self, at_ms: int) -> WorkerView:
         """What this dispatcher believes is free on the worker in the second of `at_ms`."""
@@ -223,7 +228,7 @@ class Dispatcher:
         self.clock = clock
         self.node_id = node_id
         self.config = config
-        self.liveness = Liveness(config.heartbeat_s, config.dead_after_missed, config.grace_s)
+        self.liveness = Liveness(config.suspect_after_s, config.dead_after_s)
         # Each worker's inbox topic (streams/inboxes.py).
         self.inboxes = Inboxes(settings, clients.admin(admin_config(settings)))
         self.workers: dict[str, WorkerInfo] = {}
@@ -314,6 +319,7 @@ class Dispatcher:
         now = int(self.clock.time() * 1000)
         self._expire(now)
         self._detect(now)
+        self._take_back(self.clock.monotonic())
         self._place(now)
         self.producer.poll(0)
         if self.clock.monotonic() - self._committed_at >= COMMIT_EVERY_S:
@@ -455,13 +461,24 @@ class Dispatcher:
                     continue
                 if msg.value():
                     self._beat(
-                        msg.value() or b"", msg.partition() or 0, msg.offset() or 0, received_s
+                        msg.value() or b"",
+                        msg.partition() or 0,
+                        msg.offset() or 0,
+                        received_s,
+                        broker_stamp(msg.timestamp()),
                     )
             if len(batch) < 1000:
                 break
         self._drained_s = started
 
-    def _beat(self, raw: bytes, partition: int, offset: int, received_s: float) -> None:
+    def _beat(
+        self,
+        raw: bytes,
+        partition: int,
+        offset: int,
+        received_s: float,
+        appended_ms: int | None = None,
+    ) -> None:
         try:
             beat = HEARTBEAT.decode(raw)
         except CodecError as exc:
@@ -498,6 +515,7 @@ class Dispatcher:
         )
         info.labels = offer.labels
         info.running = running
+        info.beat_ms, info.taken_back = appended_ms, False
         for key, (_, _, placed_s) in list(info.reserved.items()):
             if key in running:
                 info.release(key)  # the worker's own free figure now includes it
@@ -532,11 +550,41 @@ class Dispatcher:
             if placed is None or placed[1] != back.worker_id:
                 continue
             del self.assigned[key]
-            request = placed[0]
-            pending = f"{request.run_id}#{request.attempt}"
-            if pending not in self.pending:
-                self.pending[pending] = request
-                self.queue.push(Item(pending, request.resources, request.priority, request.owner))
+            self._place_again(placed[0])
+
+    def _place_again(self, request: DispatchRequest) -> None:
+        pending = f"{request.run_id}#{request.attempt}"
+        if pending not in self.pending:
+            self.pending[pending] = request
+            self.queue.push(Item(pending, request.resources, request.priority, request.owner))
+
+    def _take_back(self, now_s: float) -> None:
+        """A worker suspected (silent for `suspect_after_s`) claims nothing more in time
+        if it is dead: what this dispatcher placed there and no beat listed yet is placed
+        again elsewhere now, not at the claim deadline. Should the worker be alive after
+        all, the ledger grants the first of the two claims (both placements are sealed)
+        and refuses the other; its booking stays until a beat comes, so nothing goes
+        there again meanwhile."""
+        for info in self.workers.values():
+            if info.dead or info.taken_back or not self.liveness.suspected(info.received_s, now_s):
+                continue
+            info.taken_back = True
+            again = [
+                key
+                for key in info.reserved
+                if (placed := self.assigned.get(key)) is not None and placed[1] == info.worker_id
+            ]
+            for key in again:
+                self._place_again(self.assigned.pop(key)[0])
+            if again:
+                metrics.PLACEMENTS.labels("taken_back").inc(len(again))
+                log.warning(
+                    "worker %s: no beat received for %.1f s: suspected, %d unclaimed "
+                    "placements placed again",
+                    info.worker_id,
+                    now_s - info.received_s,
+                    len(again),
+                )
 
     # -- queueing and placing ----------------------------------------------------------------
     def _queue(self, raw: bytes, where: tuple[int, int] | None = None) -> bool:
@@ -704,9 +752,17 @@ class Dispatcher:
                 now_s - info.received_s,
                 len(held),
             )
+            # No beat after the last one read renewed the worker's lease (it would have
+            # been read first), so the lease ended by that beat's broker time plus the
+            # lease: a run whose start time is later never started.
+            lease_ended = (
+                None if info.beat_ms is None else info.beat_ms + self.config.lease_bound_ms
+            )
             for run_id, attempt in sorted(held):
                 job_id = job_of(run_id)
-                self._send(job_id, WorkerLost(job_id, run_id, attempt, info.worker_id, now))
+                self._send(
+                    job_id, WorkerLost(job_id, run_id, attempt, info.worker_id, now, lease_ended)
+                )
             for key in list(info.reserved):
                 info.release(key)
             info.maybe.clear()

@@ -26,6 +26,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
+from streams.core.timing import TIMING
 from streams.logs import kafka_log_settings
 from streams.settings import Settings
 
@@ -48,14 +49,14 @@ def partition_for(key: str, partitions: int) -> int:
 # timeout loses its partitions. 6 s tolerates a few missed 1.5 s heartbeats (GC pauses,
 # a saturated 2-core machine) while moving partitions of a killed node in ~6-8 s. The
 # broker's group.min.session.timeout.ms (2 s in the local stack) allows it.
-SESSION_TIMEOUT_MS = 6000
-HEARTBEAT_INTERVAL_MS = 1500
+SESSION_TIMEOUT_MS = int(TIMING.consumer_session_s * 1000)
+HEARTBEAT_INTERVAL_MS = int(TIMING.consumer_heartbeat_s * 1000)
 # Short: a dead ledger's open transaction blocks every read_committed reader of the
 # partitions it wrote (the new owner's restore, dispatchers, workers' inboxes) until the
 # broker aborts it after this long. About the session timeout, so the abort overlaps the
 # rebalance. The ledger bounds the work of one transaction well below it (its budget,
 # streams/ledger.py); a transaction that still takes longer is aborted and redone.
-TRANSACTION_TIMEOUT_MS = 7000
+TRANSACTION_TIMEOUT_MS = int(TIMING.transaction_timeout_s * 1000)
 
 
 def connection_config(settings: Settings) -> dict[str, Any]:

@@ -109,7 +109,8 @@ SCHEDULER_PARTITIONS = Gauge(
 )
 PLACEMENTS = Counter(
     "cronlog_dispatcher_placements_total",
-    "Dispatch requests answered, by outcome (placed; never_fits: no worker ever could).",
+    "Dispatch requests answered, by outcome (placed; never_fits: no worker ever could; "
+    "taken_back: placed on a worker that went silent before claiming, placed again).",
     ["outcome"],
     registry=DISPATCHER,
 )

@@ -54,6 +54,7 @@ class Heartbeat:
         *,
         heartbeat_s: float,
         lease_s: float,
+        ack_window_s: float | None = None,
         view: Callable[[], View],
         lease_file: Callable[[], Path],
         stop: threading.Event,
@@ -67,6 +68,9 @@ class Heartbeat:
         self.capacity = capacity
         self.labels = labels
         self.heartbeat_s = heartbeat_s
+        # A beat renews the lease only if acknowledged this soon after it was made: a
+        # later acknowledgement may come after the failure detector's verdict.
+        self.ack_window_s = heartbeat_s if ack_window_s is None else ack_window_s
         self.lease_s = lease_s
         self.view = view
         self.lease_file = lease_file
@@ -112,9 +116,9 @@ class Heartbeat:
             # lease is not renewed; the thread goes on beating, it never dies of it.
             log.error("heartbeat of %d attempts refused: %s", len(held), exc)
             delivered.append(False)
-        self.producer.flush(self.heartbeat_s)
+        self.producer.flush(self.ack_window_s)
         took = time.monotonic() - started
-        if delivered and delivered[0] and took > self.heartbeat_s / 2:
+        if delivered and delivered[0] and took > self.ack_window_s / 2:
             log.warning("slow heartbeat: acknowledged after %.2f s", took)
         if delivered and delivered[0] and self.unacked_since is not None:
             log.warning(
@@ -147,7 +151,7 @@ class Heartbeat:
             "heartbeat %s within %.1f s: Kafka unreachable for %.0f s; the lease is not "
             "renewed (running jobs are fenced when it ends); retrying every %.1f s",
             "refused" if delivered is False else "not acknowledged",
-            self.heartbeat_s,
+            self.ack_window_s,
             time.monotonic() - self.unacked_since,
             self.heartbeat_s,
         )

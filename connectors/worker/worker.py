@@ -77,6 +77,7 @@ from streams.core.clock import SYSTEM_CLOCK, BrokerClock, Clock, broker_stamp
 from streams.core.ids import iso_utc, job_of
 from streams.core.placement import Capacity, labels_match
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
+from streams.core.timing import TIMING
 from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
 from streams.kafka import KAFKA_CLIENTS, Clients, committed_or, consumer_config, producer_config
 from streams.settings import Settings
@@ -115,16 +116,18 @@ class WorkerConfig:
     labels: tuple[tuple[str, str], ...] = ()
     executor: ExecutorKind = "process"
     state_dir: Path = Path(".state/workers")
-    heartbeat_s: float = 3.0
-    # Runs are fenced when no beat was acknowledged for this long. It must end, with
-    # fence_grace_s, before the failure detector's verdict (3 beats of 3 s + 1 s = 10 s):
-    # 7 s + 1 s leaves 2 s for an acknowledgement under a saturated CPU.
-    lease_s: float = 7.0
-    fence_grace_s: float = 1.0  # SIGTERM -> SIGKILL when fenced or timed out
+    # The liveness chain (streams/core/timing.py has the inequalities): a beat every
+    # heartbeat_s renews the lease if acknowledged within ack_window_s of its making;
+    # runs are fenced when the lease ends, lease_s after the renewing beat was made,
+    # which outlives a broker failover and ends, with fence_grace_s, before the
+    # failure detector's verdict.
+    heartbeat_s: float = TIMING.heartbeat_s
+    ack_window_s: float = TIMING.ack_window_s
+    lease_s: float = TIMING.lease_s
+    fence_grace_s: float = TIMING.kill_grace_s  # SIGTERM -> SIGKILL when fenced or timed out
     # The executor fences everything when it was itself paused this long: the detector
-    # may have declared the worker dead meanwhile (verdict 10 s - lease 7 s = 3 s, less
-    # a margin).
-    max_gap_s: float = 2.5
+    # may have declared the worker dead meanwhile.
+    max_gap_s: float = TIMING.executor_gap_s
     # Finished attempts (report acknowledged) are forgotten, their run directories
     # removed, this long after (connectors/worker/housekeeping.py).
     keep_s: float = DEFAULT_KEEP_S
@@ -299,6 +302,7 @@ class Worker:
             self.config.capacity,
             self.config.labels,
             heartbeat_s=self.config.heartbeat_s,
+            ack_window_s=self.config.ack_window_s,
             lease_s=self.config.lease_s,
             view=lambda: self.view,
             lease_file=lambda: self.lease,

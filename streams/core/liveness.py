@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streams.core.timing import TIMING
+
 
 @dataclass(frozen=True, slots=True)
 class Liveness:
@@ -18,20 +20,12 @@ class Liveness:
     (the dispatcher's module docstring: why the verdict then always follows the
     worker's lease)."""
 
-    heartbeat_s: float = 3.0
-    dead_after_missed: int = 3
-    grace_s: float = 1.0
-
-    @property
-    def dead_after_s(self) -> float:
-        return self.heartbeat_s * self.dead_after_missed + self.grace_s
-
-    @property
-    def suspect_after_s(self) -> float:
-        return 2 * self.heartbeat_s
+    suspect_after_s: float = TIMING.suspect_after_s
+    dead_after_s: float = TIMING.dead_after_s
 
     def suspected(self, received_s: float, now_s: float) -> bool:
-        """No beat received for two intervals: no new placements there."""
+        """No beat received for `suspect_after_s`: no new placements there, and what was
+        placed there unclaimed is placed again elsewhere."""
         return now_s - received_s > self.suspect_after_s
 
     def dead(self, received_s: float, reading_since_s: float, now_s: float) -> bool:

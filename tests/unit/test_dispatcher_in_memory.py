@@ -22,6 +22,7 @@ from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
 from streams.core.seals import sealed
+from streams.core.timing import TIMING
 from streams.dispatcher import Dispatcher, DispatcherConfig
 from streams.kafka import producer_config
 from streams.ledger import Ledger
@@ -59,9 +60,9 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
         outside.produce(SETTINGS.topic("job-log"), key=b"job", value=JOB_LOG.encode(record))
 
     assignments: list[WorkerAssignment] = []
-    beaten = -CONFIG.heartbeat_s
-    for _ in range(200):  # the worker beats every 3 s; the loops turn meanwhile
-        if clock.monotonic() - beaten >= CONFIG.heartbeat_s:
+    beaten = -TIMING.heartbeat_s
+    for _ in range(200):  # the worker beats every second; the loops turn meanwhile
+        if clock.monotonic() - beaten >= TIMING.heartbeat_s:
             beaten = clock.monotonic()
             beat()
         ledger.step()
@@ -84,10 +85,10 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
     assert sealed(key, d.placement, d.run_id, d.attempt, "w1")
 
     # The worker lists the attempt, then falls silent: the detector's verdict comes after
-    # `dead_after` (3 missed beats and the grace) on the dispatcher's clock, not before.
+    # `dead_after` on the dispatcher's clock, not before.
     beat((RunningAttempt(d.run_id, d.attempt),))
     silent_since = clock.monotonic()
-    dead_after = CONFIG.heartbeat_s * CONFIG.dead_after_missed + CONFIG.grace_s
+    dead_after = CONFIG.dead_after_s
     lost: list[tuple[float, WorkerLost]] = []
     while clock.monotonic() - silent_since < 3 * dead_after and not lost:
         dispatcher.step()
@@ -103,3 +104,93 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
     assert (verdict.run_id, verdict.attempt, verdict.worker_id) == (d.run_id, d.attempt, "w1")
     # Judged from the receipt of the last beat (read after `silent_since`), and promptly.
     assert dead_after <= after < dead_after + 1.0
+
+
+def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run placed on a worker that falls silent before claiming it is placed on
+    another worker once the first is suspected (seconds), not at the ledger's 30 s claim
+    deadline; the verdict that follows bounds the silent worker's lease by the broker's
+    time of its last beat."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    clock = ManualClock()
+    log = MemoryLog(clock)
+    log.create_catalogue(SETTINGS)
+    clients = MemoryClients(log)
+    outside = clients.producer(producer_config(SETTINGS))
+    last_beat_ms: dict[str, int] = {}
+
+    def now_ms() -> int:
+        return int(clock.time() * 1000)
+
+    def beat(worker: str) -> None:
+        capacity = WorkerCapacity(4.0, 4096, 0)
+        last_beat_ms[worker] = now_ms()
+        record = Heartbeat(worker, now_ms(), capacity, capacity, (), ())
+        outside.produce(
+            SETTINGS.topic("heartbeats"), key=worker.encode(), value=HEARTBEAT.encode(record)
+        )
+
+    def assignments() -> list[WorkerAssignment]:
+        return [
+            m
+            for m in (
+                WORKER_INBOX.decode(r.value() or b"")
+                for r in log.records(SETTINGS.topic("worker-inbox"))
+            )
+            if isinstance(m, WorkerAssignment)
+        ]
+
+    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
+    assert dispatcher.open()
+    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
+    assert ledger.open()
+    spec = JobSpec(job_id="job", owner="o", schedule=None, command=("true",))
+    for record in (JobUpserted(spec, now_ms()), RunNowRequested("job", "r1", now_ms())):
+        outside.produce(SETTINGS.topic("job-log"), key=b"job", value=JOB_LOG.encode(record))
+
+    silent: str | None = None
+    silent_since = 0.0
+    beaten = -TIMING.heartbeat_s
+    placed: list[WorkerAssignment] = []
+    for _ in range(2000):
+        if clock.monotonic() - beaten >= TIMING.heartbeat_s:
+            beaten = clock.monotonic()
+            for worker in ("w1", "w2"):
+                if worker != silent:
+                    beat(worker)
+        ledger.step()
+        dispatcher.step()
+        placed = assignments()
+        if silent is None and placed:
+            silent, silent_since = placed[0].worker_id, clock.monotonic()
+        if len(placed) >= 2:
+            break
+    assert silent is not None, "the run was not placed"
+    assert len(placed) == 2, "the silent worker's placement was never placed again"
+    other = "w2" if silent == "w1" else "w1"
+    by_worker = {a.worker_id: a.dispatch for a in placed}  # the log's order is per partition
+    assert set(by_worker) == {silent, other}
+    first = by_worker[silent]
+    assert (by_worker[other].run_id, by_worker[other].attempt) == (first.run_id, first.attempt)
+    again_after = clock.monotonic() - silent_since
+    # Placed again once suspected (no beat for suspect_after_s), long before the verdict.
+    assert CONFIG.suspect_after_s <= again_after < CONFIG.suspect_after_s + 2 * TIMING.heartbeat_s
+
+    lost: list[WorkerLost] = []
+    while clock.monotonic() - silent_since < 3 * CONFIG.dead_after_s and not lost:
+        if clock.monotonic() - beaten >= TIMING.heartbeat_s:
+            beaten = clock.monotonic()
+            beat(other)
+        dispatcher.step()
+        lost = [
+            r
+            for r in (
+                JOB_LOG.decode(m.value() or b"") for m in log.records(SETTINGS.topic("job-log"))
+            )
+            if isinstance(r, WorkerLost)
+        ]
+    assert [(v.worker_id, v.run_id) for v in lost] == [(silent, first.run_id)]
+    # The lease ended by the broker's time of the last beat read plus lease and margin.
+    assert lost[0].lease_ended_ms == last_beat_ms[silent] + CONFIG.lease_bound_ms

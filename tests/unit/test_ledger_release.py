@@ -236,6 +236,38 @@ def test_a_worker_lost_at_or_after_the_start_time_is_lost_as_before(verdict: int
     assert d.replies == (CancelOrder("w1", RUN, 1, "declared lost", verdict),)
 
 
+def test_a_run_due_after_the_dead_workers_lease_ended_is_given_back() -> None:
+    """The verdict comes after the run's time, but the worker's lease had ended before
+    it (the broker's time of its last beat plus the lease): it never started the run,
+    so a non-idempotent job with one attempt still runs, elsewhere, not `lost`."""
+    w = claimed()
+    verdict, lease_ended = T + 4_000, T - 2_000
+    d = w.apply(WorkerLost("j", RUN, 1, "w1", verdict, lease_ended))
+    (run,) = d.runs
+    assert (run.state, run.attempt, run.worker_id) == ("due", 1, "")
+    assert run.reason == "worker w1 lost before the run's start: dispatched again"
+    (request,) = d.dispatch
+    assert (request.attempt, request.not_before_ms) == (1, verdict)  # due now, not at T
+    assert grants(w, "w2", verdict + 500) == [True]
+    finish(w, "w2", verdict + 600)
+    assert w.runs[RUN].state == "succeeded"
+
+
+@pytest.mark.parametrize("lease_ended", [T, T + 1, T + 3_000])
+def test_a_run_due_before_the_dead_workers_lease_ended_may_have_started(lease_ended: int) -> None:
+    w = claimed()
+    w.apply(WorkerLost("j", RUN, 1, "w1", T + 4_000, lease_ended))
+    assert (w.runs[RUN].state, w.runs[RUN].reason) == ("failed", "lost: worker w1")
+
+
+def test_a_lease_bound_after_the_verdict_changes_nothing() -> None:
+    """A bound later than the verdict itself (a dispatcher clock behind the broker's)
+    cannot widen what the verdict's own time proves."""
+    w = claimed()
+    w.apply(WorkerLost("j", RUN, 1, "w1", T + 1_000, T + 60_000))
+    assert w.runs[RUN].state == "failed"
+
+
 def test_a_worker_lost_after_the_start_time_retries_an_idempotent_job() -> None:
     w = claimed(idempotent=True, retry=RetryPolicy(max_attempts=2, backoff_s=1))
     w.apply(WorkerLost("j", RUN, 1, "w1", T + 1_000))

@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 
 from streams.core.liveness import BeatMark, Liveness, newer
+from streams.core.timing import TIMING
 from streams.dispatcher import Progress
 
-LIVENESS = Liveness(heartbeat_s=3.0, dead_after_missed=3, grace_s=1.0)  # the node's defaults
-LEASE_S = 7.0  # the worker's lease (connectors/worker/worker.py): from the beat's making
+LIVENESS = Liveness()  # the node's defaults (streams/core/timing.py)
+LEASE_S = TIMING.lease_s  # the worker's lease: from the beat's making
+HEARTBEAT_S = TIMING.heartbeat_s
 
 
 def test_the_thresholds() -> None:
     assert LIVENESS.dead_after_s == 10.0
-    assert LIVENESS.suspect_after_s == 6.0
-    assert not LIVENESS.suspected(100.0, 106.0)
-    assert LIVENESS.suspected(100.0, 106.1)
+    assert LIVENESS.suspect_after_s == 4.0
+    assert not LIVENESS.suspected(100.0, 104.0)
+    assert LIVENESS.suspected(100.0, 104.1)
     assert not LIVENESS.dead(100.0, 0.0, 110.0)
     assert LIVENESS.dead(100.0, 0.0, 110.1)
 
@@ -32,14 +34,14 @@ def test_no_verdict_before_dead_after_of_reading() -> None:
 def _simulate(
     skew_s: float, transit_s: float, reader_start_s: float = 0.0, beats: int = 20
 ) -> tuple[float | None, float, list[float]]:
-    """A worker beats every 3 s for `beats` beats, its clock `skew_s` off the
+    """A worker beats every HEARTBEAT_S for `beats` beats, its clock `skew_s` off the
     dispatcher's; each beat reaches the dispatcher `transit_s` after it is made. The
     dispatcher (reading since `reader_start_s`, when it reads the history: every beat
     made before) is asked every 0.1 s whether the worker is dead, and reads each beat as
     it arrives. Returns (the verdict's time or None, the
     end of the worker's last lease, the times the worker was suspected while beating),
     all on the dispatcher's clock."""
-    made = [i * 3.0 for i in range(beats)]  # on the dispatcher's clock
+    made = [i * HEARTBEAT_S for i in range(beats)]  # on the dispatcher's clock
     stamps = [int((t + skew_s) * 1000) for t in made]  # what the worker writes on them
     # In order of arrival (the history arrives at once, in log order).
     arrivals = [

@@ -176,10 +176,12 @@ class Attempts(Kernel):
         # Should the worker come back, it must not keep running the attempt.
         self._stop_order(run, "declared lost")
         start = self._not_before(run)
-        if run.state == "dispatched" and start is not None and start > self.at:
+        fenced_by = self.at if inp.lease_ended_ms is None else min(self.at, inp.lease_ended_ms)
+        if run.state == "dispatched" and start is not None and start > fenced_by:
             # It cannot have started: a worker starts nothing before the attempt's start
-            # time, and its lease (which fences its runs) ended before this verdict. So
-            # the attempt is given back, as by the worker itself: no retry is consumed.
+            # time, nor after its lease ended (the verdict says when, by the broker's
+            # time of its last beat; before this verdict in any case). So the attempt is
+            # given back, as by the worker itself: no retry is consumed.
             self._give_back(
                 run, f"worker {inp.worker_id} lost before the run's start: dispatched again"
             )

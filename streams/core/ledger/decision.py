@@ -19,12 +19,13 @@ from schemas.records import (
     RunState,
     UpstreamFinished,
 )
+from streams.core.timing import TIMING
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerConfig:
     # A due run not claimed by a worker within this is dispatched again.
-    claim_timeout_ms: int = 30_000
+    claim_timeout_ms: int = int(TIMING.claim_timeout_s * 1000)
     # The worker kills a run at its timeout; the ledger declares it lost this much later.
     timeout_grace_ms: int = 30_000
     # A fire proposal arriving later than this after its time is a misfire.

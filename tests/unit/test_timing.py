@@ -48,7 +48,7 @@ def test_every_inequality_holds_with_its_margin(check: Check) -> None:
 def test_a_default_that_breaks_an_inequality_is_caught(
     change: dict[str, float], broken: str
 ) -> None:
-    failing = {c.name for c in replace(TIMING, **change).checks() if not c.holds}  # type: ignore[arg-type]
+    failing = {c.name for c in replace(TIMING, **change).checks() if not c.holds}
     assert broken in failing
 
 
@@ -78,9 +78,9 @@ def test_the_worker_and_the_detector_take_the_budget() -> None:
 
 
 def test_the_clients_the_ledger_and_the_cli_take_the_budget() -> None:
-    assert kafka.SESSION_TIMEOUT_MS == 1000 * TIMING.consumer_session_s
-    assert kafka.HEARTBEAT_INTERVAL_MS == 1000 * TIMING.consumer_heartbeat_s
-    assert kafka.TRANSACTION_TIMEOUT_MS == 1000 * TIMING.transaction_timeout_s
+    assert 1000 * TIMING.consumer_session_s == kafka.SESSION_TIMEOUT_MS
+    assert 1000 * TIMING.consumer_heartbeat_s == kafka.HEARTBEAT_INTERVAL_MS
+    assert 1000 * TIMING.transaction_timeout_s == kafka.TRANSACTION_TIMEOUT_MS
     assert LedgerConfig().claim_timeout_ms == 1000 * TIMING.claim_timeout_s
     scheduler = inspect.signature(cli.scheduler).parameters
     assert scheduler["lead_s"].default == TIMING.lead_s

@@ -107,6 +107,12 @@ class PrivateCluster:
                         led[partition.leader] += 1
         return led
 
+    def leader_of(self, topic: str, partitions: list[int]) -> int:
+        """The broker leading the most of these partitions of `topic`."""
+        metadata = self._admin().list_topics(topic, timeout=15)
+        led = Counter(metadata.topics[topic].partitions[p].leader for p in partitions)
+        return max(led, key=lambda n: (led[n], -n))
+
     def busiest_leader(self, prefix: str, among: list[int] | None = None) -> int:
         """The broker leading the most partitions under the prefix (of `among`)."""
         led = self.leaders(prefix)

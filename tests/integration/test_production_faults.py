@@ -81,22 +81,22 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
     events = EventReader(s, "production-faults-check")
     short = [f"pf-s{i:02d}" for i in range(SHORT)]
     long = [f"pf-l{i}" for i in range(LONG)]
-    once = {"idempotent": False, "retry": {"max_attempts": 1}}
+    once: dict[str, object] = {"idempotent": False, "retry": {"max_attempts": 1}}
+    commands: list[bytes | dict[str, object]] = [
+        *(job(j, ["true"], schedule={"every": f"{SHORT_EVERY_S}s"}, **once) for j in short),
+        *(
+            job(
+                j,
+                ["sleep", str(LONG_SLEEP_S)],
+                schedule={"every": f"{LONG_EVERY_S}s"},
+                timeout_s=60,
+                **once,
+            )
+            for j in long
+        ),
+    ]
     try:
-        send_commands(
-            s,
-            [job(j, ["true"], schedule={"every": f"{SHORT_EVERY_S}s"}, **once) for j in short]
-            + [
-                job(
-                    j,
-                    ["sleep", str(LONG_SLEEP_S)],
-                    schedule={"every": f"{LONG_EVERY_S}s"},
-                    timeout_s=60,
-                    **once,
-                )
-                for j in long
-            ],
-        )
+        send_commands(s, commands)
 
         def long_running() -> bool:
             return {e.job_id for e, _ in events.run_events() if e.state == "running"} >= set(

@@ -74,7 +74,7 @@ def main() -> None:
                 node.argv += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
         node.start()
         workers = [
-            WorkerProc(settings, f"bw{i}", logs, cpu=1000, memory_mb=10**6, heartbeat_s=3.0)
+            WorkerProc(settings, f"bw{i}", logs, cpu=1000, memory_mb=10**6)
             for i in range(args.workers)
         ]
         for worker in workers:

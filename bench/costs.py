@@ -193,7 +193,7 @@ def main() -> None:
             settings.with_(database_url=db_url), logs / "projector.log"
         ).start()
         workers = [
-            WorkerProc(settings, f"cw{i}", logs, cpu=100_000, memory_mb=10**8, heartbeat_s=3.0)
+            WorkerProc(settings, f"cw{i}", logs, cpu=100_000, memory_mb=10**8)
             for i in range(args.workers)
         ]
         for worker in workers:

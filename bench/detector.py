@@ -29,10 +29,7 @@ def main() -> None:
         logs = Path(tmp)
         node = Node(settings, "detector-node", logs)
         node.start()
-        workers = [
-            WorkerProc(settings, f"dw{i}", logs, heartbeat_s=3.0).start()
-            for i in range(args.workers)
-        ]
+        workers = [WorkerProc(settings, f"dw{i}", logs).start() for i in range(args.workers)]
         time.sleep(15)  # everyone known
         until = time.time() + args.seconds
         hogs = [multiprocessing.Process(target=spin, args=(until,)) for _ in range(args.hogs)]

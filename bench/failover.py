@@ -32,8 +32,7 @@ def main() -> None:
             n.argv[n.argv.index("warning")] = "info"
             n.start()
         workers = [
-            WorkerProc(settings, f"fw{i}", logs, cpu=100_000, memory_mb=10**8, heartbeat_s=3.0)
-            for i in (1, 2)
+            WorkerProc(settings, f"fw{i}", logs, cpu=100_000, memory_mb=10**8) for i in (1, 2)
         ]
         for worker in workers:
             worker.argv += ["--executor", "noop"]

@@ -1,7 +1,7 @@
 """Real jobs: the sustained scenario with REAL processes (the worker's `process` executor).
 
-One scheduler node; three workers offering 4, 2 and 1 CPUs (memory generous, heartbeat
-3 s); N jobs `every 2s`, each `sh -c 'echo run $CRONLOG_RUN_ID'` asking for 0.1 CPU.
+One scheduler node; three workers offering 4, 2 and 1 CPUs (memory generous, the
+default heartbeat); N jobs `every 2s`, each `sh -c 'echo run $CRONLOG_RUN_ID'` asking for 0.1 CPU.
 After --seconds (the first --settle-s are not measured) the jobs are paused and the runs
 get --drain-s to finish. Over the window it reports the firings due, how many started,
 how many reached a final state (by the end of the drain), the start lateness of first
@@ -62,7 +62,6 @@ from tests.support.nodes import CronlogProcess, EventReader, Node, WorkerProc, s
 COMMAND = ["sh", "-c", "echo run $CRONLOG_RUN_ID"]
 WORKER_CPUS = (4, 2, 1)
 WORKER_MEMORY_MB = 1_000_000
-HEARTBEAT_S = 3.0
 RESTART_AFTER_S = 5.0
 
 
@@ -164,7 +163,6 @@ def cluster(name: str, executor: str, logs: Path | None) -> Iterator[Cluster]:
                 logdir,
                 cpu=cpu,
                 memory_mb=WORKER_MEMORY_MB,
-                heartbeat_s=HEARTBEAT_S,
             )
             for cpu in WORKER_CPUS
         ]

@@ -51,7 +51,7 @@ def main() -> None:
         logs = Path(tmp)
         node = Node(settings, "sus-node", logs).start()
         workers = [
-            WorkerProc(settings, f"sw{i}", logs, cpu=100_000, memory_mb=10**8, heartbeat_s=3.0)
+            WorkerProc(settings, f"sw{i}", logs, cpu=100_000, memory_mb=10**8)
             for i in range(args.workers)
         ]
         for worker in workers:

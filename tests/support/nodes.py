@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer
 
 from schemas.codec import RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
+from streams.core.timing import TIMING
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from tests.support.secure import role_env
@@ -210,7 +211,7 @@ class WorkerProc(CronlogProcess):
         memory_mb: int = 512,
         gpu: int = 0,
         labels: tuple[str, ...] = (),
-        heartbeat_s: float = 1.0,
+        heartbeat_s: float = TIMING.heartbeat_s,
         extra_env: dict[str, str] | None = None,
     ):
         args = [

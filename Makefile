@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics run test test-secure lint format bench bench-full chaos clean
+.PHONY: help venv stack topics nettools run test test-secure lint format bench bench-full chaos clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
@@ -29,6 +29,15 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# The network-fault tests (tests/support/netns.py) run processes in network namespaces
+# of their own: root, iproute2 and, for one-way loss, nftables (Debian's package).
+nettools:
+	@if [ "$$(id -u)" = 0 ] && ! command -v nft >/dev/null; then \
+		apt-get install -y -qq nftables >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nftables >/dev/null 2>&1; } || \
+		echo "nftables could not be installed: the one-way network faults of make chaos will fail"; \
+	fi
 
 stack: venv
 	$(BIN)/cronlog stack up
@@ -50,7 +59,7 @@ TIMED_UNIT := tests/unit/test_clock.py tests/unit/test_compose_file.py \
 	tests/unit/test_liveness.py tests/unit/test_systemd_units.py
 PURE_UNIT := $(filter-out $(TIMED_UNIT),$(sort $(wildcard tests/unit/test_*.py)))
 
-test: topics
+test: topics nettools
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p .state; \
 	nice -n 19 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_UNIT) \
@@ -121,9 +130,10 @@ bench-full: topics
 # the catch-up in bounded transactions without a failure, and the audit must be clean.
 # Then 10 minutes of random faults (brokers, nodes, ledgers, workers, the projector) on a
 # private three-broker cluster: no duplicate, no missed firing, every run final.
-chaos: topics
+chaos: topics nettools
 	CRONLOG_LONG_TESTS=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \
-		tests/integration/test_broker_outage.py tests/integration/test_cluster_failover.py
+		tests/integration/test_broker_outage.py tests/integration/test_cluster_failover.py \
+		tests/integration/test_production_faults.py tests/integration/test_network_faults.py
 	$(BIN)/python -m bench.outage --jobs 2000 --outage-s 1200
 	$(BIN)/python -m bench.chaos --duration-s 600
 

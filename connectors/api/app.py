@@ -337,7 +337,7 @@ def create_app(
 
     @app.post("/workers/{worker_id}/heartbeat", tags=["workers"], openapi_extra=heartbeat_body)
     async def heartbeat(worker_id: str, request: Request, who: Caller) -> dict[str, Any]:
-        """Say the worker is alive (at least every 3 s) and collect its messages.
+        """Say the worker is alive (every second, at least every 2 s) and collect its messages.
 
         The answer has `assignments` (claim them with `/runs/{id}/ack`, sending back
         the assignment's `attempt` and `placement`; send `placement` with the started,

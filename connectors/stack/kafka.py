@@ -101,9 +101,11 @@ class KafkaNode:
         port: int,
         controller_port: int,
         client: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
     ):
         self.node_id = node_id
         self.dir = directory
+        self.host = host  # where clients reach it (its controller stays on loopback)
         self.port = port
         self.controller_port = controller_port
         self.client = client or {}  # how an admin client reaches it (TLS and SASL)
@@ -113,7 +115,7 @@ class KafkaNode:
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def pid(self) -> int | None:
         """The pid of the broker this state folder started, if it still runs."""
@@ -127,7 +129,7 @@ class KafkaNode:
 
     def answers(self, timeout_s: float, brokers: int) -> bool:
         """This node serves metadata that lists the whole cluster."""
-        if not port_open(self.port):
+        if not port_open(self.port, self.host):
             return False
         try:
             admin = AdminClient(
@@ -148,8 +150,11 @@ class KafkaStack:
         brokers: int | None = None,
         node_ports: Sequence[tuple[int, int]] | None = None,
         secure: bool = False,
+        host: str = "127.0.0.1",
     ):
         """``brokers``: None means what the state folder holds (one if it is new).
+        ``host``: the address clients reach the brokers on (tests of network faults
+        give one end of a veth pair, reachable from the namespace at its other end).
         ``node_ports``: explicit (client, controller) ports per node (tests use free
         ports); otherwise the +2 scheme from ``port`` and ``controller_port``.
         ``secure``: the SASL_SSL broker with ACLs (connectors/stack/secure.py), in a
@@ -178,10 +183,10 @@ class KafkaStack:
                 "give the two ports different parities (e.g. 9092 and 9093)"
             )
         if count == 1:  # the historical one-broker layout, kept for existing state folders
-            self.nodes = [KafkaNode(1, self.dir, *node_ports[0], client)]
+            self.nodes = [KafkaNode(1, self.dir, *node_ports[0], client, host)]
         else:
             self.nodes = [
-                KafkaNode(i + 1, self.dir / f"node-{i + 1}", *ports, client)
+                KafkaNode(i + 1, self.dir / f"node-{i + 1}", *ports, client, host)
                 for i, ports in enumerate(node_ports)
             ]
         self.replication, self.min_isr = replication_for(count)
@@ -309,8 +314,8 @@ class KafkaStack:
         for node in self.nodes:
             if node.pid() is not None:
                 continue
-            for port in (node.port, node.controller_port):
-                if port_open(port):
+            for host, port in ((node.host, node.port), ("127.0.0.1", node.controller_port)):
+                if port_open(port, host):
                     raise StackError(
                         f"port {port} is taken by another process, so the local Kafka cannot "
                         "start. Stop that process (another cronlog checkout: `cronlog stack "
@@ -377,9 +382,9 @@ class KafkaStack:
         else:
             listeners = "\n".join(
                 [
-                    f"listeners=PLAINTEXT://127.0.0.1:{node.port},"
+                    f"listeners=PLAINTEXT://{node.host}:{node.port},"
                     f"CONTROLLER://127.0.0.1:{node.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
+                    f"advertised.listeners=PLAINTEXT://{node.host}:{node.port}",
                     "controller.listener.names=CONTROLLER",
                     "inter.broker.listener.name=PLAINTEXT",
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",

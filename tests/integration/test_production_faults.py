@@ -35,6 +35,7 @@ from tests.support.cluster import PrivateCluster, private_cluster
 from tests.support.firings import (
     assert_audit_clean,
     check_firings,
+    latest_starts,
     settled,
     start_lateness,
 )
@@ -139,6 +140,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
     print(f"calm: {start_lateness(events, broker_ms - 12_000, broker_ms - 2_000)}")
     print(f"broker killed for good: {start_lateness(events, broker_ms, worker_ms)}")
     print(f"worker lost for good: {start_lateness(events, worker_ms, worker_ms + 25_000)}")
+    print(f"latest after the broker's death: {latest_starts(events, broker_ms, worker_ms)}")
     assert all(alive.values()), f"a process died on its own: {alive}"
 
     short_verdict = check_firings(events, short, SHORT_EVERY_S * 1000, require_success=False)

@@ -39,13 +39,14 @@ def free_ports(count: int) -> list[int]:
 
 
 class PrivateCluster:
-    def __init__(self, state: Path, brokers: int = BROKERS):
+    def __init__(self, state: Path, brokers: int = BROKERS, host: str = "127.0.0.1"):
         shared = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))
         ports = free_ports(2 * brokers)
         self.kafka = KafkaStack(
             StackPaths(state, libs=shared.kafka_libs),
             brokers=brokers,
             node_ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)],
+            host=host,
         )
 
     @property
@@ -148,8 +149,12 @@ class PrivateCluster:
 
 
 @contextmanager
-def private_cluster(tmp: Path, brokers: int = BROKERS) -> Iterator[PrivateCluster]:
-    cluster = PrivateCluster(tmp / "cluster", brokers)
+def private_cluster(
+    tmp: Path, brokers: int = BROKERS, host: str = "127.0.0.1"
+) -> Iterator[PrivateCluster]:
+    """``host``: the address the brokers serve clients on (a veth end, for tests that
+    put processes in network namespaces: tests/support/netns.py)."""
+    cluster = PrivateCluster(tmp / "cluster", brokers, host)
     try:
         cluster.up()
         yield cluster

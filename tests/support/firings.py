@@ -128,10 +128,9 @@ class Lateness:
         )
 
 
-def start_lateness(events: EventReader, from_ms: int, to_ms: int) -> Lateness:
-    """Start lateness of the scheduled runs' first attempts due in [from_ms, to_ms):
-    the broker's time of `running` minus the scheduled time. Runs that never started
-    are counted apart (the checks say why)."""
+def _starts(events: EventReader, from_ms: int, to_ms: int) -> tuple[dict[str, float], int]:
+    """(run id -> start lateness in s, how many never started) of the scheduled runs'
+    first attempts due in [from_ms, to_ms)."""
     first: dict[str, RunEvent] = {}
     started: dict[str, int] = {}
     for event, _ in events.run_events():
@@ -140,12 +139,29 @@ def start_lateness(events: EventReader, from_ms: int, to_ms: int) -> Lateness:
         first.setdefault(event.run_id, event)
         if event.state == "running" and event.attempt == 1:
             started.setdefault(event.run_id, event.at_ms)
-    late = sorted(
-        (started[run_id] - e.scheduled_ms) / 1000
+    late = {
+        run_id: (started[run_id] - e.scheduled_ms) / 1000
         for run_id, e in first.items()
         if run_id in started
-    )
-    missing = len(first) - len(late)
+    }
+    return late, len(first) - len(late)
+
+
+def latest_starts(
+    events: EventReader, from_ms: int, to_ms: int, count: int = 5
+) -> list[tuple[float, str]]:
+    """The `count` latest starts (lateness in s, run id) among runs due in the window:
+    which runs a p99 is made of."""
+    late, _ = _starts(events, from_ms, to_ms)
+    return sorted(((s, r) for r, s in late.items()), reverse=True)[:count]
+
+
+def start_lateness(events: EventReader, from_ms: int, to_ms: int) -> Lateness:
+    """Start lateness of the scheduled runs' first attempts due in [from_ms, to_ms):
+    the broker's time of `running` minus the scheduled time. Runs that never started
+    are counted apart (the checks say why)."""
+    by_run, missing = _starts(events, from_ms, to_ms)
+    late = sorted(by_run.values())
     if not late:
         return Lateness(0, missing, float("nan"), float("nan"), float("nan"))
     return Lateness(

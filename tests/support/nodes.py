@@ -47,11 +47,14 @@ class CronlogProcess:
         logdir: Path,
         args: list[str],
         extra_env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ):
+        """``prefix``: what runs the command (`ip netns exec NS`: another host)."""
         self.settings = settings
         self.name = name
         self.log = logdir / f"{name}.log"
-        self.argv = [sys.executable, "-m", "connectors.cli", *args]
+        self.args = args
+        self.argv = [*prefix, sys.executable, "-m", "connectors.cli", *args]
         self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -62,7 +65,7 @@ class CronlogProcess:
                 cwd=ROOT,
                 env={
                     **env_for(self.settings),
-                    **role_env(self.argv[3:], self.settings),
+                    **role_env(self.args, self.settings),
                     **self.extra_env,
                 },
                 stdout=out,
@@ -107,6 +110,7 @@ class Node(CronlogProcess):
         logdir: Path,
         extra_env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
     ):
         super().__init__(
             settings,
@@ -114,6 +118,7 @@ class Node(CronlogProcess):
             logdir,
             ["scheduler", "--node-id", name, "--loglevel", "warning", *args],
             extra_env,
+            prefix,
         )
 
 
@@ -213,6 +218,7 @@ class WorkerProc(CronlogProcess):
         labels: tuple[str, ...] = (),
         heartbeat_s: float = TIMING.heartbeat_s,
         extra_env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ):
         args = [
             "worker",
@@ -236,6 +242,7 @@ class WorkerProc(CronlogProcess):
             logdir,
             args,
             {"CRONLOG_STATE_DIR": str(logdir / "state"), **(extra_env or {})},
+            prefix,
         )
         self.worker_id = worker_id
 

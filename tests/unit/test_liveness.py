@@ -16,19 +16,20 @@ HEARTBEAT_S = TIMING.heartbeat_s
 
 
 def test_the_thresholds() -> None:
-    assert LIVENESS.dead_after_s == 10.0
+    assert LIVENESS.dead_after_s == 11.0
     assert LIVENESS.suspect_after_s == 4.0
     assert not LIVENESS.suspected(100.0, 104.0)
     assert LIVENESS.suspected(100.0, 104.1)
-    assert not LIVENESS.dead(100.0, 0.0, 110.0)
-    assert LIVENESS.dead(100.0, 0.0, 110.1)
+    assert not LIVENESS.dead(100.0, 0.0, 111.0)
+    assert LIVENESS.dead(100.0, 0.0, 111.1)
 
 
 def test_no_verdict_before_dead_after_of_reading() -> None:
     """A dispatcher that started (or restarted) reading at 1000 judges nobody before
-    1010, even a worker whose last beat it received long before (a re-read)."""
-    assert not LIVENESS.dead(received_s=500.0, reading_since_s=1000.0, now_s=1009.9)
-    assert LIVENESS.dead(received_s=500.0, reading_since_s=1000.0, now_s=1010.1)
+    1000 + dead_after, even a worker whose last beat it received long before (a re-read)."""
+    d = LIVENESS.dead_after_s
+    assert not LIVENESS.dead(received_s=500.0, reading_since_s=1000.0, now_s=1000 + d - 0.1)
+    assert LIVENESS.dead(received_s=500.0, reading_since_s=1000.0, now_s=1000 + d + 0.1)
 
 
 def _simulate(

@@ -35,7 +35,7 @@ def test_every_inequality_holds_with_its_margin(check: Check) -> None:
 @pytest.mark.parametrize(
     ("change", "broken"),
     [
-        ({"lease_s": 5.0}, "lease outlives a broker failover"),
+        ({"lease_s": 6.0}, "lease outlives a broker failover"),
         ({"broker_session_s": 6.0}, "lease outlives a broker failover"),
         ({"dead_after_s": 8.0}, "the verdict follows the lease"),
         ({"heartbeat_s": 3.0}, "every moment is covered by a beat's window"),
@@ -98,3 +98,5 @@ def test_the_local_brokers_fence_a_dead_broker_within_the_budget() -> None:
 
     assert setting("broker.session.timeout.ms") == TIMING.broker_session_s
     assert setting("broker.heartbeat.interval.ms") == TIMING.broker_heartbeat_s
+    assert setting("controller.quorum.fetch.timeout.ms") == TIMING.quorum_fetch_timeout_s
+    assert setting("controller.quorum.election.timeout.ms") == TIMING.quorum_election_timeout_s

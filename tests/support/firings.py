@@ -128,16 +128,19 @@ class Lateness:
         )
 
 
-def _starts(events: EventReader, from_ms: int, to_ms: int) -> tuple[dict[str, float], int]:
+def _starts(
+    events: EventReader, from_ms: int, to_ms: int, any_attempt: bool = False
+) -> tuple[dict[str, float], int]:
     """(run id -> start lateness in s, how many never started) of the scheduled runs'
-    first attempts due in [from_ms, to_ms)."""
+    first attempts due in [from_ms, to_ms) (`any_attempt`: the first start of any of
+    the run's attempts, a retry's if the first attempt never ran)."""
     first: dict[str, RunEvent] = {}
     started: dict[str, int] = {}
     for event, _ in events.run_events():
         if event.trigger == "manual" or not from_ms <= event.scheduled_ms < to_ms:
             continue
         first.setdefault(event.run_id, event)
-        if event.state == "running" and event.attempt == 1:
+        if event.state == "running" and (any_attempt or event.attempt == 1):
             started.setdefault(event.run_id, event.at_ms)
     late = {
         run_id: (started[run_id] - e.scheduled_ms) / 1000
@@ -156,11 +159,14 @@ def latest_starts(
     return sorted(((s, r) for r, s in late.items()), reverse=True)[:count]
 
 
-def start_lateness(events: EventReader, from_ms: int, to_ms: int) -> Lateness:
+def start_lateness(
+    events: EventReader, from_ms: int, to_ms: int, any_attempt: bool = False
+) -> Lateness:
     """Start lateness of the scheduled runs' first attempts due in [from_ms, to_ms):
-    the broker's time of `running` minus the scheduled time. Runs that never started
-    are counted apart (the checks say why)."""
-    by_run, missing = _starts(events, from_ms, to_ms)
+    the broker's time of `running` minus the scheduled time (`any_attempt`: of the
+    run's first start, a retry's when its first attempt never ran). Runs that never
+    started are counted apart (the checks say why)."""
+    by_run, missing = _starts(events, from_ms, to_ms, any_attempt)
     late = sorted(by_run.values())
     if not late:
         return Lateness(0, missing, float("nan"), float("nan"), float("nan"))

@@ -48,14 +48,19 @@ AFTER_S = 12  # watched after each fault heals
 class World:
     settings: Settings
     logs: Path
-    ns: Namespace
+    ns: Namespace  # the far worker's host
+    node_ns: Namespace  # a second scheduler node's host (the long version)
     marks: Path
     faults: list[tuple[str, int, int]] = field(default_factory=list)  # what, from, to (ms)
 
 
 @pytest.fixture
 def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
-    with namespace("cronlog-nf", 7) as ns, private_cluster(tmp_path, 1, ns.host_ip) as cluster:
+    with (
+        namespace("cronlog-nf", 7) as ns,
+        namespace("cronlog-nf-node", 8) as node_ns,
+        private_cluster(tmp_path, 1, ns.host_ip) as cluster,
+    ):
         private = Settings(
             kafka=cluster.bootstrap,
             database_url=settings.database_url,
@@ -67,7 +72,7 @@ def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
         logs.mkdir()
         marks = tmp_path / "marks"
         marks.mkdir(mode=0o777)
-        yield World(private, logs, ns, marks)
+        yield World(private, logs, ns, node_ns, marks)
 
 
 def _command(marks: Path, sleep_s: int) -> list[str]:
@@ -138,6 +143,7 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
     far = WorkerProc(s, "nf-far", world.logs, cpu=16, prefix=ns.prefix).start()
     near = WorkerProc(s, "nf-near", world.logs, cpu=16)
     events = EventReader(s, "network-faults-check")
+    others: list[Node] = []
     short = [f"nf-s{i}" for i in range(SHORT)]
     long = [f"nf-l{i}" for i in range(LONG)]
     jobs = short + long
@@ -182,7 +188,25 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
             events.poll_for(AFTER_S)
             _flap(world, ns, 30)
             events.poll_for(AFTER_S)
-        alive = {p.name: p.alive for p in (node, far, near)}
+            # A second node on a host of its own, cut off once it holds partitions: it
+            # stops deciding (its transactions are fenced) before the other takes over.
+            far_node = Node(s, "nf-n2", world.logs, prefix=world.node_ns.prefix).start()
+            others.append(far_node)
+            events.poll_for(20)
+            _fault(world, "a scheduler node cut off", world.node_ns.cut, world.node_ns.heal, CUT_S)
+            events.poll_for(AFTER_S)
+            # The far worker cut off, then lost for good while cut off.
+            began = int(time.time() * 1000)
+            ns.cut()
+            time.sleep(3)
+            far.kill()
+            events.poll_for(CUT_S)
+            ns.heal()
+            world.faults.append(("worker cut off, then killed", began, int(time.time() * 1000)))
+            events.poll_for(AFTER_S)
+        alive = {p.name: p.alive for p in (node, near, *others)}
+        if not LONG_TESTS:
+            alive[far.name] = far.alive
         send_commands(s, [{"type": "job.pause", "job_id": j} for j in jobs])
         events.wait_until(
             lambda: {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(jobs),
@@ -193,7 +217,7 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
         events.poll_for(2)
     finally:
         events.close()
-        for proc in (node, far, near):
+        for proc in (node, far, near, *others):
             proc.stop()
 
     for what, began, ended in world.faults:

@@ -62,6 +62,9 @@ class Namespace:
         self.inside("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_end)
         self.inside("ip", "link", "set", self.ns_end, "up")
         self.inside("ip", "link", "set", "lo", "up")
+        # Everything else (another namespace's broker address, on the root namespace)
+        # through the root end.
+        self.inside("ip", "route", "add", "default", "via", self.host_ip)
 
     def inside(self, *argv: str) -> None:
         subprocess.run([*self.prefix, *argv], check=True, capture_output=True, timeout=10)

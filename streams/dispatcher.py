@@ -128,6 +128,8 @@ _NEVER_FITS = metrics.PLACEMENTS.labels("never_fits")
 REFUSAL_MARGIN_S = 1.0
 # How often the handled dispatch offsets are committed.
 COMMIT_EVERY_S = 1.0
+# While the broker cannot say where heartbeat partitions end, say so this often.
+UNANSWERED_LOG_S = 10.0
 Key = tuple[str, int]
 
 
@@ -251,6 +253,7 @@ class Dispatcher:
         self._drained_s = self.started  # the start of the last heartbeat read pass
         self._fetched_after_s = self.started  # beats read in this pass arrived after it
         self._committed_at = self.started
+        self._unanswered_logged = -UNANSWERED_LOG_S  # the broker's silence, said this often
         self._stop = threading.Event()
         self.dispatch_topic = settings.topic("dispatch")
         self.heartbeats_topic = settings.topic("heartbeats")
@@ -731,6 +734,13 @@ class Dispatcher:
                 ends = self._ends({self.workers[w].mark.partition for w in silent})
                 if ends is not None:
                     self._check = (now_s, ends, silent)
+                else:
+                    # The broker does not answer this dispatcher: what it did not read
+                    # meanwhile may hold beats, so nobody is judged until a full
+                    # dead_after of reading after it answers again (the workers beat
+                    # within a second of its return, and are not declared dead for an
+                    # outage of the broker's).
+                    self.reading_since = now_s
             return
         asked_s, ends, silent = self._check
         if not self._read_to(ends):
@@ -778,7 +788,14 @@ class Dispatcher:
                 for p in partitions
             }
         except KafkaException as exc:
-            log.warning("cannot tell whether every heartbeat was read (%s): no verdict", exc)
+            if self.clock.monotonic() - self._unanswered_logged >= UNANSWERED_LOG_S:
+                self._unanswered_logged = self.clock.monotonic()
+                log.warning(
+                    "cannot tell whether every heartbeat was read (%s): no verdict until "
+                    "the broker answers and %.0f s of beats were read",
+                    exc,
+                    self.liveness.dead_after_s,
+                )
             return None
 
     def _read_to(self, ends: dict[int, int]) -> bool:

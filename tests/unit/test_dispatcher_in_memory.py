@@ -6,6 +6,7 @@ declares the attempt it held lost, not a moment before its verdict time."""
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from schemas.codec import HEARTBEAT, JOB_LOG, WORKER_INBOX
 from schemas.records import (
@@ -194,3 +195,61 @@ def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
     assert [(v.worker_id, v.run_id) for v in lost] == [(silent, first.run_id)]
     # The lease ended by the broker's time of the last beat read plus lease and margin.
     assert lost[0].lease_ended_ms == last_beat_ms[silent] + CONFIG.lease_bound_ms
+
+
+def test_no_worker_is_declared_dead_for_the_brokers_own_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the broker cannot say where the heartbeat partitions end, no beat can be
+    read either: a worker silent through the outage that beats again within a second of
+    its end is not declared dead, though it was silent far longer than dead_after."""
+    clock = ManualClock()
+    log = MemoryLog(clock)
+    log.create_catalogue(SETTINGS)
+    clients = MemoryClients(log)
+    outside = clients.producer(producer_config(SETTINGS))
+    down = [False]
+
+    def broker(call: str, client: object) -> None:
+        if down[0] and call == "get_watermark_offsets":
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    log.faults.append(broker)
+
+    def beat() -> None:
+        capacity = WorkerCapacity(4.0, 4096, 0)
+        record = Heartbeat("w1", int(clock.time() * 1000), capacity, capacity, (), ())
+        outside.produce(SETTINGS.topic("heartbeats"), key=b"w1", value=HEARTBEAT.encode(record))
+
+    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
+    assert dispatcher.open()
+    started = clock.monotonic()
+    while clock.monotonic() - started < 2 * CONFIG.dead_after_s:  # beating, reading
+        beat()
+        dispatcher.step()
+        clock.advance(TIMING.heartbeat_s)
+    down[0] = True
+    outage = clock.monotonic()
+    while clock.monotonic() - outage < 3 * CONFIG.dead_after_s:  # the broker is down
+        dispatcher.step()
+        clock.advance(0.1)
+    down[0] = False
+    back = clock.monotonic()
+    while clock.monotonic() - back < 2 * CONFIG.dead_after_s:  # beats a second after
+        if clock.monotonic() - back >= TIMING.heartbeat_s:
+            beat()
+        dispatcher.step()
+        clock.advance(0.1)
+    verdicts = [
+        r
+        for r in (JOB_LOG.decode(m.value() or b"") for m in log.records(SETTINGS.topic("job-log")))
+        if isinstance(r, WorkerLost)
+    ]
+    assert dispatcher.declared_dead == 0
+    assert verdicts == []
+    # Silent with the broker up, the same worker is declared dead as before.
+    silent = clock.monotonic()
+    while clock.monotonic() - silent < 2 * CONFIG.dead_after_s and not dispatcher.declared_dead:
+        dispatcher.step()
+        clock.advance(0.1)
+    assert dispatcher.declared_dead == 1

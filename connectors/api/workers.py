@@ -32,7 +32,7 @@ The HTTP worker is responsible for what the native worker does itself: not start
 before its claim is granted, killing its process on a stop order, handling every message
 in seq order and a repeated one harmlessly, and heartbeating every second, at least
 every 2 s (the timing budget, streams/core/timing.py: silent for 4 s it is suspected
-and its unclaimed assignments are placed elsewhere, for 10 s it is declared dead).
+and its unclaimed assignments are placed elsewhere, for 11 s it is declared dead).
 """
 
 from __future__ import annotations

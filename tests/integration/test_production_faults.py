@@ -8,7 +8,9 @@ and short ones every 2 s (non-idempotent, one attempt: any loss would fail them)
 1. kill -9 of the broker leading the workers' heartbeat partitions, not restarted (its
    death holds every acks=all heartbeat until it leaves the in-sync sets: the timing
    budget, streams/core/timing.py, makes the workers' leases outlive that);
-2. kill -9 of a worker, not restarted.
+2. kill -9 of a worker, not restarted;
+3. (the long version, `make chaos`) the dead broker replaced, then the busiest leader
+   paused (SIGSTOP) for 20 s, which is slower to detect than a crash.
 
 What the user sees is checked: no job killed by the broker's death (no run `fenced` or
 failed at all but the lost worker's), every firing once, every run final, the audit
@@ -20,6 +22,8 @@ budget"); speed is measured, not asserted.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +43,7 @@ from tests.support.firings import (
     settled,
     start_lateness,
 )
+from tests.support.long import LONG_TESTS
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
 pytestmark = pytest.mark.integration
@@ -78,6 +83,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
     world: World,
 ) -> None:
     s, cluster = world.settings, world.cluster
+    prefix = s.topic_prefix
     nodes = [Node(s, f"pf-n{i}", world.logs).start() for i in (1, 2)]
     workers = [WorkerProc(s, f"pf-w{i}", world.logs, cpu=16).start() for i in (1, 2, 3)]
     events = EventReader(s, "production-faults-check")
@@ -123,6 +129,24 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
         print(f"killing worker {lost.worker_id} for good")
         lost.kill()
         events.poll_for(WATCH_S)
+        faults = [("broker killed for good", broker_ms), ("worker lost for good", worker_ms)]
+
+        if LONG_TESTS:
+            # 3. the dead broker's machine is replaced (it comes back in sync), then the
+            # busiest leader is paused for 20 s: slower to detect than a crash.
+            cluster.start(broker)
+            print(f"broker {broker} back in sync after {cluster.wait_in_sync(prefix):.1f} s")
+            events.poll_for(10)
+            paused = cluster.busiest_leader(prefix)
+            pid = cluster.pid(paused)
+            assert pid is not None
+            faults.append((f"broker {paused} paused 20 s", int(time.time() * 1000)))
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                events.poll_for(20)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            events.poll_for(WATCH_S)
 
         alive = {p.name: p.alive for p in (*nodes, *workers[1:])}
         send_commands(s, [{"type": "job.pause", "job_id": j} for j in short + long])
@@ -142,8 +166,10 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
 
     print(f"calm: {start_lateness(events, broker_ms - 10_000, broker_ms)}")
     print(f"latest in the calm: {latest_starts(events, broker_ms - 10_000, broker_ms, 3)}")
-    print(f"broker killed for good: {start_lateness(events, broker_ms, worker_ms)}")
-    print(f"worker lost for good: {start_lateness(events, worker_ms, worker_ms + 25_000)}")
+    for (what, at_ms), (_, next_ms) in zip(
+        faults, [*faults[1:], ("end", faults[-1][1] + 25_000)], strict=True
+    ):
+        print(f"{what}: {start_lateness(events, at_ms, next_ms)}")
     latest = latest_starts(events, broker_ms, worker_ms)
     print(f"latest after the broker's death: {latest}")
     assert all(alive.values()), f"a process died on its own: {alive}"

@@ -687,6 +687,13 @@ class MemoryProducer:
         self.poll(0)
         return 0
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Drop what is not delivered yet: each delivery report says it was purged."""
+        self._check("purge")
+        purged, self.pending = self.pending, []
+        for report, message in purged:
+            report(KafkaError(KafkaError._PURGE_QUEUE), message)
+
     def __len__(self) -> int:
         return len(self.pending)
 

@@ -11,6 +11,14 @@ The acknowledgement also tells the time: `heartbeats` has LogAppendTime, so the 
 report carries the broker's append time, a sample for the worker's broker clock
 (streams/core/clock.py), by which the worker starts its runs.
 
+A beat left unacknowledged twice in a row makes the thread replace its producer: librdkafka
+keeps retrying a request on the broker it sent it to for as long as that broker's
+connection stays open, and a paused broker (SIGSTOP, a hung machine) keeps it open while
+the cluster has long moved its partitions elsewhere; a new producer asks for the
+metadata afresh and finds the new leader. The old one is purged and destroyed on a
+thread of its own (its destruction can wait on that broker). A beat it had sent may
+still be appended when that broker wakes: an old beat read late only delays a verdict.
+
 It never waits for the main loop, which may be busy for seconds under a saturated CPU: it
 sends the view the main loop last published. A beat that waited would renew the lease
 late and fence runs that are about to start. But a main loop stuck for much longer
@@ -39,6 +47,7 @@ from streams.core.placement import Capacity
 
 log = logging.getLogger("cronlog.worker")
 UNACKED_LOG_S = 10.0  # while Kafka is unreachable, say so this often
+REPLACE_AFTER = 2  # unacknowledged beats in a row after which the producer is replaced
 
 View = tuple[Capacity, tuple[tuple[str, int], ...]]
 
@@ -61,8 +70,12 @@ class Heartbeat:
         loop_alive: Callable[[], bool] = lambda: True,
         observe: Callable[[int], None] | None = None,
         now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        new_producer: Callable[[], Producer] | None = None,
     ) -> None:
         self.producer = producer
+        self.new_producer = new_producer  # None: never replaced (tests of one producer)
+        self.missed = 0  # beats unacknowledged in a row
+        self.replaced = 0
         self.topic = topic
         self.worker_id = worker_id
         self.capacity = capacity
@@ -134,9 +147,36 @@ class Heartbeat:
         if delivered and delivered[0]:
             write_atomic(self.lease_file(), lease_text(started + self.lease_s))
             self.acknowledged += 1
+            self.missed = 0
             return True
         self._unacknowledged(started, delivered[0] if delivered else None)
+        self.missed += 1
+        if self.missed >= REPLACE_AFTER and self.new_producer is not None:
+            self._replace_producer()
         return False
+
+    def _replace_producer(self) -> None:
+        """A fresh producer, with fresh metadata; the old one purged and dropped on a
+        thread of its own."""
+        old, self.producer = self.producer, self.new_producer()  # type: ignore[misc]
+        self.missed = 0
+        self.replaced += 1
+        log.log(
+            logging.WARNING if self.replaced == 1 else logging.INFO,
+            "heartbeats unacknowledged %d times in a row: a new producer asks where the "
+            "heartbeat partition is led now (%d replaced so far)",
+            REPLACE_AFTER,
+            self.replaced,
+        )
+
+        def dispose() -> None:
+            try:
+                old.purge()
+                old.flush(0)
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("disposing of a replaced heartbeat producer: %s", exc)
+
+        threading.Thread(target=dispose, name="heartbeat-producer-dispose", daemon=True).start()
 
     def _unacknowledged(self, started: float, delivered: bool | None) -> None:
         """Say that the worker waits for Kafka: at the first beat left unacknowledged,

@@ -293,10 +293,14 @@ class Worker:
         self.executor = self._new_executor()
         self.housekeeping.run(at_start=True)
         self._publish()
-        heartbeat = Heartbeat(
-            self.clients.producer(
+
+        def beat_producer() -> Any:
+            return self.clients.producer(
                 producer_config(self.settings, **HEARTBEAT_PRODUCER, **RECONNECT)
-            ),
+            )
+
+        heartbeat = Heartbeat(
+            beat_producer(),
             self.topics["heartbeats"],
             self.config.worker_id,
             self.config.capacity,
@@ -310,6 +314,7 @@ class Worker:
             loop_alive=lambda: self.clock.monotonic() - self.loop_seen < LOOP_STUCK_S,
             observe=self._observe,
             now_ms=self._now_ms,
+            new_producer=beat_producer,
         )
         threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
         consumer = self.clients.consumer(

@@ -49,3 +49,47 @@ def test_a_refused_beat_renews_no_lease_and_the_next_one_goes_out(tmp_path: Path
     assert beat.beat() is True  # the thread goes on; this one is acknowledged
     assert lease.exists()
     assert len(log.records(SETTINGS.topic("heartbeats"))) == 1
+
+
+def test_a_producer_whose_beats_go_unacknowledged_is_replaced(tmp_path: Path) -> None:
+    """Two beats in a row unacknowledged (a paused broker keeps the producer's requests
+    on it): the thread takes a new producer, whose beat is acknowledged and renews the
+    lease; the old one is purged."""
+    log = MemoryLog(ManualClock())
+    log.create_catalogue(SETTINGS)
+    clients = MemoryClients(log)
+    made: list[object] = []
+
+    def new_producer() -> object:
+        made.append(clients.producer(producer_config(SETTINGS, **HEARTBEAT_PRODUCER)))
+        return made[-1]
+
+    def stuck(call: str, client: object) -> None:
+        if call == "produce" and client is made[0]:
+            raise BufferError("the first producer's queue never drains")
+
+    log.faults.append(stuck)
+    lease = tmp_path / "lease"
+    beat = Heartbeat(
+        new_producer(),  # type: ignore[arg-type]
+        SETTINGS.topic("heartbeats"),
+        "w1",
+        Capacity(1, 100, 0),
+        (),
+        heartbeat_s=1.0,
+        ack_window_s=2.0,
+        lease_s=8.0,
+        view=lambda: (Capacity(1, 100, 0), ()),
+        lease_file=lambda: lease,
+        stop=threading.Event(),
+        new_producer=new_producer,  # type: ignore[arg-type]
+    )
+    assert beat.beat() is False
+    assert len(made) == 1  # one miss is not enough
+    assert beat.beat() is False
+    assert len(made) == 2
+    assert beat.producer is made[1]
+    assert beat.replaced == 1
+    assert beat.beat() is True  # the new producer's beat is acknowledged
+    assert lease.exists()
+    assert len(log.records(SETTINGS.topic("heartbeats"))) == 1

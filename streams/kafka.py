@@ -64,7 +64,15 @@ def connection_config(settings: Settings) -> dict[str, Any]:
     TLS, SASL): the base of every client cronlog builds. Every producer, consumer and
     admin client is built from this module's functions (a unit test checks), so one
     file configures them all."""
-    return {"bootstrap.servers": settings.kafka, **dict(settings.kafka_config)}
+    return {
+        "bootstrap.servers": settings.kafka,
+        # A request a broker does not answer (paused, hung: its connection stays open)
+        # times out after this long, and librdkafka then drops the connection and asks
+        # for the metadata again, finding the partitions' new leaders; its default, 60 s,
+        # held every client on a broker paused for 20 s (the timing budget).
+        "socket.timeout.ms": int(TIMING.request_timeout_s * 1000),
+        **dict(settings.kafka_config),
+    }
 
 
 def admin_config(settings: Settings, **extra: Any) -> dict[str, Any]:
@@ -82,6 +90,7 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
         "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "lz4",
+        "request.timeout.ms": int(TIMING.request_timeout_s * 1000),
         **kafka_log_settings(),
         **extra,
     }

@@ -98,7 +98,14 @@ MAX_HELD = HEARTBEAT_MAX_BYTES // 160
 
 # The heartbeat thread's producer: unlingered, and allowed a beat as large as the
 # heartbeats topic takes (`MAX_HELD` attempts listed).
-HEARTBEAT_PRODUCER: dict[str, Any] = {"linger.ms": 0, "message.max.bytes": HEARTBEAT_MAX_BYTES}
+# A beat counts only if acknowledged within the ack window: a request a broker does not
+# answer (paused) is given up, and its connection dropped, after that long.
+HEARTBEAT_PRODUCER: dict[str, Any] = {
+    "linger.ms": 0,
+    "message.max.bytes": HEARTBEAT_MAX_BYTES,
+    "socket.timeout.ms": int(TIMING.ack_window_s * 1000),
+    "request.timeout.ms": int(TIMING.ack_window_s * 1000),
+}
 
 
 INBOX_ASK_S = 10.0  # one try at finding or making the private inbox (retried while down)

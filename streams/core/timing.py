@@ -63,6 +63,10 @@ class Timing:
     quorum_fetch_timeout_s: float = 1.0
     quorum_election_timeout_s: float = 1.0
     metadata_refresh_s: float = 1.0
+    # Every client gives up a request a broker does not answer after this long (and
+    # drops the connection, then finds the new leaders); the worker's heartbeats after
+    # the ack window.
+    request_timeout_s: float = 6.0
     # Consumer groups (every loop) and transactions (the ledger).
     consumer_session_s: float = 6.0
     consumer_heartbeat_s: float = 1.5
@@ -155,6 +159,13 @@ class Timing:
                 self.broker_session_s,
                 0.5,
                 "four broker heartbeats to the controller fit in its session",
+            ),
+            Check(
+                "a slow broker is not dropped",
+                self.broker_session_s,
+                self.request_timeout_s,
+                2.0,
+                "a request outlives a broker failover's wait for the in-sync set to shrink",
             ),
             Check(
                 "a consumer survives missed heartbeats",

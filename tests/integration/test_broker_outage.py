@@ -26,6 +26,7 @@ from streams.core.schedule import fires_between
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.broker import PrivateBroker, private_broker
+from tests.support.cluster import on_brokers
 from tests.support.firings import assert_audit_clean
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
@@ -53,12 +54,7 @@ def outage(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
     two real workers, shared by the tests of the module (each with jobs of its own)."""
     tmp = tmp_path_factory.mktemp("outage")
     with private_broker(tmp) as broker:
-        private = Settings(
-            kafka=broker.bootstrap,
-            database_url=settings.database_url,
-            topic_prefix=settings.topic_prefix,
-            partitions=settings.partitions,
-        )
+        private = on_brokers(settings, broker.bootstrap)
         ensure_topics(private)
         logs = tmp / "logs"
         logs.mkdir()

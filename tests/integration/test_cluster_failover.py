@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from streams.settings import Settings
-from streams.topics import ensure_topics
-from tests.support.cluster import PrivateCluster, private_cluster
-from tests.support.firings import assert_audit_clean, check_firings, settled, start_lateness
+from tests.support.cluster import ClusterWorld, cluster_world
+from tests.support.firings import (
+    assert_audit_clean,
+    check_firings,
+    pause_and_settle,
+    start_lateness,
+)
 from tests.support.long import LONG_TESTS
 from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
 
@@ -41,27 +44,13 @@ DOWN_S = 15  # how long a killed broker stays down
 WINDOW_MS = 30_000
 
 
-@dataclass
-class World:
-    cluster: PrivateCluster
-    settings: Settings
-    logs: Path
+World = ClusterWorld
 
 
 @pytest.fixture
 def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
-    with private_cluster(tmp_path) as cluster:
-        private = Settings(
-            kafka=cluster.bootstrap,
-            database_url=settings.database_url,
-            topic_prefix=settings.topic_prefix,
-            partitions=settings.partitions,
-        )
-        outcomes = ensure_topics(private)
-        assert {o.replication for o in outcomes} == {3}
-        logs = tmp_path / "logs"
-        logs.mkdir()
-        yield World(cluster, private, logs)
+    with cluster_world(settings, tmp_path) as made:
+        yield made
 
 
 def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World) -> None:
@@ -118,14 +107,7 @@ def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World
             _second_kill_and_rolling_restart(world, first, events, request_manual_runs, faults)
 
         alive = {p.name: p.alive for p in (*nodes, *workers)}
-        send_commands(s, [{"type": "job.pause", "job_id": j} for j in ids])
-        events.wait_until(
-            lambda: {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(ids),
-            120,
-            "every job paused",
-        )
-        events.wait_until(lambda: settled(events), 180, "every run final")
-        events.poll_for(3)
+        pause_and_settle(s, events, ids)
     finally:
         events.close()
         for proc in (*nodes, *workers):

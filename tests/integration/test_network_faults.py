@@ -27,8 +27,13 @@ import pytest
 
 from streams.settings import Settings
 from streams.topics import ensure_topics
-from tests.support.cluster import private_cluster
-from tests.support.firings import assert_audit_clean, check_firings, settled, start_lateness
+from tests.support.cluster import on_brokers, private_cluster
+from tests.support.firings import (
+    assert_audit_clean,
+    check_firings,
+    pause_and_settle,
+    start_lateness,
+)
 from tests.support.long import LONG_TESTS
 from tests.support.netns import Namespace, available, namespace
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
@@ -61,12 +66,7 @@ def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
         namespace("cronlog-nf-node", 8) as node_ns,
         private_cluster(tmp_path, 1, ns.host_ip) as cluster,
     ):
-        private = Settings(
-            kafka=cluster.bootstrap,
-            database_url=settings.database_url,
-            topic_prefix=settings.topic_prefix,
-            partitions=settings.partitions,
-        )
+        private = on_brokers(settings, cluster.bootstrap)
         ensure_topics(private)
         logs = tmp_path / "logs"
         logs.mkdir()
@@ -207,14 +207,7 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
         alive = {p.name: p.alive for p in (node, near, *others)}
         if not LONG_TESTS:
             alive[far.name] = far.alive
-        send_commands(s, [{"type": "job.pause", "job_id": j} for j in jobs])
-        events.wait_until(
-            lambda: {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(jobs),
-            120,
-            "every job paused",
-        )
-        events.wait_until(lambda: settled(events), 120, "every run final")
-        events.poll_for(2)
+        pause_and_settle(s, events, jobs)
     finally:
         events.close()
         for proc in (node, far, near, *others):

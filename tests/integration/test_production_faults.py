@@ -26,7 +26,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,12 @@ import pytest
 from streams.core.timing import TIMING
 from streams.kafka import partition_for
 from streams.settings import Settings
-from streams.topics import ensure_topics
-from tests.support.cluster import PrivateCluster, private_cluster
+from tests.support.cluster import ClusterWorld, cluster_world
 from tests.support.firings import (
     assert_audit_clean,
     check_firings,
     latest_starts,
-    settled,
+    pause_and_settle,
     start_lateness,
 )
 from tests.support.long import LONG_TESTS
@@ -57,26 +55,13 @@ CALM_S = 12  # watched before the first fault (the registration's first runs are
 LEASE_BOUND_MS = int((TIMING.lease_s + TIMING.lease_bound_margin_s) * 1000)
 
 
-@dataclass
-class World:
-    cluster: PrivateCluster
-    settings: Settings
-    logs: Path
+World = ClusterWorld
 
 
 @pytest.fixture
 def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
-    with private_cluster(tmp_path) as cluster:
-        private = Settings(
-            kafka=cluster.bootstrap,
-            database_url=settings.database_url,
-            topic_prefix=settings.topic_prefix,
-            partitions=settings.partitions,
-        )
-        assert {o.replication for o in ensure_topics(private)} == {3}
-        logs = tmp_path / "logs"
-        logs.mkdir()
-        yield World(cluster, private, logs)
+    with cluster_world(settings, tmp_path) as made:
+        yield made
 
 
 def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_run(
@@ -149,16 +134,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             events.poll_for(WATCH_S)
 
         alive = {p.name: p.alive for p in (*nodes, *workers[1:])}
-        send_commands(s, [{"type": "job.pause", "job_id": j} for j in short + long])
-        events.wait_until(
-            lambda: (
-                {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(short + long)
-            ),
-            120,
-            "every job paused",
-        )
-        events.wait_until(lambda: settled(events), 180, "every run final")
-        events.poll_for(3)
+        pause_and_settle(s, events, short + long)
     finally:
         events.close()
         for proc in (*nodes, *workers):

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -23,6 +24,7 @@ from confluent_kafka.admin import AdminClient
 from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
 from connectors.stack.process import pid_alive, stop_pid
+from streams.settings import Settings
 
 BROKERS = 3
 
@@ -160,3 +162,37 @@ def private_cluster(
         yield cluster
     finally:
         cluster.down()
+
+
+def on_brokers(settings: Settings, bootstrap: str) -> Settings:
+    """The suite's settings for this module (its topic prefix, database, partitions) on
+    private brokers."""
+    return Settings(
+        kafka=bootstrap,
+        database_url=settings.database_url,
+        topic_prefix=settings.topic_prefix,
+        partitions=settings.partitions,
+    )
+
+
+@dataclass
+class ClusterWorld:
+    """A replicated private cluster with the contract's topics, the module's settings on
+    it, and a folder for the processes' logs."""
+
+    cluster: PrivateCluster
+    settings: Settings
+    logs: Path
+
+
+@contextmanager
+def cluster_world(settings: Settings, tmp: Path) -> Iterator[ClusterWorld]:
+    from streams.topics import ensure_topics
+
+    with private_cluster(tmp) as cluster:
+        private = on_brokers(settings, cluster.bootstrap)
+        replicas = {o.replication for o in ensure_topics(private)}
+        assert replicas == {BROKERS}, replicas
+        logs = tmp / "logs"
+        logs.mkdir()
+        yield ClusterWorld(cluster, private, logs)

@@ -20,7 +20,7 @@ from schemas.spec import EverySchedule
 from streams.core.percentile import nearest_rank_sorted
 from streams.core.schedule import fires_between
 from streams.settings import Settings
-from tests.support.nodes import EventReader, runs_by_id
+from tests.support.nodes import EventReader, runs_by_id, send_commands
 
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 
@@ -104,6 +104,18 @@ def check_firings(
                     verdict.not_succeeded[run_id] = f"{final}: {runs[run_id][-1].reason}"
     verdict.lost_commands += [f"run-now {r}" for r in manual_runs if r not in runs]
     return verdict
+
+
+def pause_and_settle(settings: Settings, events: EventReader, jobs: list[str]) -> None:
+    """Pause the jobs (acknowledged by the broker), then wait until every run is final."""
+    send_commands(settings, [{"type": "job.pause", "job_id": j} for j in jobs])
+    events.wait_until(
+        lambda: {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(jobs),
+        120,
+        "every job paused",
+    )
+    events.wait_until(lambda: settled(events), 180, "every run final")
+    events.poll_for(3)
 
 
 def settled(events: EventReader) -> bool:

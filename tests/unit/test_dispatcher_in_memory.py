@@ -5,6 +5,8 @@ declares the attempt it held lost, not a moment before its verdict time."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -34,15 +36,35 @@ SETTINGS = Settings(partitions=2, topic_prefix="disp.")
 CONFIG = DispatcherConfig()
 
 
-def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_silent(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)  # real time, not the log's
+def _loops_with_a_run_now(
+    clock: ManualClock, clients: MemoryClients, outside: Any
+) -> tuple[Dispatcher, Ledger]:
+    """A dispatcher and a ledger, open, and a job with a run requested now."""
+    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
+    assert dispatcher.open()
+    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
+    assert ledger.open()
+    now = int(clock.time() * 1000)
+    spec = JobSpec(job_id="job", owner="o", schedule=None, command=("true",))
+    for record in (JobUpserted(spec, now), RunNowRequested("job", "r1", now)):
+        outside.produce(SETTINGS.topic("job-log"), key=b"job", value=JOB_LOG.encode(record))
+    return dispatcher, ledger
+
+
+def _in_memory() -> tuple[ManualClock, MemoryLog, MemoryClients, Any]:
+    """A manual clock, an in-memory log with the topics, its clients and a producer."""
     clock = ManualClock()
     log = MemoryLog(clock)
     log.create_catalogue(SETTINGS)
     clients = MemoryClients(log)
-    outside = clients.producer(producer_config(SETTINGS))
+    return clock, log, clients, clients.producer(producer_config(SETTINGS))
+
+
+def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_silent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)  # real time, not the log's
+    clock, log, clients, outside = _in_memory()
 
     def now_ms() -> int:
         return int(clock.time() * 1000)
@@ -52,13 +74,7 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
         record = Heartbeat("w1", now_ms(), capacity, capacity, (), running)
         outside.produce(SETTINGS.topic("heartbeats"), key=b"w1", value=HEARTBEAT.encode(record))
 
-    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
-    assert dispatcher.open()
-    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
-    assert ledger.open()
-    spec = JobSpec(job_id="job", owner="o", schedule=None, command=("true",))
-    for record in (JobUpserted(spec, now_ms()), RunNowRequested("job", "r1", now_ms())):
-        outside.produce(SETTINGS.topic("job-log"), key=b"job", value=JOB_LOG.encode(record))
+    dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
 
     assignments: list[WorkerAssignment] = []
     beaten = -TIMING.heartbeat_s
@@ -115,11 +131,7 @@ def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
     deadline; the verdict that follows bounds the silent worker's lease by the broker's
     time of its last beat."""
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
-    clock = ManualClock()
-    log = MemoryLog(clock)
-    log.create_catalogue(SETTINGS)
-    clients = MemoryClients(log)
-    outside = clients.producer(producer_config(SETTINGS))
+    clock, log, clients, outside = _in_memory()
     last_beat_ms: dict[str, int] = {}
 
     def now_ms() -> int:
@@ -143,13 +155,7 @@ def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
             if isinstance(m, WorkerAssignment)
         ]
 
-    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
-    assert dispatcher.open()
-    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
-    assert ledger.open()
-    spec = JobSpec(job_id="job", owner="o", schedule=None, command=("true",))
-    for record in (JobUpserted(spec, now_ms()), RunNowRequested("job", "r1", now_ms())):
-        outside.produce(SETTINGS.topic("job-log"), key=b"job", value=JOB_LOG.encode(record))
+    dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
 
     silent: str | None = None
     silent_since = 0.0
@@ -203,11 +209,7 @@ def test_no_worker_is_declared_dead_for_the_brokers_own_outage(
     """While the broker cannot say where the heartbeat partitions end, no beat can be
     read either: a worker silent through the outage that beats again within a second of
     its end is not declared dead, though it was silent far longer than dead_after."""
-    clock = ManualClock()
-    log = MemoryLog(clock)
-    log.create_catalogue(SETTINGS)
-    clients = MemoryClients(log)
-    outside = clients.producer(producer_config(SETTINGS))
+    clock, log, clients, outside = _in_memory()
     down = [False]
 
     def broker(call: str, client: object) -> None:

@@ -1,7 +1,8 @@
 """Network faults: a worker on another host (a network namespace of the test's own,
-tests/support/netns.py) is cut off from the broker, both ways and one way, while it runs
-long and short jobs; in the long version (`make chaos`) also a lossy and a flapping
-link, a cut-off scheduler node, and a cut-off worker that is then lost for good.
+tests/support/netns.py) is cut off from the broker while it runs long and short jobs;
+in the long version (`make chaos`) also one-way loss each way, a
+lossy, a slow (200 ms each way, with jitter) and a flapping link, a cut-off scheduler
+node, and a cut-off worker that is then lost for good.
 
 The private broker serves clients on the root end of the veth pair, so the namespaced
 processes reach it only across the pair, and the faults act on the pair alone. What the
@@ -185,6 +186,15 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
             _fault(world, "worker's traffic in dropped", lambda: ns.drop("in"), ns.undrop, 15)
             events.poll_for(AFTER_S)
             _fault(world, "10 % loss both ways", lambda: ns.drop("both", 10), ns.undrop, 30)
+            events.poll_for(AFTER_S)
+            port = int(s.kafka.rsplit(":", 1)[1])
+            _fault(
+                world,
+                "200 ms latency +- 50 ms each way",
+                lambda: ns.delay(port, 200, 50),
+                ns.undelay,
+                30,
+            )
             events.poll_for(AFTER_S)
             _flap(world, ns, 30)
             events.poll_for(AFTER_S)

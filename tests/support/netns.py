@@ -9,7 +9,13 @@ host" and reaches the brokers only across the pair. Faults act on the pair only:
 - `cut()` / `heal()`: the root end down / up (a partition, both ways);
 - `drop(direction)` / `undrop()`: nftables drop rules inside the namespace, one way only
   (`"out"`: nothing the other host sends arrives, `"in"`: nothing reaches it) or a share
-  of packets (`percent`), for loss; `tc netem` is not available on this machine's kernel.
+  of packets (`percent`), for loss;
+- `delay(port, ms, jitter_ms)` / `undelay()`: latency with jitter on the connections to
+  the broker's port: `tc netem` is not available on this machine's kernel, so an
+  nftables rule in the namespace redirects them to tests/support/latency_proxy.py, run
+  there as an unprivileged user (whose own connection to the broker the rule lets pass),
+  which forwards every chunk that much later; the connections open before are aborted
+  (`ss -K`), so the clients reconnect through it.
 
 Every address is on this machine and every rule inside the namespace; `close()` (the
 context manager's exit) deletes the namespace, which takes the pair and the rules with
@@ -20,11 +26,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 Direction = Literal["in", "out", "both"]
+PROXY = Path(__file__).with_name("latency_proxy.py")
+PROXY_USER = 65534  # nobody: the one user whose connections the redirect leaves alone
+PROXY_PORT = 19090
 
 
 def available() -> str | None:
@@ -51,6 +63,7 @@ class Namespace:
         self.host_ip = f"10.231.0.{4 * index + 1}"
         self.ns_ip = f"10.231.0.{4 * index + 2}"
         self.prefix: tuple[str, ...] = ("ip", "netns", "exec", name)
+        self.proxy: subprocess.Popen[bytes] | None = None
 
     def open(self) -> None:
         self.close()  # what a killed earlier run left
@@ -99,6 +112,79 @@ class Namespace:
                 rule += ["numgen", "random", "mod", "100", "<", str(percent)]
             self.inside("nft", "add", "rule", "inet", "fault", hook, *rule, "drop")
 
+    def delay(self, port: int, ms: float, jitter_ms: float) -> None:
+        """Connections from the namespace to `host_ip:port` go through the latency proxy."""
+        if shutil.which("nft") is None:
+            raise RuntimeError("nftables (`nft`) is not installed: make test installs it")
+        self.undelay()
+        python = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
+        self.proxy = subprocess.Popen(
+            [
+                *self.prefix,
+                "setpriv",
+                f"--reuid={PROXY_USER}",
+                f"--regid={PROXY_USER}",
+                "--clear-groups",
+                python,
+                str(PROXY),
+                str(PROXY_PORT),
+                self.host_ip,
+                str(port),
+                str(ms),
+                str(jitter_ms),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # listening before anything is sent its way
+        assert self.proxy.poll() is None, "the latency proxy did not start"
+        self.inside("nft", "add", "table", "ip", "latency")
+        self.inside(
+            "nft",
+            "add",
+            "chain",
+            "ip",
+            "latency",
+            "out",
+            "{ type nat hook output priority -100 ; }",
+        )
+        self.inside(
+            "nft",
+            "add",
+            "rule",
+            "ip",
+            "latency",
+            "out",
+            "ip",
+            "daddr",
+            self.host_ip,
+            "tcp",
+            "dport",
+            str(port),
+            "meta",
+            "skuid",
+            "!=",
+            str(PROXY_USER),
+            "redirect",
+            "to",
+            f":{PROXY_PORT}",
+        )
+        # Open connections keep their path (NAT applies to new ones): abort them, and the
+        # clients reconnect through the proxy.
+        self.inside("ss", "-K", "dst", self.host_ip, "dport", "=", f":{port}")
+
+    def undelay(self) -> None:
+        subprocess.run(
+            [*self.prefix, "nft", "delete", "table", "ip", "latency"],
+            capture_output=True,
+            timeout=10,
+        )
+        proxy = self.proxy
+        if proxy is not None and proxy.poll() is None:
+            proxy.kill()
+            proxy.wait(10)
+        self.proxy = None
+
     def undrop(self) -> None:
         subprocess.run(
             [*self.prefix, "nft", "delete", "table", "inet", "fault"],
@@ -107,6 +193,8 @@ class Namespace:
         )
 
     def close(self) -> None:
+        if self.proxy is not None:
+            self.undelay()
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10)
         subprocess.run(["ip", "link", "del", self.host_end], capture_output=True, timeout=10)
 

@@ -3,7 +3,8 @@
 For jobs `every N s` registered, then paused: every firing between registration and
 pause has exactly one run (no duplicate, none missed), every run is final, and each
 acknowledged manual request has its run. Start lateness around a fault is measured from
-the runs' own events (the broker's append time of `running` against the scheduled time).
+the runs' own events (the start the history shows, the worker's report within what the
+ledger vouches for, against the scheduled time).
 """
 
 from __future__ import annotations
@@ -153,7 +154,10 @@ def _starts(
             continue
         first.setdefault(event.run_id, event)
         if event.state == "running" and (any_attempt or event.attempt == 1):
-            started.setdefault(event.run_id, event.at_ms)
+            # When it started, as its history shows it (the worker's report, within what
+            # the ledger vouches for), not when the ledger recorded it: a broker's
+            # failover delays the record by seconds, not the start.
+            started.setdefault(event.run_id, event.happened_ms)
     late = {
         run_id: (started[run_id] - e.scheduled_ms) / 1000
         for run_id, e in first.items()
@@ -175,7 +179,7 @@ def start_lateness(
     events: EventReader, from_ms: int, to_ms: int, any_attempt: bool = False
 ) -> Lateness:
     """Start lateness of the scheduled runs' first attempts due in [from_ms, to_ms):
-    the broker's time of `running` minus the scheduled time (`any_attempt`: of the
+    the recorded start (`happened_ms`) minus the scheduled time (`any_attempt`: of the
     run's first start, a retry's when its first attempt never ran). Runs that never
     started are counted apart (the checks say why)."""
     by_run, missing = _starts(events, from_ms, to_ms, any_attempt)

@@ -11,9 +11,10 @@ every second. Then, one after the other:
 During the faults manual runs are requested (each acknowledged by the cluster). The
 acceptance: no acknowledged command lost, no duplicate run, no missed firing, every run
 final and succeeded, the audit of the whole log clean. The start lateness around each
-fault is printed (the figures of the issue note). `make test` runs the short version
-(step 1 only); `make chaos` runs all three (CRONLOG_LONG_TESTS=1) and `python -m
-bench.chaos`, ten minutes of random faults.
+fault is printed (the figures of the issue note). `make chaos` runs it
+(CRONLOG_LONG_TESTS=1) and `python -m bench.chaos`, ten minutes of random faults; `make
+test` has a broker's death on three brokers in tests/integration/test_production_faults.py
+(with manual runs requested during the failover, long jobs and a worker lost for good).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from tests.support.firings import (
     pause_and_settle,
     start_lateness,
 )
-from tests.support.long import LONG_TESTS
 from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,7 @@ def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
         yield made
 
 
+@pytest.mark.long
 def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World) -> None:
     s, cluster = world.settings, world.cluster
     prefix = s.topic_prefix
@@ -100,11 +101,8 @@ def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World
         print(f"broker {first} back in sync after {cluster.wait_in_sync(prefix):.1f} s")
         events.poll_for(15)
 
-        if not LONG_TESTS:  # the short version: one kill of the busiest leader
-            steps_done = 1
-        else:
-            steps_done = 3
-            _second_kill_and_rolling_restart(world, first, events, request_manual_runs, faults)
+        steps_done = 3
+        _second_kill_and_rolling_restart(world, first, events, request_manual_runs, faults)
 
         alive = {p.name: p.alive for p in (*nodes, *workers)}
         pause_and_settle(s, events, ids)

@@ -7,7 +7,8 @@ and short ones every 2 s (non-idempotent, one attempt: any loss would fail them)
 
 1. kill -9 of the broker leading the workers' heartbeat partitions, not restarted (its
    death holds every acks=all heartbeat until it leaves the in-sync sets: the timing
-   budget, streams/core/timing.py, makes the workers' leases outlive that);
+   budget, streams/core/timing.py, makes the workers' leases outlive that), with manual
+   runs requested (and acknowledged by the cluster) during the failover;
 2. kill -9 of a worker, not restarted;
 3. (the long version, `make chaos`) the dead broker replaced, then the busiest leader
    paused (SIGSTOP) for 20 s, which is slower to detect than a crash.
@@ -106,6 +107,15 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
         broker_ms = int(time.time() * 1000)
         print(f"killing broker {broker} (leads heartbeat partitions {beats}) for good")
         cluster.kill(broker)
+        # Manual runs requested mid-failover, each acknowledged by the cluster: none lost.
+        manual = [f"pf-m{i}" for i in range(3)]
+        send_commands(
+            s,
+            [
+                {"type": "job.run_now", "job_id": short[i], "request_id": r}
+                for i, r in enumerate(manual)
+            ],
+        )
         events.poll_for(WATCH_S)
 
         # 2. a worker machine is lost for good
@@ -150,7 +160,10 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
     print(f"latest after the broker's death: {latest}")
     assert all(alive.values()), f"a process died on its own: {alive}"
 
-    short_verdict = check_firings(events, short, SHORT_EVERY_S * 1000, require_success=False)
+    requested = [f"{short[i]}@manual:{r}" for i, r in enumerate(manual)]
+    short_verdict = check_firings(
+        events, short, SHORT_EVERY_S * 1000, requested, require_success=False
+    )
     long_verdict = check_firings(events, long, LONG_EVERY_S * 1000, require_success=False)
     for verdict in (short_verdict, long_verdict):
         print("verdict:", verdict.summary())

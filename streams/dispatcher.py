@@ -32,26 +32,30 @@ Liveness is judged only on this dispatcher's
 (read from `heartbeats`), never by the time the worker stamped on it, so no worker's
 clock, ahead or behind, moves a verdict. Which of two beats of one worker is newer is
 told by their order in the log (one partition per worker id), or else by the worker's
-own stamps (one clock). A worker is suspected (no new placements) when no beat was
-received for two intervals, and declared dead after `dead_after` = `dead_after_missed`
-intervals plus a grace (10 s): each attempt it held gets a WorkerLost on its job's log
-(the ledger ignores it if the attempt moved on). The verdict is taken in two steps: when
+own stamps (one clock). A worker is suspected when no beat was received for
+`suspect_after_s` (4 s): no new placements, and what this dispatcher placed there that no
+beat listed yet is placed again elsewhere. It is declared dead after `dead_after_s`
+(11 s): each attempt it held gets a WorkerLost on its job's log, carrying the broker
+time by which its lease had ended (the last beat read's append time plus the lease and
+a margin), so the ledger gives back the runs due after it (the ledger ignores a verdict
+if the attempt moved on). The verdict is taken in two steps: when
 a worker looks dead the dispatcher asks the broker where that worker's heartbeat
 partition ends, and declares it dead only once it has read up to there and the worker
 was still silent when it asked; so every beat the broker had acknowledged by then
 cancels the verdict. And never before `dead_after` has passed on this clock since the
-dispatcher started (or restarted, after a consumer error) reading heartbeats: one that
-just started cannot tell a silent worker from one whose beats it has not read.
-Why it is safe: a worker's lease ends 7 s after it *made* its last beat that renewed it,
-on its own clock, and it kills its runs then; a beat renews the lease only if the
-broker acknowledged it within the worker's heartbeat interval (at most 3 s). The verdict
-comes `dead_after` (10 s) of the dispatcher's clock after the *receipt* of the last beat
-it read, and a beat is received after it is made: that beat's lease ended 3 s before the
-verdict at least, whatever the offset between the two clocks (their rates agree to far
-better than 3 s in 10 s). A later beat that could still have extended the lease was
-made within 7 s of that one, more than 3 s before the verdict's question to the broker,
-so it was acknowledged before that question and would have been read and cancelled the
-verdict; a beat made after the lease lapsed finds the worker's runs already killed.
+dispatcher started (or restarted, after a consumer error or a question the broker did
+not answer) reading heartbeats: one that just started cannot tell a silent worker from
+one whose beats it has not read.
+Why it is safe (the letters and numbers of streams/core/timing.py): a worker's lease ends
+L (8 s) after it *made* its last beat that renewed it, on its own clock, and it kills its
+runs then; a beat renews the lease only if the broker acknowledged it within the ack
+window A (2 s) of its making. The verdict comes D >= L + A (11 s) of the dispatcher's
+clock after the *receipt* of the last beat it read, and a beat is received after it is
+made: that beat's lease ended before the verdict, whatever the offset between the two
+clocks (their rates agree to far better than a second in 11 s). A later beat that could
+still have extended the lease was made within L of that one and acknowledged within A,
+so before the verdict's question to the broker: it would have been read and cancelled
+the verdict; a beat made after the lease lapsed finds the worker's runs already killed.
 Before, the verdict compared the dispatcher's wall clock with the worker's stamp: a
 worker clock 2 s behind let the verdict come before the lease ended, 7 s behind made
 every dispatcher declare healthy workers dead. How much history to read at start (the

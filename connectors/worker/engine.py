@@ -83,6 +83,7 @@ from connectors.worker.procs import (
     spawn,
     spawn_limited,
 )
+from connectors.worker.rundirs import prepare
 
 Key = tuple[str, int]
 MIB: Final = 1024 * 1024
@@ -355,29 +356,30 @@ class Engine:
             for u, n, c in zip(self.in_use, need, self.config.capacity, strict=True)
         )
 
-    def _spawn_as(self, job: Job, uid: int, gid: int) -> tuple[int, str]:
-        """A job as another user, in a directory of its own that it owns (0700): its
-        parents are traversable (0711), not readable, so it reaches its own directory
-        and no other job's, nor the worker's journal and logs (0600)."""
-        job.run_dir.parent.chmod(0o711)
-        os.chown(job.run_dir, uid, gid)
-        job.run_dir.chmod(0o700)
-        return spawn_limited(job.argv, job.env, job.run_dir, job.memory_mb * MIB, (uid, gid))
-
     def _spawn(self, job: Job, mono: float) -> None:
         # The intent first: if this process dies between the spawn and the "started"
         # line, the worker knows the job may exist and must not give the run back.
         self.log.write(orjson.dumps({"ev": "starting", "key": job.key}) + b"\n")
+        run_as = self.config.run_as
         try:
-            job.run_dir.mkdir(parents=True, exist_ok=True)
-            if self.config.run_as is not None:
-                pid, job.rlimit_error = self._spawn_as(job, *self.config.run_as)
-            elif job.memory_mb > 0:
-                pid, job.rlimit_error = spawn_limited(
-                    job.argv, job.env, job.run_dir, job.memory_mb * MIB
-                )
-            else:
-                pid = spawn(job.argv, job.env, job.run_dir)
+            # Its directory and output files, made before the job exists; as another
+            # user it owns its working directory only (connectors/worker/rundirs.py).
+            made = prepare(job.run_dir, run_as)
+            try:
+                if run_as is not None or job.memory_mb > 0:
+                    pid, job.rlimit_error = spawn_limited(
+                        job.argv,
+                        job.env,
+                        made.work,
+                        made.stdout,
+                        made.stderr,
+                        job.memory_mb * MIB,
+                        run_as,
+                    )
+                else:
+                    pid = spawn(job.argv, job.env, made.work, made.stdout, made.stderr)
+            finally:
+                made.close()
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
             return

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from connectors.worker.journal import Journal
-from connectors.worker.runlogs import prune_run_dirs, remove_run_dir
+from connectors.worker.rundirs import prune_run_dirs, remove_run_dir
 
 log = logging.getLogger("cronlog.worker")
 DEFAULT_KEEP_S = 3600.0

@@ -82,22 +82,22 @@ def decode_status(status: int) -> tuple[int | None, int | None]:
 _RESTORED = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
-def spawn(argv: Sequence[str], env: dict[str, str], cwd: Path) -> int:
+def spawn(argv: Sequence[str], env: dict[str, str], cwd: Path, stdout: int, stderr: int) -> int:
     """Start a job with posix_spawn (vfork + exec: ~0.1 ms of this process's CPU, a
     quarter of `subprocess.Popen`'s): a new session and process group, stdin from
-    /dev/null, stdout and stderr appended to files in `cwd`. The program is looked up
-    in the job's own PATH, as `subprocess` does. Returns the pid (the caller reaps it).
+    /dev/null, stdout and stderr on the descriptors given (connectors/worker/rundirs.py
+    made them; nothing is opened by name here). The program is looked up in the job's
+    own PATH, as `subprocess` does. Returns the pid (the caller reaps it).
 
     posix_spawn has no working-directory attribute here, so this process changes its
     own for the call: callers must be single-threaded (the executor is)."""
     program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
     if program is None:
         raise FileNotFoundError(2, "No such file or directory", argv[0])
-    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, str(cwd / "stdout"), append, 0o644),
-        (os.POSIX_SPAWN_OPEN, 2, str(cwd / "stderr"), append, 0o644),
+        (os.POSIX_SPAWN_DUP2, stdout, 1),
+        (os.POSIX_SPAWN_DUP2, stderr, 2),
     ]
     home = os.getcwd()
     os.chdir(cwd)
@@ -119,6 +119,8 @@ def spawn_limited(
     argv: Sequence[str],
     env: dict[str, str],
     cwd: Path,
+    stdout: int,
+    stderr: int,
     limit_bytes: int,
     run_as: tuple[int, int] | None = None,
 ) -> tuple[int, str]:
@@ -129,20 +131,19 @@ def spawn_limited(
     report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
     try:
         try:
-            with open(cwd / "stdout", "ab") as out, open(cwd / "stderr", "ab") as err:
-                proc = subprocess.Popen(
-                    list(argv),
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                    preexec_fn=limit_address_space(limit_bytes, report_w),
-                    user=None if run_as is None else run_as[0],
-                    group=None if run_as is None else run_as[1],
-                    extra_groups=None if run_as is None else [],
-                )
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=limit_address_space(limit_bytes, report_w),
+                user=None if run_as is None else run_as[0],
+                group=None if run_as is None else run_as[1],
+                extra_groups=None if run_as is None else [],
+            )
         finally:
             os.close(report_w)
         report = os.read(report_r, 4096)

@@ -58,6 +58,7 @@ from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
 from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.runas import RunAs
+from connectors.worker.rundirs import attempt_dir
 from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
@@ -592,7 +593,7 @@ class Worker:
                 self._report(attempt, None, str(exc), self._now_ms())
         for attempt in batch:
             d = attempt.dispatch
-            attempt.run_dir = self.dir / "runs" / _safe(d.run_id) / str(d.attempt)
+            attempt.run_dir = attempt_dir(self.dir / "runs", d.run_id, d.attempt)
             self.journal.record(
                 d.run_id,
                 d.attempt,
@@ -856,7 +857,3 @@ def _error(event: Finished) -> str:
         "fenced": f"fenced: the worker could not prove it was alive ({event.error})",
         "cancelled": "cancelled",
     }.get(event.outcome, f"error: {event.error}")
-
-
-def _safe(run_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)

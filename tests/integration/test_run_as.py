@@ -1,5 +1,5 @@
 """Jobs not as root: a real worker with `--run-as nobody` runs a real job as that user,
-in a directory it owns, unable to read the worker's own files; a worker started as root
+in a working directory it owns, unable to read the worker's own files; a worker started as root
 without a choice refuses to start."""
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def test_jobs_run_as_the_given_user_in_a_directory_of_their_own(
     nobody = pwd.getpwnam("nobody")
     script = (
         "id -u; stat -c %U .; "
-        "cat ../../../journal.jsonl >/dev/null 2>&1 && echo journal-readable "
+        "cat ../../../../journal.jsonl >/dev/null 2>&1 && echo journal-readable "
         "|| echo journal-denied; "
-        "ls ../../.. >/dev/null 2>&1 && echo worker-dir-listable || echo worker-dir-denied; "
+        "ls ../../../.. >/dev/null 2>&1 && echo worker-dir-listable || echo worker-dir-denied; "
         'echo "$HOME $USER"'
     )
     node = Node(topics, "ra-n1", tmp_path).start()
@@ -82,5 +82,8 @@ def test_jobs_run_as_the_given_user_in_a_directory_of_their_own(
         nobody.pw_dir,
         "nobody",
     ]
-    assert outputs[0].parent.stat().st_uid == nobody.pw_uid
-    assert (outputs[0].parent.stat().st_mode & 0o777) == 0o700
+    work = outputs[0].parent / "work"  # its working directory; the output is not its
+    assert work.stat().st_uid == nobody.pw_uid
+    assert (work.stat().st_mode & 0o777) == 0o700
+    assert outputs[0].stat().st_uid == os.geteuid()
+    assert (outputs[0].parent.stat().st_mode & 0o777) == 0o711

@@ -51,15 +51,17 @@ def _run_logs(settings: Settings, job_id: str) -> str:
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        text, ended = [], set()
+        text: list[str] = []
+        ended: set[int] = set()
         while len(ended) < len(partitions):
             msg = consumer.poll(5)
             if msg is None:
                 break
-            if msg.error():
-                ended.add(msg.partition())
+            value = msg.value()
+            if msg.error() or value is None:
+                ended.add(msg.partition() or 0)
                 continue
-            chunk = RUN_LOG.decode(msg.value())
+            chunk = RUN_LOG.decode(value)
             if chunk.run_id.startswith(f"{job_id}@"):
                 text.append(chunk.data)
         return "".join(text)

@@ -706,6 +706,14 @@ def notifier(
         float, typer.Option(min=0.0, help="Wait before the first retry; doubles, at most 60 s.")
     ] = 1.0,
     timeout_s: Annotated[float, typer.Option(min=0.1, help="Per call.")] = 10.0,
+    allow_destination: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A network (10.20.0.0/16), address or host name webhooks may reach besides "
+            "public addresses (repeatable; CRONLOG_NOTIFY_ALLOW, comma-separated). Loopback, "
+            "link-local, private and multicast addresses are refused otherwise.",
+        ),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
     log_format: LogFormatOption = None,
     metrics_port: MetricsPortOption = None,
@@ -713,6 +721,7 @@ def notifier(
     """Call webhooks when runs fail, are lost, are skipped or start late (at least once,
     with a stable delivery id; dead letters in notifications.dlq)."""
     from connectors.notifier import DeliveryPolicy, Notifier, RoutesError, load_routes
+    from connectors.webhooks import Destinations
 
     settings = _settings()
     _logging(loglevel, "notifier", None, log_format)
@@ -722,7 +731,12 @@ def notifier(
     except RoutesError as exc:
         raise _fail(str(exc), 2) from exc
     policy = DeliveryPolicy(max_attempts, backoff_s, max(60.0, backoff_s), timeout_s)
-    running = Notifier(settings, owner_routes, policy)
+    allowed = [*(allow_destination or []), *os.environ.get("CRONLOG_NOTIFY_ALLOW", "").split(",")]
+    try:
+        destinations = Destinations.parse(allowed)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    running = Notifier(settings, owner_routes, policy, destinations=destinations)
     port = _metrics_port(metrics_port)
     if port is not None:
         from streams.metrics import NOTIFIER, MetricsServer

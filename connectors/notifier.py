@@ -10,10 +10,11 @@ calls and commits:
   (`--routes FILE`, ``owners: {team-a: {url: ..., on: [failed, lost]}}``); the job
   events in run-events keep that up to date.
 - Delivery: a POST with a JSON body and the headers ``X-Cronlog-Delivery`` (the stable
-  delivery id) and ``X-Cronlog-Event`` (the kind), from a pool of threads. A 2xx answer
+  delivery id) and ``X-Cronlog-Event`` (the kind), from a pool of threads, to public
+  addresses only unless the operator allows more (connectors/webhooks.py). A 2xx answer
   delivers; 5xx, 408, 429 and no answer are retried with doubling backoff up to
-  `max_attempts`; another 4xx is a refusal, not retried. A notification not delivered
-  goes to the `notifications.dlq` topic with its body, URL and last error.
+  `max_attempts`; another 4xx, or a destination refused, is not retried. A notification
+  not delivered goes to the `notifications.dlq` topic with its body, URL and last error.
 - At least once: a partition's committed offset never passes an event whose
   notifications are not settled (delivered or dead-lettered) or whose run is still
   watched for lateness; a notifier killed at any point reads those events again and
@@ -36,6 +37,7 @@ import orjson
 import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from connectors.webhooks import DestinationRefused, Destinations, guarded_client
 from schemas.codec import JOB_STATE, RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
 from schemas.spec import Notify
@@ -125,6 +127,7 @@ class Notifier:
         workers: int = 8,
         clock: Clock = SYSTEM_CLOCK,
         clients: Clients = KAFKA_CLIENTS,
+        destinations: Destinations | None = None,
     ):
         self.settings = settings
         self.clients = clients
@@ -142,7 +145,7 @@ class Notifier:
         self.producer = self.clients.producer(
             producer_config(settings, **{"enable.idempotence": True})
         )
-        self.http = httpx.Client(timeout=self.policy.timeout_s, follow_redirects=False)
+        self.http = guarded_client(destinations or Destinations(), self.policy.timeout_s)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="notify")
         self._stop = threading.Event()
         self.watches: dict[str, Watch] = {}
@@ -333,6 +336,8 @@ class Notifier:
                 retry = answer.status_code >= 500 or answer.status_code in (408, 429)
             except httpx.HTTPError as exc:
                 error = f"{type(exc).__name__}: {exc}"
+            except DestinationRefused as exc:
+                error, retry = f"refused: {exc}", False
             metrics.NOTIFICATION_ATTEMPTS.labels("retry" if retry else "refused").inc()
             if not retry or attempt == self.policy.max_attempts:
                 break

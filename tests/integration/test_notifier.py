@@ -82,8 +82,11 @@ def _at(seconds: float) -> str:
     return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def _notifier(settings: Settings, logs: Path) -> CronlogProcess:
+def _notifier(settings: Settings, logs: Path, *allowed: str) -> CronlogProcess:
+    """The notifier, allowed to reach the test's receiver on loopback (`allowed`; by
+    default it would refuse it)."""
     args = ["notifier", "--max-attempts", str(ATTEMPTS), "--backoff-s", "0.2"]
+    args += [arg for each in allowed for arg in ("--allow-destination", each)]
     return CronlogProcess(settings, "notifier", logs, [*args, "--loglevel", "info"])
 
 
@@ -93,7 +96,7 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
     ok = {"url": f"{receiver.url}/ok", "on": ["failed"]}
     node = Node(topics, "nt-n1", tmp_path).start()
     worker = WorkerProc(topics, "nt-w1", tmp_path, cpu=2, memory_mb=512).start()
-    notifier = _notifier(topics, tmp_path).start()
+    notifier = _notifier(topics, tmp_path, "127.0.0.1/32").start()
     events = EventReader(topics, "nt-events")
     try:
         send_commands(
@@ -114,7 +117,7 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
         eventually(lambda: len(receiver.received("/ok", "failed")) >= 3, "three deliveries")
         notifier.kill()  # SIGKILL mid-stream: deliveries in flight, offsets not committed
         time.sleep(3)  # failures go on meanwhile
-        notifier = _notifier(topics, tmp_path).start()
+        notifier = _notifier(topics, tmp_path, "127.0.0.1/32").start()
         # Fired after the restart, so its calls are all this notifier's.
         refuse = {"url": f"{receiver.url}/fail", "on": ["failed"]}
         send_commands(
@@ -170,6 +173,7 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
         eventually(lambda: len(receiver.received("/fail", "failed")) >= ATTEMPTS, "the retries")
         dlq = consumer(topics, "notifications.dlq")
         letters = [orjson.loads(m.value() or b"") for m in drain(dlq, 1, timeout_s=30, settle_s=2)]
+        letters = [d for d in letters if d["body"]["job_id"] == "nt-refuse"]
         dlq.close()
         assert [(d["delivery_id"], d["attempts"], d["error"]) for d in letters] == [
             (refused_id, ATTEMPTS, "HTTP 500")
@@ -188,3 +192,57 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
         events.close()
         for proc in (notifier, worker, node):
             proc.stop()
+
+
+def test_webhooks_aimed_inside_are_refused_and_dead_lettered(
+    topics: Settings, tmp_path: Path, receiver: Receiver
+) -> None:
+    """An owner aims webhooks at loopback (a service beside the notifier), at the cloud
+    metadata address and at a name that resolves to loopback: nothing is called, each
+    notification is dead-lettered at once with the reason, and a public route (none
+    reachable from here) is not what is refused."""
+    node = Node(topics, "ns-n1", tmp_path).start()
+    worker = WorkerProc(topics, "ns-w1", tmp_path, cpu=2, memory_mb=512).start()
+    notifier = _notifier(topics, tmp_path).start()  # the default: public addresses only
+    events = EventReader(topics, "ns-events")
+    urls = {
+        "ns-loopback": f"{receiver.url}/ok",
+        "ns-metadata": "http://169.254.169.254/latest/meta-data/",
+        "ns-localhost": f"http://localhost:{receiver.server.server_address[1]}/ok",
+    }
+    try:
+        send_commands(
+            topics,
+            [
+                job(n, ["false"], owner="team-s", notify={"url": u, "on": ["failed"]})
+                for n, u in urls.items()
+            ],
+        )
+        send_commands(
+            topics,
+            [{"type": "job.run_now", "job_id": n, "request_id": "r1"} for n in urls],
+        )
+        dlq = consumer(topics, "notifications.dlq")
+        letters: dict[str, dict[str, Any]] = {}
+
+        def all_refused() -> bool:
+            for message in dlq.consume(100, timeout=0.5):
+                letter = orjson.loads(message.value() or b"")
+                if letter["body"]["job_id"] in urls:
+                    letters[letter["body"]["job_id"]] = letter
+            return set(letters) == set(urls)
+
+        eventually(all_refused, "a dead letter per refused webhook", timeout_s=90)
+        dlq.close()
+    finally:
+        events.close()
+        for proc in (notifier, worker, node):
+            proc.stop()
+    for job_id, letter in letters.items():
+        assert letter["url"] == urls[job_id]
+        assert letter["attempts"] == 1  # refused, not retried
+        assert letter["error"].startswith("refused: ")
+    assert "(loopback)" in letters["ns-loopback"]["error"]
+    assert "(link-local)" in letters["ns-metadata"]["error"]
+    assert "(loopback)" in letters["ns-localhost"]["error"]
+    assert receiver.calls == []

@@ -492,7 +492,9 @@ class Dispatcher:
             log.error("undecodable heartbeat: %s", exc)
             return
         worker_id = beat.worker_id
-        mark = BeatMark(partition, offset, beat.at_ms)
+        # The broker's append time orders beats across partitions (a forged stamp must
+        # not); the beat's own stamp only where the topic is not broker-stamped.
+        mark = BeatMark(partition, offset, beat.at_ms if appended_ms is None else appended_ms)
         info = self.workers.get(worker_id)
         if info is not None and not newer(info.mark, mark):
             return  # an older beat (replay, reordering)

@@ -37,7 +37,8 @@ class Liveness:
 
 @dataclass(frozen=True, slots=True)
 class BeatMark:
-    """Where a beat was in the log, and the worker's own stamp on it."""
+    """Where a beat was in the log, and when the broker appended it (the heartbeats topic
+    is stamped by the broker: LogAppendTime), never the writer's own stamp."""
 
     partition: int
     offset: int
@@ -46,9 +47,10 @@ class BeatMark:
 
 def newer(last: BeatMark | None, beat: BeatMark) -> bool:
     """Is `beat` newer than `last`, of the same worker? Their order in the log (a worker's
-    beats share its key, so a partition) where they share a partition; else the worker's
-    own stamps, one clock. The log order also survives a worker restarted with its clock
-    set back, whose beats would otherwise be ignored until its clock caught up."""
+    beats share its key, so a partition) where they share a partition; else the broker's
+    append times. Never the stamp a beat carries: any worker principal may write a beat
+    in another's name, and one stamped far in the future in another partition would
+    otherwise make every real beat after it look older, and its worker dead."""
     if last is None:
         return True
     if beat.partition == last.partition:

@@ -27,7 +27,7 @@ from streams.core.ledger import LedgerConfig
 from streams.core.seals import sealed
 from streams.core.timing import TIMING
 from streams.dispatcher import Dispatcher, DispatcherConfig
-from streams.kafka import producer_config
+from streams.kafka import partition_for, producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog
 from streams.settings import Settings
@@ -255,3 +255,43 @@ def test_no_worker_is_declared_dead_for_the_brokers_own_outage(
         dispatcher.step()
         clock.advance(0.1)
     assert dispatcher.declared_dead == 1
+
+
+def test_a_beat_forged_in_a_workers_name_cannot_silence_it() -> None:
+    """Another worker principal writes one beat in w1's name, stamped ten years ahead, to
+    the heartbeat partition w1 does not use: w1's real beats after it still count (they
+    are ordered by the broker's append time, not by the stamp), so w1 is never declared
+    dead while it beats."""
+    clock, log, clients, outside = _in_memory()
+    capacity = WorkerCapacity(4.0, 4096, 0)
+    own = partition_for("w1", SETTINGS.partitions)
+
+    def beat(at_ms: int, partition: int = -1) -> None:
+        record = Heartbeat("w1", at_ms, capacity, capacity, (), ())
+        outside.produce(
+            SETTINGS.topic("heartbeats"),
+            key=b"w1",
+            value=HEARTBEAT.encode(record),
+            partition=partition,
+        )
+
+    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
+    assert dispatcher.open()
+    started = clock.monotonic()
+    forged = False
+    while clock.monotonic() - started < 4 * CONFIG.dead_after_s:
+        now_ms = int(clock.time() * 1000)
+        beat(now_ms)
+        if not forged and clock.monotonic() - started > CONFIG.dead_after_s:
+            beat(now_ms + 10 * 365 * 86_400_000, partition=1 - own)
+            forged = True
+        dispatcher.step()
+        clock.advance(TIMING.heartbeat_s)
+    verdicts = [
+        r
+        for r in (JOB_LOG.decode(m.value() or b"") for m in log.records(SETTINGS.topic("job-log")))
+        if isinstance(r, WorkerLost)
+    ]
+    assert forged
+    assert dispatcher.declared_dead == 0
+    assert verdicts == []

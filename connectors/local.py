@@ -67,17 +67,26 @@ class Child:
 
 
 def token_file(state: Path) -> Path:
-    """Tokens for the local API, made once: an admin token and the demo owner's."""
+    """Tokens for the local API, made once: an admin token, the demo owner's and one for
+    an HTTP worker named local-http."""
     path = state / "api-tokens.yaml"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {
             "admin": [secrets.token_urlsafe(24)],
             "owners": {secrets.token_urlsafe(24): "demo"},
-            "workers": {secrets.token_urlsafe(24): "*"},
+            "workers": {secrets.token_urlsafe(24): "local-http"},
         }
         path.write_text(yaml.safe_dump(doc))
         path.chmod(0o600)
+    else:
+        # Made by an earlier version, its worker token acted as any worker ("*"), which
+        # the API now refuses: bind it to the one worker it stands for here.
+        doc = yaml.safe_load(path.read_text()) or {}
+        workers = doc.get("workers") if isinstance(doc, dict) else None
+        if isinstance(workers, dict) and "*" in workers.values():
+            doc["workers"] = {t: "local-http" if w == "*" else w for t, w in workers.items()}
+            path.write_text(yaml.safe_dump(doc))
     return path
 
 

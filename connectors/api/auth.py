@@ -5,9 +5,11 @@ both may be used, the file wins on a clash::
 
     admin: ["s3cret-admin"]             # CRONLOG_API_ADMIN_TOKENS=tok1,tok2
     owners: {"tok-a": "team-a"}         # CRONLOG_API_TOKENS=tok-a=team-a,tok-b=team-b
-    workers: {"tok-w": "w1"}            # CRONLOG_WORKER_TOKENS=tok-w=w1  ("*": any worker)
+    workers: {"tok-w": "w1"}            # CRONLOG_WORKER_TOKENS=tok-w=w1  (one worker each)
 
-Tokens are compared in constant time. With no token configured at all the API refuses
+Every token has at least 16 characters (a short one is refused at start-up, by table,
+never printed), and a worker token acts as the one worker it names: there is no
+wildcard. Tokens are compared in constant time. With no token configured at all the API refuses
 to start: an open scheduler that runs argv for anyone is not a default we ship.
 """
 
@@ -26,6 +28,31 @@ from connectors.api.service import ADMIN, Principal
 
 class AuthConfigError(ValueError):
     pass
+
+
+MIN_TOKEN_CHARS = 16
+MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
+
+
+def _check(tokens: Tokens) -> None:
+    """Every token long enough, every worker token bound to one worker."""
+    tables = (
+        ("admin", tokens.admin),
+        ("owners", tokens.owners.keys()),
+        ("workers", tokens.workers.keys()),
+    )
+    for table, found in tables:
+        short = sum(len(token) < MIN_TOKEN_CHARS for token in found)
+        if short:
+            raise AuthConfigError(
+                f"{table}: {short} token(s) shorter than {MIN_TOKEN_CHARS} characters; "
+                f"make each one with {MAKE_ONE}"
+            )
+    if "*" in tokens.workers.values():
+        raise AuthConfigError(
+            "workers: '*' (any worker) is not accepted: give each HTTP worker a token of its "
+            "own naming its worker id (an admin token may act as any worker)"
+        )
 
 
 def _pairs(text: str, what: str) -> dict[str, str]:
@@ -62,6 +89,7 @@ class Tokens:
             owners |= _token_map(doc.get("owners"), f"{path}: owners")
             workers |= _token_map(doc.get("workers"), f"{path}: workers")
         tokens = cls(frozenset(t.strip() for t in admin), owners, workers)
+        _check(tokens)
         if not (tokens.admin or tokens.owners or tokens.workers):
             raise AuthConfigError(
                 "no API tokens configured: set CRONLOG_API_TOKENS_FILE, CRONLOG_API_TOKENS "

@@ -449,7 +449,7 @@ class WorkerGateway:
     # -- the endpoints' work ----------------------------------------------------------------
     @staticmethod
     def check(who: Principal, worker_id: str) -> None:
-        if who.kind == "admin" or (who.kind == "worker" and who.name in (worker_id, "*")):
+        if who.kind == "admin" or (who.kind == "worker" and who.name == worker_id):
             return
         raise ServiceError(403, f"this token may not act as worker {worker_id!r}")
 

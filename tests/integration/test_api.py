@@ -24,13 +24,13 @@ from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
 TOKENS = {
-    "CRONLOG_API_TOKENS": "tok-a=team-a,tok-b=team-b",
-    "CRONLOG_API_ADMIN_TOKENS": "tok-admin",
-    "CRONLOG_WORKER_TOKENS": "tok-w=w1",
+    "CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a,tok-b-0123456789ab=team-b",
+    "CRONLOG_API_ADMIN_TOKENS": "tok-admin-0123456789ab",
+    "CRONLOG_WORKER_TOKENS": "tok-w-0123456789ab=w1",
 }
-A = {"Authorization": "Bearer tok-a"}
-B = {"Authorization": "Bearer tok-b"}
-ADMIN = {"Authorization": "Bearer tok-admin"}
+A = {"Authorization": "Bearer tok-a-0123456789ab"}
+B = {"Authorization": "Bearer tok-b-0123456789ab"}
+ADMIN = {"Authorization": "Bearer tok-admin-0123456789ab"}
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,9 @@ def test_owners_are_scoped_and_tokens_checked(api: httpx.Client) -> None:
     assert api.get("/jobs").status_code == 401
     assert api.get("/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert api.get("/jobs", headers={"Authorization": "Basic x"}).status_code == 401
-    assert api.get("/jobs", headers={"Authorization": "Bearer tok-w"}).status_code == 403
+    assert (
+        api.get("/jobs", headers={"Authorization": "Bearer tok-w-0123456789ab"}).status_code == 403
+    )
     assert api.get("/jobs/mine-b", headers=A).status_code == 404
     assert api.post("/jobs/mine-b/pause", headers=A).status_code == 404
     assert api.patch("/jobs/mine-b", json={"priority": 1}, headers=A).status_code == 404
@@ -353,7 +355,7 @@ def test_fuzzing_the_openapi_spec_finds_no_server_error(api: httpx.Client) -> No
             "run",
             f"{api.base_url}/openapi.json",
             "-H",
-            "Authorization: Bearer tok-a",
+            "Authorization: Bearer tok-a-0123456789ab",
             "--checks",
             "not_a_server_error",
             "--max-examples",
@@ -373,7 +375,7 @@ def test_fuzzing_the_openapi_spec_finds_no_server_error(api: httpx.Client) -> No
 def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
     """A worker in 'another language': heartbeat, get the assignment, ack, get the grant,
     report started and finished; the run ends succeeded on that worker."""
-    W = {"Authorization": "Bearer tok-w"}
+    W = {"Authorization": "Bearer tok-w-0123456789ab"}
     created(
         api,
         job_body(

@@ -45,7 +45,7 @@ def cronlog(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "connectors.cli", *args],
-        env={**env_for(settings), "CRONLOG_API_ADMIN_TOKENS": "test-admin"},
+        env={**env_for(settings), "CRONLOG_API_ADMIN_TOKENS": "test-admin-0123456789ab"},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -40,7 +40,7 @@ from tests.support.nodes import (
 from tests.support.services import Services
 from tests.support.waiting import eventually, free_port
 
-ADMIN = {"Authorization": "Bearer tok-admin"}
+ADMIN = {"Authorization": "Bearer tok-admin-0123456789ab"}
 OUTAGE_S = 15
 # A write refused while the broker is down must be answered within this (the API waits
 # a few seconds for the broker's acknowledgement, then says 503): not a hang.
@@ -59,7 +59,7 @@ class Api(CronlogProcess):
             "api",
             logdir,
             ["api", "--port", str(self.port), "--loglevel", "warning"],
-            {"CRONLOG_API_ADMIN_TOKENS": "tok-admin"},
+            {"CRONLOG_API_ADMIN_TOKENS": "tok-admin-0123456789ab"},
         )
         self.client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.port}", headers=ADMIN, timeout=60

@@ -35,7 +35,7 @@ from tests.support.nodes import CronlogProcess
 from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
-W = {"Authorization": "Bearer tok-w"}
+W = {"Authorization": "Bearer tok-w-0123456789ab"}
 KINDS = ("assignments", "grants", "kills")
 
 
@@ -50,7 +50,8 @@ class Api:
             "api",
             logs,
             ["api", "--port", str(self.port), "--loglevel", "warning"],
-            extra_env={"CRONLOG_WORKER_TOKENS": "tok-w=*"},
+            # An admin token may act as any worker (a worker token names one worker).
+            extra_env={"CRONLOG_API_ADMIN_TOKENS": "tok-w-0123456789ab"},
         )
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
         self.producer = Producer(producer_config(settings))

@@ -30,7 +30,7 @@ from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
 CANARY = "canary-7f3a9c1e-do-not-leak"
-A = {"Authorization": "Bearer tok-s"}
+A = {"Authorization": "Bearer tok-s-0123456789ab"}
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def stack(topics: Settings, tmp_path: Path) -> Iterator[httpx.Client]:
             "api",
             tmp_path,
             ["api", "--port", str(port), "--loglevel", "info"],
-            {"CRONLOG_API_TOKENS": "tok-s=team-s"},
+            {"CRONLOG_API_TOKENS": "tok-s-0123456789ab=team-s"},
         ),
     ]
     for proc in procs:
@@ -124,8 +124,8 @@ def test_a_secret_reaches_the_job_and_nothing_else(
         stack.get("/jobs/sec-job/runs", headers=A).text,
         stack.get(f"/runs/{ran['run_id']}", headers=A).text,
         log,
-        stack.get("/ui/jobs/sec-job", cookies={COOKIE: "tok-s"}).text,
-        stack.get(f"/ui/runs/{ran['run_id']}", cookies={COOKIE: "tok-s"}).text,
+        stack.get("/ui/jobs/sec-job", cookies={COOKIE: "tok-s-0123456789ab"}).text,
+        stack.get(f"/ui/runs/{ran['run_id']}", cookies={COOKIE: "tok-s-0123456789ab"}).text,
     ]
     assert all(CANARY not in text for text in answers)
     # ...every record of every topic (aborted transactions too)...

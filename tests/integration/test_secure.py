@@ -40,8 +40,8 @@ from tests.support.secure import SecureBroker
 from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
-TOKENS = {"CRONLOG_API_TOKENS": "tok-a=team-a"}
-A = {"Authorization": "Bearer tok-a"}
+TOKENS = {"CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a"}
+A = {"Authorization": "Bearer tok-a-0123456789ab"}
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,12 @@ from tests.support.waiting import eventually, free_port
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENS = Path(__file__).resolve().parents[2] / ".state" / "screens"
-TOKENS = {"CRONLOG_API_TOKENS": "tok-a=team-a,tok-b=team-b", "CRONLOG_API_ADMIN_TOKENS": "tok-adm"}
-A = {"Authorization": "Bearer tok-a"}
-ADMIN = {"Authorization": "Bearer tok-adm"}
+TOKENS = {
+    "CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a,tok-b-0123456789ab=team-b",
+    "CRONLOG_API_ADMIN_TOKENS": "tok-adm-0123456789ab",
+}
+A = {"Authorization": "Bearer tok-a-0123456789ab"}
+ADMIN = {"Authorization": "Bearer tok-adm-0123456789ab"}
 LIVE = {"waiting", "due", "dispatched", "running", "retrying"}
 
 if CHROMIUM is None:
@@ -116,7 +119,7 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        _sign_in(page, stack, "tok-a")
+        _sign_in(page, stack, "tok-a-0123456789ab")
 
         # The jobs of team-a, none of team-b's, each with its recent runs.
         shown = set(
@@ -179,7 +182,7 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         _shot(page, "dead-letters")
 
         # Another owner sees none of team-a's jobs, and not ui-a by its address.
-        _sign_in(page, stack, "tok-b")
+        _sign_in(page, stack, "tok-b-0123456789ab")
         shown = set(
             page.eval_on_selector_all("#jobs tr[data-job]", "rs => rs.map(r => r.dataset.job)")
         )
@@ -190,7 +193,7 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         assert "not found" in page.inner_text("#error")
         _shot(page, "other-owner")
 
-        _sign_in(page, stack, "tok-adm")
+        _sign_in(page, stack, "tok-adm-0123456789ab")
         page.goto(f"{stack}/ui/dead-letters")
         letters = page.inner_text("#dead-letters")
         assert "ui-bad-a" in letters
@@ -198,7 +201,9 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         browser.close()
 
     # A form without the dashboard's form token is refused, signed in or not.
-    forged = api.post("/ui/jobs/ui-a/resume", data={"back": "/ui"}, cookies={COOKIE: "tok-a"})
+    forged = api.post(
+        "/ui/jobs/ui-a/resume", data={"back": "/ui"}, cookies={COOKIE: "tok-a-0123456789ab"}
+    )
     assert forged.status_code == 403
     time.sleep(1)
     assert api.get("/jobs/ui-a", headers=A).json()["paused"] is True

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from connectors.api.auth import AuthConfigError, Tokens
 from connectors.api.limits import RateLimiter
+from connectors.api.service import Principal
 
 
 def tokens_file(tmp_path: Path, text: str) -> dict[str, str]:
@@ -23,9 +24,9 @@ def tokens_file(tmp_path: Path, text: str) -> dict[str, str]:
     [
         'admin: "s3cret"',  # a string: each character would have become an admin token
         "admin: [1, 2]",
-        "owners: [tok-a]",
-        "owners: {tok-a: 5}",
-        "workers: {tok-w: ''}",
+        "owners: [tok-a-0123456789ab]",
+        "owners: {tok-a-0123456789ab: 5}",
+        "workers: {tok-w-0123456789ab: ''}",
     ],
 )
 def test_a_tokens_file_of_the_wrong_shape_is_refused(tmp_path: Path, text: str) -> None:
@@ -34,16 +35,20 @@ def test_a_tokens_file_of_the_wrong_shape_is_refused(tmp_path: Path, text: str) 
 
 
 def test_no_single_character_passes_for_an_admin_token(tmp_path: Path) -> None:
-    tokens = Tokens.from_env(tokens_file(tmp_path, "admin: [s3cret]\nowners: {tok-a: team-a}"))
-    assert tokens.principal("s3cret") is not None
-    assert all(tokens.principal(c) is None for c in "s3cret")
+    tokens = Tokens.from_env(
+        tokens_file(tmp_path, "admin: [s3cret-0123456789ab]\nowners: {tok-a-0123456789ab: team-a}")
+    )
+    assert tokens.principal("s3cret-0123456789ab") is not None
+    assert all(tokens.principal(c) is None for c in "s3cret-0123456789ab")
 
 
 @given(st.text(max_size=40))
 def test_any_header_text_is_a_token_or_none_never_an_error(text: str) -> None:
-    tokens = Tokens(frozenset({"adm"}), {"tok-a": "team-a"}, {"tok-w": "w1"})
+    tokens = Tokens(
+        frozenset({"adm"}), {"tok-a-0123456789ab": "team-a"}, {"tok-w-0123456789ab": "w1"}
+    )
     found = tokens.principal(text)
-    assert (found is not None) == (text in {"adm", "tok-a", "tok-w"})
+    assert (found is not None) == (text in {"adm", "tok-a-0123456789ab", "tok-w-0123456789ab"})
 
 
 class Clock:
@@ -86,3 +91,25 @@ def test_rate_zero_turns_it_off_and_bad_settings_are_refused() -> None:
         RateLimiter.from_env({"CRONLOG_API_RATE": "fast"})
     with pytest.raises(ValueError, match="CRONLOG_API_BURST"):
         RateLimiter.from_env({"CRONLOG_API_BURST": "0"})
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CRONLOG_API_ADMIN_TOKENS": "x"},
+        {"CRONLOG_API_TOKENS": "short-token=team-a"},
+        {"CRONLOG_WORKER_TOKENS": "fifteen-chars-x=w1"},
+    ],
+)
+def test_a_short_token_is_refused_without_being_shown(env: dict[str, str]) -> None:
+    with pytest.raises(AuthConfigError, match="shorter than 16 characters") as refused:
+        Tokens.from_env(env)
+    token = next(iter(env.values())).split("=")[0]
+    assert token not in str(refused.value)
+
+
+def test_a_worker_token_names_one_worker() -> None:
+    with pytest.raises(AuthConfigError, match="not accepted"):
+        Tokens.from_env({"CRONLOG_WORKER_TOKENS": "worker-token-0123456789=*"})
+    tokens = Tokens.from_env({"CRONLOG_WORKER_TOKENS": "worker-token-0123456789=w1"})
+    assert tokens.principal("worker-token-0123456789") == Principal("worker", "w1")

@@ -758,7 +758,9 @@ def api(
     log_format: LogFormatOption = None,
 ) -> None:
     """The REST API (OpenAPI at /docs and /openapi.json). Tokens: CRONLOG_API_TOKENS_FILE,
-    CRONLOG_API_TOKENS (token=owner,...), CRONLOG_API_ADMIN_TOKENS, CRONLOG_WORKER_TOKENS."""
+    CRONLOG_API_TOKENS (token=owner,...), CRONLOG_API_ADMIN_TOKENS, CRONLOG_WORKER_TOKENS.
+    A TLS proxy in front: CRONLOG_API_TRUSTED_PROXIES (its addresses, comma-separated;
+    127.0.0.1 by default) so its X-Forwarded-For/-Proto are believed."""
     import uvicorn
 
     chosen = _logging(loglevel, "api", None, log_format)
@@ -788,7 +790,18 @@ def api(
         _stop_watchdog()  # uvicorn's handlers, installed in run, get wrapped
         # JSON: uvicorn's loggers go through the root handler set above, not its own.
         log_config = None if chosen == "json" else uvicorn.config.LOGGING_CONFIG
-        uvicorn.run(app, host=host, port=port, log_level=loglevel, log_config=log_config)
+        # Forwarded headers (the client's address for the rate limits, https for the
+        # cookies' Secure flag) are believed from these proxies only.
+        proxies = os.environ.get("CRONLOG_API_TRUSTED_PROXIES", "127.0.0.1")
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level=loglevel,
+            log_config=log_config,
+            proxy_headers=True,
+            forwarded_allow_ips=proxies,
+        )
     finally:
         gateway.stop()
         service.close()

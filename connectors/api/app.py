@@ -64,6 +64,12 @@ OBJECT_BODY = {
 }
 
 
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'"
+)
+
+
 def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
     body = {"error": {"status": status, "message": message, "field": field}}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -151,6 +157,22 @@ def create_app(
             body = {"error": {"status": 429, "message": message, "field": None}}
             return JSONResponse(body, 429, headers={"Retry-After": str(math.ceil(wait))})
         answer: Response = await call_next(request)
+        return answer
+
+    # -- what a browser may do with an answer ----------------------------------------------
+    @app.middleware("http")
+    async def confine(request: Request, call_next: Any) -> Response:
+        """Every answer: no framing (clickjacking), scripts, styles and forms from this
+        origin only, no type sniffing, no referrer to other sites. /docs (Swagger UI)
+        loads its assets from a CDN, so it keeps the framing rules only."""
+        answer: Response = await call_next(request)
+        answer.headers.setdefault("X-Frame-Options", "DENY")
+        answer.headers.setdefault("X-Content-Type-Options", "nosniff")
+        answer.headers.setdefault("Referrer-Policy", "same-origin")
+        if request.url.path.startswith(("/docs", "/redoc")):
+            answer.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
+        else:
+            answer.headers.setdefault("Content-Security-Policy", CSP)
         return answer
 
     # -- metrics ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -28,6 +29,9 @@ from connectors.api.limits import read_body
 from connectors.api.service import Principal, Service, ServiceError
 
 COOKIE = "cronlog_token"
+# The sign-in form's own token (double submit): set with the form, SameSite=strict, and
+# required back with it, so another site cannot sign a browser in under its own token.
+LOGIN_COOKIE = "cronlog_login"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
 STATIC_DIR = Path(__file__).with_name("static")
 # What a sign-in form may carry: a token is short; anything longer is not one.
@@ -77,9 +81,23 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         return page(request, name, who=who, csrf=csrf_token(token), **context)
 
     # -- signing in ---------------------------------------------------------------------
+    def login_page(request: Request, target: str, status: int, error: str | None) -> Response:
+        """The sign-in form, with a fresh form token in it and in a cookie."""
+        login = secrets.token_urlsafe(24)
+        answer = page(request, "login.html", status, next=target, error=error, login=login)
+        answer.set_cookie(
+            LOGIN_COOKIE,
+            login,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/ui/login",
+        )
+        return answer
+
     @router.get("/login")
-    def login_form(request: Request, next: str = "/ui") -> HTMLResponse:
-        return page(request, "login.html", next=_local(next), error=None)
+    def login_form(request: Request, next: str = "/ui") -> Response:
+        return login_page(request, _local(next), 200, None)
 
     @router.post("/login")
     async def login(request: Request) -> Response:
@@ -88,11 +106,16 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         except ServiceError as exc:
             return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
         token, target = form.get("token", "").strip(), _local(form.get("next", "/ui"))
+        expected = request.cookies.get(LOGIN_COOKIE, "")
+        if not expected or not hmac.compare_digest(form.get("login", ""), expected):
+            reason = "the sign-in form is stale or not from this dashboard; sign in again"
+            return login_page(request, target, 403, reason)
         who = tokens.principal(token) if token else None
         if who is None or who.kind == "worker":
             reason = "unknown token" if who is None else "worker tokens cannot sign in"
-            return page(request, "login.html", 401, next=target, error=reason)
+            return login_page(request, target, 401, reason)
         answer = RedirectResponse(target, status_code=303)
+        answer.delete_cookie(LOGIN_COOKIE, path="/ui/login")
         answer.set_cookie(
             COOKIE,
             token,
@@ -104,7 +127,17 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         return answer
 
     @router.post("/logout")
-    def logout() -> Response:
+    async def logout(request: Request) -> Response:
+        try:
+            form = await _form(request)
+            _, token = principal(request)
+        except _SignIn:
+            return RedirectResponse("/ui/login", status_code=303)
+        except ServiceError as exc:
+            return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
+        if not hmac.compare_digest(form.get("csrf", ""), csrf_token(token)):
+            message = "the form is stale or not from this dashboard; reload it"
+            return page(request, "error.html", 403, code=403, message=message)
         answer = RedirectResponse("/ui/login", status_code=303)
         answer.delete_cookie(COOKIE, path="/ui")
         return answer

@@ -587,3 +587,57 @@ def _answers(client: httpx.Client) -> bool:
         return client.get("/healthz").status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_the_dashboard_refuses_forged_forms_and_confines_browsers(api: httpx.Client) -> None:
+    """Login and logout need a form this dashboard made (a cross-site POST carries no
+    SameSite=strict cookie); every answer forbids framing and foreign scripts; behind a
+    trusted TLS proxy the session cookie is Secure."""
+    base = str(api.base_url)
+    token = "tok-a-0123456789ab"
+
+    def login_value(html: str) -> str:
+        found = re.search(r'name="login" value="([^"]+)"', html)
+        assert found, html
+        return found.group(1)
+
+    with httpx.Client(base_url=base, timeout=30) as browser:
+        form = browser.get("/ui/login")
+        assert form.status_code == 200
+        assert "frame-ancestors 'none'" in form.headers["content-security-policy"]
+        assert "script-src 'self'" in form.headers["content-security-policy"]
+        assert form.headers["x-frame-options"] == "DENY"
+        assert api.get("/jobs", headers=A).headers["x-frame-options"] == "DENY"
+        value = login_value(form.text)
+
+        # Another site's form: no sign-in cookie of ours, so no session.
+        with httpx.Client(base_url=base, timeout=30) as elsewhere:
+            forged = elsewhere.post("/ui/login", data={"token": token, "login": value})
+            assert forged.status_code == 403
+            assert "cronlog_token" not in forged.headers.get("set-cookie", "")
+
+        # This dashboard's form, through a TLS proxy (127.0.0.1 is trusted by default).
+        signed = browser.post(
+            "/ui/login",
+            data={"token": token, "login": value, "next": "/ui"},
+            headers={"X-Forwarded-Proto": "https"},
+        )
+        assert signed.status_code == 303, signed.text
+        session = next(
+            c for c in signed.headers.get_list("set-cookie") if c.startswith("cronlog_token=")
+        )
+        assert "Secure" in session
+        assert "HttpOnly" in session
+        assert "SameSite=strict" in session
+        browser.cookies.set("cronlog_token", token, path="/ui")
+
+        # Logout without the page's form token is refused; with it, done.
+        refused = browser.post("/ui/logout", data={})
+        assert refused.status_code == 403
+        page = browser.get("/ui")
+        assert page.status_code == 200
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf
+        out = browser.post("/ui/logout", data={"csrf": csrf.group(1)})
+        assert out.status_code == 303
+        assert 'cronlog_token=""' in out.headers.get("set-cookie", "")

@@ -562,7 +562,12 @@ def test_a_flooding_token_gets_429_and_the_others_are_served(
         "api-limited",
         tmp_path,
         ["api", "--port", str(port), "--loglevel", "warning"],
-        extra_env={**TOKENS, "CRONLOG_API_RATE": "5", "CRONLOG_API_BURST": "10"},
+        extra_env={
+            **TOKENS,
+            "CRONLOG_API_RATE": "5",
+            "CRONLOG_API_BURST": "10",
+            "CRONLOG_API_TRUSTED_PROXIES": "127.0.0.2",
+        },
     ).start()
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -571,7 +576,16 @@ def test_a_flooding_token_gets_429_and_the_others_are_served(
             codes = [a.status_code for a in answers]
             other = client.get("/jobs", headers=B)
             health = client.get("/healthz")
+        # Anonymous callers behind a TLS proxy at 127.0.0.2, named as trusted: one
+        # client's junk does not lock the sign-in page for another.
+        proxy = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, transport=proxy) as via:
+            junk = {"X-Forwarded-For": "203.0.113.5"}
+            flood = [via.get("/ui/login", headers=junk).status_code for _ in range(40)]
+            neighbour = via.get("/ui/login", headers={"X-Forwarded-For": "203.0.113.6"})
         refused = [a for a in answers if a.status_code == 429]
+        assert flood.count(429) >= 20, flood
+        assert neighbour.status_code == 200
         assert codes[:10] == [200] * 10  # the burst
         assert len(refused) >= 20, codes  # 40 in well under 4 s at 5/s
         assert int(refused[0].headers["Retry-After"]) >= 1

@@ -199,11 +199,34 @@ def test_a_claim_is_granted_only_with_the_seal_of_its_placement_on_that_worker()
     other_key = seal(b"x" * 32, run_id, 1, "w2")
     assert answer(ClaimRequested("j", run_id, 1, "w2", T0 + MIN, other_key)) == [("w2", False)]
     assert w.runs[run_id].state == "due"
-    # The worker it was placed on, with its seal: granted; asking again needs none.
+    # The worker it was placed on, with its seal: granted; asking again needs it too.
     assert answer(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 1, on_w1)) == [("w1", True)]
     assert w.runs[run_id].worker_id == "w1"
-    assert answer(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 2)) == [("w1", True)]
+    assert answer(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 2, on_w1)) == [("w1", True)]
+    assert answer(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 2)) == [("w1", False)]
     assert w.states(run_id) == ["due", "dispatched"]
+
+
+def test_a_claim_without_the_seal_cannot_settle_a_cancel_for_the_holder() -> None:
+    """A cancel of a claimed attempt waits for its holder's answer; a claim naming the
+    holder but without its seal (anyone can write a worker id) must not answer for it:
+    the holder may be starting the job at that moment."""
+    key = b"k" * 32
+    w = world()
+    w.config = LedgerConfig(placement_key=key)
+    w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
+    run_id = rid(T0 + MIN)
+    on_w1 = seal(key, run_id, 1, "w1")
+    w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN, on_w1))
+    w.apply(CancelRequested("j", run_id, T0 + MIN + 10))
+    assert w.runs[run_id].cancelling
+    forged = w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 20))
+    assert "without its seal" in forged.rejected
+    assert w.runs[run_id].state == "dispatched"
+    assert w.runs[run_id].cancelling
+    settled = w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN + 30, on_w1))
+    assert [r.reason for r in settled.replies if isinstance(r, ClaimReply)] == ["cancelled"]
+    assert w.runs[run_id].state == "cancelled"
 
 
 def test_reports_are_taken_only_with_the_seal_of_the_placement() -> None:

@@ -84,6 +84,16 @@ class Attempts(Kernel):
             run is not None
             and run.worker_id == inp.worker_id
             and run.state == "dispatched"
+            and not self._sealed(inp)
+        ):
+            # Every claim path needs the seal: without it, anyone naming the holder could
+            # settle a pending cancel on its behalf (below), though it may be starting.
+            self.reject(f"claim of {inp.run_id}#{inp.attempt} by {inp.worker_id} without its seal")
+            granted, reason = False, self.rejected
+        elif (
+            run is not None
+            and run.worker_id == inp.worker_id
+            and run.state == "dispatched"
             and run.cancelling
         ):
             # The holder asks again (a restarted worker re-asks the claims its journal

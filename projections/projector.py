@@ -168,8 +168,12 @@ ON CONFLICT (worker_id) DO UPDATE SET capacity = excluded.capacity, free = exclu
     labels = excluded.labels, last_heartbeat_at = excluded.last_heartbeat_at, state = 'alive'
 WHERE workers.last_heartbeat_at <= excluded.last_heartbeat_at"""
 LOG = """
-INSERT INTO run_logs (run_id, attempt, seq, stream, data, at) VALUES (%s, %s, %s, %s, %s, %s)
-ON CONFLICT DO NOTHING"""
+INSERT INTO run_logs (run_id, attempt, seq, stream, data, at, worker_id)
+VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
+# What one attempt's stream may hold: a worker sends 16 KiB chunks up to 1 MiB (65 of
+# them at most, connectors/worker/runlogs.py); anything past these bounds is not its.
+MAX_CHUNK_CHARS = 16 * 1024
+MAX_CHUNKS = 256
 DEAD = """
 INSERT INTO projector_dead_letters (topic, partition, "offset", reason, payload)
 VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
@@ -574,6 +578,11 @@ class Projector:
 
     def _log(self, value: bytes, rows: Rows) -> None:
         chunk = RUN_LOG.decode(value)
-        data = _text(chunk.data) + ("\n[truncated]" if chunk.truncated else "")
+        if not 0 <= chunk.seq < MAX_CHUNKS:
+            return  # past what any worker sends: a log read must stay bounded
+        data = _text(chunk.data)
+        if len(data) > MAX_CHUNK_CHARS:
+            data = data[:MAX_CHUNK_CHARS] + "\n[chunk cut]"
+        data += "\n[truncated]" if chunk.truncated else ""
         row = (chunk.run_id, chunk.attempt, chunk.seq, chunk.stream, data)
-        rows.append((LOG, (*row, _ts(chunk.at_ms))))
+        rows.append((LOG, (*row, _ts(chunk.at_ms), chunk.worker_id)))

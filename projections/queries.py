@@ -145,11 +145,21 @@ def transitions(run_id: str) -> Query:
     )
 
 
+# A chunk is shown only if its writer held the attempt (any worker principal may write
+# to run-logs); chunks from before writers were recorded ('') are shown as they are.
+HELD = (
+    "(run_logs.worker_id = '' OR EXISTS (SELECT 1 FROM run_transitions h"
+    " WHERE h.run_id = run_logs.run_id AND h.attempt = run_logs.attempt"
+    " AND h.worker_id = run_logs.worker_id))"
+)
+
+
 def log_tail(run_id: str, chunks: int) -> Query:
     """The run's last `chunks` log chunks, oldest first."""
     return (
         f"SELECT * FROM (SELECT {LOG_COLUMNS} FROM run_logs"
-        " WHERE run_id = %s ORDER BY at DESC, seq DESC LIMIT %s) t ORDER BY at, seq",
+        f" WHERE run_id = %s AND {HELD} ORDER BY at DESC, seq DESC LIMIT %s) t"
+        " ORDER BY at, seq",
         (run_id, chunks),
     )
 
@@ -160,7 +170,7 @@ def logs(run_id: str, attempt: int | None, stream: str | None, limit: int) -> Qu
         [("run_id = %s", run_id), ("attempt = %s", attempt), ("stream = %s", stream)]
     )
     return (
-        f"SELECT {LOG_COLUMNS} FROM run_logs WHERE {where}"
+        f"SELECT {LOG_COLUMNS} FROM run_logs WHERE {where} AND {HELD}"
         " ORDER BY attempt, at, stream, seq LIMIT %s",
         (*params, limit),
     )

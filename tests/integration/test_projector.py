@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from connectors.stack import Stack, StackPaths
 from projections.migrate import MIGRATIONS_DIR, load_migrations, migrate
 from projections.projector import Batch, Projector, _ts
+from projections.queries import logs
 from schemas.codec import RUN_EVENTS, RUN_LOG
 from schemas.records import RunEvent, RunLogChunk, RunStateName
 from streams.core.ids import scheduled_run_id
@@ -555,3 +556,54 @@ def test_an_old_database_is_upgraded_and_its_stuck_runs_repaired(
     assert kept == ("cancelled", 4, 1, "w1", fat[2], fat[3], None, "cancelled by request", fat[3])
     assert all(event_id.endswith(f"#{seq}") for event_id, seq in seqs)
     assert len(seqs) == 8
+
+
+def test_log_chunks_shown_are_the_holders_and_bounded(topics: Settings, tmp_path: Path) -> None:
+    """Any worker principal may write to run-logs. A chunk forged by another worker, even
+    written before the real one under the same (run, attempt, stream, seq), is not shown
+    and does not take the real one's place; an oversized chunk is cut, and a sequence
+    number beyond what a worker ever sends is not stored (a log read stays bounded)."""
+    producer = Producer({"bootstrap.servers": topics.kafka})
+    run = synthetic_run(2400)
+    run_id = run[0].run_id  # held by w1 (the synthetic history's worker)
+
+    def chunk(seq: int, data: str, worker: str) -> None:
+        record = RunLogChunk(run_id, 1, "stdout", seq, data, False, worker, SYNTHETIC_T0)
+        producer.produce(
+            topics.topic("run-logs"), key=run_id.encode(), value=RUN_LOG.encode(record)
+        )
+
+    chunk(0, "FORGED by evil", "evil")  # first, under the real chunk's key
+    chunk(0, "real output\n", "w1")
+    chunk(1, "x" * 100_000, "w1")
+    chunk(10_000, "far beyond", "w1")
+    assert producer.flush(10) == 0
+    migrate(topics.database_url)
+    with psycopg.connect(topics.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
+    before = row[0] if row else 0
+    good = produce_runs(topics, range(2400, 2401))
+    projector = ProjectorProc(topics, tmp_path / "logs.log").start()
+    shown: list[tuple[Any, ...]] = []
+    try:
+        wait_caught_up(topics.database_url, before + good)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(shown) < 2:
+            sql, params = logs(run_id, None, None, 1000)
+            with psycopg.connect(topics.database_url) as conn:
+                shown = conn.execute(sql, params).fetchall()
+                stored = conn.execute(
+                    "SELECT seq, worker_id FROM run_logs WHERE run_id = %s ORDER BY 1, 2",
+                    (run_id,),
+                ).fetchall()
+            time.sleep(0.3)
+    finally:
+        projector.stop()
+    texts = [r[3] for r in shown]
+    assert texts[0] == "real output\n"
+    assert len(texts) == 2
+    assert texts[1].startswith("x" * 1000)
+    assert texts[1].endswith("[chunk cut]")
+    assert len(texts[1]) < 17_000
+    assert not any("FORGED" in t for t in texts)
+    assert stored == [(0, "evil"), (0, "w1"), (1, "w1")]  # kept apart, the far one not at all

@@ -4,6 +4,7 @@ environment, and calls into the packages that do the work."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -599,6 +600,13 @@ def worker(
         labels.append((key, value))
     state = Path(os.environ.get("CRONLOG_STATE_DIR") or StackPaths.default().state) / "workers"
     _logging(loglevel, "worker", worker_id, log_format)
+    from connectors.worker.procs import conceal
+
+    # Its environment and memory (credentials, CRONLOG_SECRET_*) out of reach of jobs
+    # that run as its own user; files in its state folder are not (docs/security.md).
+    problem = conceal()
+    if problem:
+        logging.getLogger("cronlog.worker").warning("%s: jobs may read its environment", problem)
     config = WorkerConfig(
         worker_id,
         Capacity(cpu, memory_mb, gpu),

@@ -77,6 +77,7 @@ import orjson
 from connectors.worker.lease import read_lease
 from connectors.worker.procs import (
     become_subreaper,
+    conceal,
     decode_status,
     group_alive,
     signal_group,
@@ -570,9 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.getsid(0) != os.getpid():
         with contextlib.suppress(OSError):
             os.setsid()
-    warning = become_subreaper()
-    if warning:
-        print(f"executor: warning: {warning}", file=sys.stderr)
+    for warning in (become_subreaper(), conceal()):
+        if warning:
+            print(f"executor: warning: {warning}", file=sys.stderr)
     engine = Engine(
         EngineConfig(
             args.lease_file,

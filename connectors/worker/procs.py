@@ -45,6 +45,23 @@ def become_subreaper() -> str:
     return ""
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def conceal() -> str:
+    """Make this process's /proc entries (environ, mem, fd, ...) root's alone
+    (PR_SET_DUMPABLE 0), so a job running as this process's own user cannot read its
+    environment or memory: the worker's credentials and secrets. Jobs are not affected
+    (exec makes a process dumpable again). '' or why it could not be done."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:
+        return f"prctl(PR_SET_DUMPABLE) unavailable: {exc}"
+    return ""
+
+
 def limit_address_space(limit_bytes: int, report_fd: int) -> Callable[[], None]:
     """A ``preexec_fn`` that sets ``RLIMIT_AS`` (soft and hard, never above an existing
     hard limit) and writes b'ok' or the error to ``report_fd``. A limit of 0 or less

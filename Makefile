@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics nettools run test test-secure lint format bench bench-full chaos clean
+.PHONY: help venv stack topics nettools run test test-secure lint format bench bench-full chaos fuzz clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
@@ -18,6 +18,7 @@ help:
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
 	@echo "make chaos  - long fault scenarios (every node down for 20 minutes; 10 minutes of random faults on 3 brokers)"
+	@echo "make fuzz   - 10,000 generated bad records on each topic the system reads"
 	@echo "make clean  - stop the stack, remove the venv and the state folder"
 
 $(STAMP): pyproject.toml
@@ -130,6 +131,12 @@ bench-full: topics
 # the catch-up in bounded transactions without a failure, and the audit must be clean.
 # Then 10 minutes of random faults (brokers, nodes, ledgers, workers, the projector) on a
 # private three-broker cluster: no duplicate, no missed firing, every run final.
+# 10,000 generated bad records on each topic the system reads (the suite runs 200 per
+# topic; the API is fuzzed from its OpenAPI by the suite, tests/integration/test_api.py).
+fuzz: topics
+	CRONLOG_FUZZ_N=10000 $(BIN)/python -m pytest $(PYTEST_ARGS) -s \
+		tests/integration/test_fuzz_topics.py
+
 chaos: topics nettools
 	CRONLOG_LONG_TESTS=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \
 		tests/integration/test_broker_outage.py tests/integration/test_cluster_failover.py \

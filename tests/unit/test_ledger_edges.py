@@ -343,3 +343,30 @@ def test_a_job_cannot_hang_on_another_owners_job() -> None:
     w.apply(FireProposed("b", t1, t1, "n"))
     run_to_end(w, "b", scheduled_run_id("b", t1), t1)
     assert w.states(scheduled_run_id("step", t1)) == ["due"]
+
+
+def test_a_pause_withdrawing_more_than_the_final_runs_kept_never_doubles_a_run() -> None:
+    """A job every second with 40 runs decided ahead is paused: 40 firings withdrawn, more
+    than the 20 final runs a job keeps. A resume before their times revives each of them
+    (the same run, a new attempt); none is forgotten and created again under the same
+    event ids (issue 35: duplicate runs, illegal transitions, double claims)."""
+    w = registered(spec(every=S))
+    start = T0 + 2 * S
+    w.apply(FireProposed("j", start + 40 * S, start, "n"), now=start)
+    ahead = [t for t in range(start + S, start + 41 * S, S)]
+    assert all(w.states(scheduled_run_id("j", t))[-1] == "due" for t in ahead)
+    w.apply(JobPaused("j", start), now=start)
+    assert all(w.runs[scheduled_run_id("j", t)].reason == WITHDRAWN_BY_PAUSE for t in ahead)
+    w.apply(JobResumed("j", start), now=start)
+    w.apply(FireProposed("j", start + 40 * S, start, "n"), now=start)
+    ids = [e.event_id for e in w.run_events()]
+    assert len(ids) == len(set(ids)), "an event id written twice"
+    for t in ahead:
+        run_id = scheduled_run_id("j", t)
+        assert w.states(run_id) == ["due", "cancelled", "due"]
+        assert w.runs[run_id].attempt == 2  # revived: the withdrawn attempt is stale
+    # Once their times have passed, withdrawn firings are forgotten like any final run.
+    late = start + 60 * S
+    for t in ahead:
+        run_to_end(w, "j", scheduled_run_id("j", t), late, attempt=2)
+    assert len(w.jobs["j"].final_runs) <= LedgerConfig().keep_final_runs

@@ -48,6 +48,11 @@ def dependency_links(
     return tuple(added + removed)
 
 
+def _revivable(run: RunState, now: int) -> bool:
+    """A firing withdrawn ahead of its time, whose time has not come yet."""
+    return run.state == "cancelled" and run.reason in WITHDRAWN and run.scheduled_ms > now
+
+
 class Kernel:
     """Accumulates one decision. Methods validate, then change state through `_move`."""
 
@@ -163,14 +168,30 @@ class Kernel:
         return moved
 
     def _retire(self, run_id: str) -> None:
+        """A run is final: the oldest final runs beyond `keep_final_runs` are forgotten,
+        except firings withdrawn ahead of a time still to come, which a resume, a
+        re-creation or a change back may revive: forgotten, they would be created again
+        under the same run id and event ids. There are no more of those than runs
+        decided ahead, and they become forgettable once their time has passed (the
+        watermark never goes back before the ledger's now)."""
         keep = self.config.keep_final_runs
         live = tuple(r for r in self.job.live_runs if r != run_id)
         finals = (*self.job.final_runs, run_id)
-        if len(finals) > keep:
-            self.forget.extend(finals[: len(finals) - keep])
-            for gone in finals[: len(finals) - keep]:
-                self.runs.pop(gone, None)
-            finals = finals[len(finals) - keep :]
+        excess = len(finals) - keep
+        if excess > 0:
+            gone: list[str] = []
+            for old in finals:
+                if len(gone) == excess:
+                    break
+                run = self.run(old)
+                if run is not None and _revivable(run, self.at):
+                    continue
+                gone.append(old)
+            self.forget.extend(gone)
+            for old in gone:
+                self.runs.pop(old, None)
+            dropped = set(gone)
+            finals = tuple(r for r in finals if r not in dropped)
         self.set_job(live_runs=live, final_runs=finals)
 
     def _create(

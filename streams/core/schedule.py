@@ -232,9 +232,14 @@ class _Cron:
                 "are not supported"
             )
         fields = [_single_ranges(field) for field in fields]
+        # Cron's day rule (cronie, Vixie, Debian): a day matches day-of-month OR
+        # day-of-week when both are restricted, AND when either starts with `*`: cron
+        # looks at the field's first character, so `*/2` counts as a star there, where
+        # croniter would OR it with the day of the week.
+        day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))
         try:
             # A start time is given so that croniter never reads the clock.
-            self._iter = croniter(" ".join(fields), 0.0, second_at_beginning=True)
+            self._iter = croniter(" ".join(fields), 0.0, second_at_beginning=True, day_or=day_or)
         except (ValueError, KeyError, TypeError, IndexError) as error:
             raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         self._lock = threading.Lock()

@@ -267,8 +267,12 @@ instants = st.integers(min_value=0, max_value=YEAR_2200_MS)
 
 
 def croniter_next_ms(expr: str, after_ms: int, zone: str) -> int:
+    """croniter's answer, told cron's day rule (AND when day-of-month or day-of-week
+    starts with `*`; tests/unit/test_cron_days.py checks the rule itself)."""
     start = datetime.fromtimestamp(after_ms / 1000, ZoneInfo(zone))
-    found = croniter(expr, start, second_at_beginning=True).get_next(datetime)
+    fields = expr.split()
+    day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))
+    found = croniter(expr, start, second_at_beginning=True, day_or=day_or).get_next(datetime)
     assert isinstance(found, datetime)
     return int(found.timestamp()) * 1000
 
@@ -373,7 +377,9 @@ def oracle(expr: str, zone_name: str, dst: DstPolicy, after: int, until: int) ->
         policy = "wall" if wild else "run_once"
     wall = datetime.fromtimestamp(after // 1000, UTC).replace(tzinfo=None) - timedelta(days=1)
     last = datetime.fromtimestamp(until // 1000, UTC).replace(tzinfo=None) + timedelta(days=1)
-    walls = croniter(expr, wall, second_at_beginning=True)
+    fields = expr.split()
+    day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))  # cron's rule
+    walls = croniter(expr, wall, second_at_beginning=True, day_or=day_or)
     found: set[int] = set()
     while (wall := walls.get_next(datetime)) <= last:
         first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)

@@ -200,13 +200,71 @@ def _parse_at(value: object) -> AtSchedule:
 # --- cached cron expressions and zones ------------------------------------------------------
 
 
-_SINGLE_RANGE = re.compile(r"^([0-9A-Za-z]+)-\1(/[0-9]+)?$")
+_MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+_WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+# (name, lowest, highest, names) of the five fields; seconds lead a 6-field expression.
+_FIELDS = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day-of-month", 1, 31, ()),
+    ("month", 1, 12, _MONTHS),
+    ("day-of-week", 0, 7, _WEEKDAYS),
+)
+_SECONDS = ("second", 0, 59, ())
+_PART = re.compile(r"^(\*|[0-9A-Za-z]+)(?:-([0-9A-Za-z]+))?(?:/([0-9]+))?$")
 
 
-def _single_ranges(field: str) -> str:
-    """`5-5` (or `5-5/2`) is the one value 5: croniter reads such a range as `*`, so
-    `0 5-5 * * *` would fire every hour."""
-    return ",".join(_SINGLE_RANGE.sub(r"\1", part) for part in field.split(","))
+def _value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
+    if text.upper() in names:
+        return names.index(text.upper()) + (1 if name == "month" else 0)
+    if not text.isascii() or not text.isdigit():
+        raise ScheduleError(f"{name} field: {text!r} is not a number{' or a name' * bool(names)}")
+    value = int(text)
+    if not low <= value <= high:
+        raise ScheduleError(f"{name} field: {value} is out of range {low}-{high}")
+    return value
+
+
+def _check_field(field: str, name: str, low: int, high: int, names: tuple[str, ...]) -> str:
+    """One field as cron reads it, or a ScheduleError naming the field: values in range,
+    steps of at least 1, ranges low to high (cron refuses `7-0`, it does not wrap);
+    the extensions croniter has (`L`, `W`, `#`, `?`) are checked where they are simple.
+    Returns the field with single-value ranges (`5-5`, `05-5`, `5-5/2`) as that value:
+    croniter reads such a range as `*`, so `0 5-5 * * *` would fire every hour."""
+    parts = []
+    for part in field.split(","):
+        if "#" in part and name == "day-of-week":
+            day, _, nth = part.partition("#")
+            _value(day, name, low, high, names)
+            if not nth.isascii() or not nth.isdigit() or not 1 <= int(nth) <= 5:
+                raise ScheduleError(f"{name} field: {part!r}: the week after # must be 1-5")
+            parts.append(part)
+            continue
+        found = _PART.match(part)
+        if found is None or part[:1] in ("L", "l", "?") or part.upper().endswith(("L", "W")):
+            parts.append(part)  # croniter's extensions (L, W, ?): left to it
+            continue
+        first, last, step = found.groups()
+        if step is not None and int(step) == 0:
+            raise ScheduleError(f"{name} field: {part!r}: a step must be at least 1")
+        if first == "*":
+            if last is not None:
+                raise ScheduleError(f"{name} field: {part!r} is not a range")
+            parts.append(part)
+            continue
+        a = _value(first, name, low, high, names)
+        b = a if last is None else _value(last, name, low, high, names)
+        if a > b:
+            raise ScheduleError(f"{name} field: {part!r}: a range must go from low to high")
+        if name == "day-of-week" and b == 7:
+            # Sunday as 7, which croniter refuses in the 6-field form: the days named.
+            days = sorted({d % 7 for d in range(a, b + 1, int(step or 1))})
+            parts.append(",".join(map(str, days)))
+        elif last is None:
+            parts.append(part)
+        else:
+            parts.append(str(a) if a == b else part)  # `5-5/2` is 5 alone, as in cron
+    return ",".join(parts)
 
 
 class _Cron:
@@ -218,6 +276,10 @@ class _Cron:
     __slots__ = ("_iter", "_lock", "elapsed")
 
     def __init__(self, expr: str) -> None:
+        if any(c.isspace() and c not in " \t" for c in expr):
+            raise ScheduleError(
+                f"invalid cron expression {expr!r}: fields are separated by spaces or tabs"
+            )
         fields = expr.split()
         if len(fields) not in (5, 6):
             alias = " (aliases such as @daily are not supported)" if expr.startswith("@") else ""
@@ -231,7 +293,11 @@ class _Cron:
                 f"invalid cron expression {expr!r}: hashed (H) and random (R) fields "
                 "are not supported"
             )
-        fields = [_single_ranges(field) for field in fields]
+        kinds = (_SECONDS, *_FIELDS) if len(fields) == 6 else _FIELDS
+        try:
+            fields = [_check_field(f, *kind) for f, kind in zip(fields, kinds, strict=True)]
+        except ScheduleError as error:
+            raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         # Cron's day rule (cronie, Vixie, Debian): a day matches day-of-month OR
         # day-of-week when both are restricted, AND when either starts with `*`: cron
         # looks at the field's first character, so `*/2` counts as a star there, where

@@ -7,12 +7,13 @@ the fields; cronlog's fire times must be exactly the days it finds."""
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
 from schemas.spec import CronSchedule
-from streams.core.schedule import fires_between
+from streams.core.schedule import ScheduleError, fires_between, next_fire
 
 DAYS = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]
 DOM_FIELDS = ["*", "*/2", "*/7", "1-15", "13", "1,15", "2-30/3"]
@@ -74,3 +75,45 @@ def test_the_case_the_review_found() -> None:
     )
     days = [datetime.fromtimestamp(ms / 1000, UTC).date().isoformat() for ms in fires]
     assert days == ["2026-01-05", "2026-01-19", "2026-02-09", "2026-02-23"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("61 * * * *", "minute field: 61 is out of range 0-59"),
+        ("0 24 * * *", "hour field: 24 is out of range 0-23"),
+        ("0 0 32 * *", "day-of-month field: 32 is out of range 1-31"),
+        ("0 0 0 * *", "day-of-month field: 0 is out of range 1-31"),
+        ("0 0 * 13 *", "month field: 13 is out of range 1-12"),
+        ("0 0 * * 8", "day-of-week field: 8 is out of range 0-7"),
+        ("5-5/0 * * * *", "a step must be at least 1"),
+        ("0 0 * * 7-0", "a range must go from low to high"),
+        ("30-10 * * * *", "a range must go from low to high"),
+        ("0 0 * * 1#0", "the week after # must be 1-5"),
+        ("0 0 * * 1#6", "the week after # must be 1-5"),
+        ("0\u00a00 * * *", "fields are separated by spaces or tabs"),
+        ("0 0 * * *\u2003", "fields are separated by spaces or tabs"),
+        ("60 0 0 * * *", "second field: 60 is out of range 0-59"),
+        ("0 0 0 0 * *", "day-of-month field: 0 is out of range 1-31"),
+    ],
+)
+def test_fields_cron_refuses_are_refused_naming_the_field(expr: str, message: str) -> None:
+    with pytest.raises(ScheduleError, match=re.escape(message)):
+        next_fire(CronSchedule(expr, "UTC"), 0)
+
+
+@pytest.mark.parametrize(
+    ("expr", "same_as"),
+    [
+        ("0 05-5 * * *", "0 5 * * *"),  # was read as `*`: every hour
+        ("0 5-5/2 * * *", "0 5 * * *"),
+        ("0 0 * * 7", "0 0 * * 0"),  # Sunday as 7
+        ("0 0 0 * * 7", "0 0 0 * * 0"),  # and in the 6-field form
+        ("0 0 * * MON-MON", "0 0 * * 1"),
+    ],
+)
+def test_forms_cron_reads_as_one_value(expr: str, same_as: str) -> None:
+    start, end = _ms(START), _ms(START + timedelta(days=30))
+    assert fires_between(CronSchedule(expr, "UTC"), start, end) == fires_between(
+        CronSchedule(same_as, "UTC"), start, end
+    )

@@ -370,3 +370,17 @@ def test_a_pause_withdrawing_more_than_the_final_runs_kept_never_doubles_a_run()
     for t in ahead:
         run_to_end(w, "j", scheduled_run_id("j", t), late, attempt=2)
     assert len(w.jobs["j"].final_runs) <= LedgerConfig().keep_final_runs
+
+
+def test_a_one_off_moved_to_a_time_already_past_leaves_a_record() -> None:
+    """A one-off at +10 min is moved, at +5 min, to +1 min: registered so it would run
+    (or be recorded as skipped by its misfire policy); moved so, it must not vanish."""
+    later, earlier = T0 + 10 * MIN, T0 + MIN
+    w = registered(spec(schedule=AtSchedule(later)))
+    now = T0 + 5 * MIN
+    w.apply(JobUpserted(spec(schedule=AtSchedule(earlier)), now), now=now)
+    assert w.jobs["j"].next_due_ms == earlier
+    w.apply(FireProposed("j", earlier, now, "n"), now=now)
+    states = w.states(scheduled_run_id("j", earlier))
+    assert states in (["due"], ["skipped"])
+    assert w.states(scheduled_run_id("j", later)) == []  # the old time is not fired

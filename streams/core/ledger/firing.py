@@ -20,6 +20,7 @@ from schemas.records import (
     RunState,
     Span,
 )
+from schemas.spec import AtSchedule
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger.decision import (
     WITHDRAWN,
@@ -71,6 +72,11 @@ class Firing(Kernel):
             )
         job = self.job
         fired = at if retimed else job.fired_ms
+        if retimed and isinstance(spec.schedule, AtSchedule) and spec.schedule.at_ms <= at:
+            # A one-off moved to a time already past: proposed at once, as when registered
+            # so, to run or be recorded as skipped by its misfire policy, never dropped
+            # (a run already made for that time stays the one run of it).
+            fired = spec.schedule.at_ms - 1
         self.notices.extend(
             dependency_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at)
         )

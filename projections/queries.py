@@ -60,6 +60,15 @@ def foreign_jobs(job_ids: list[str], owner: str) -> Query:
     )
 
 
+def dependency_graph(owner: str) -> Query:
+    """Every registered job of `owner` with its upstreams (the graph a change joins)."""
+    return (
+        "SELECT job_id, spec->'depends_on' AS depends_on FROM jobs"
+        " WHERE owner = %s AND NOT deleted",
+        (owner,),
+    )
+
+
 def owned_jobs(job_ids: list[str], owner: str) -> Query:
     """Those of `job_ids` registered by `owner`."""
     return "SELECT job_id FROM jobs WHERE job_id = ANY(%s) AND owner = %s", (job_ids, owner)

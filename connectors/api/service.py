@@ -39,6 +39,7 @@ from streams.core.commands import (
     upsert_document,
     validate_command,
 )
+from streams.core.dag import cycle_through
 from streams.core.ids import manual_run_id
 from streams.kafka import producer_config
 from streams.settings import Settings
@@ -364,14 +365,42 @@ class Service:
         command = _upsert_command(doc)
         return self._upsert(doc, command)
 
+    def _check_graph(self, owner: str, job_id: str, upstreams: tuple[str, ...]) -> list[str]:
+        """Refuse (422) a change that would close a dependency cycle in the owner's jobs
+        as projected; the warnings to answer with: upstreams not registered yet (the job
+        waits for them; a typo would wait for ever)."""
+        if not upstreams:
+            return []
+        rows = self._query(queries.dependency_graph(owner))
+        graph = {r["job_id"]: tuple(r["depends_on"] or ()) for r in rows}
+        cycle = cycle_through(job_id, upstreams, graph)
+        if cycle is not None:
+            raise ServiceError(
+                422,
+                "depends_on would close a dependency cycle, in which no job ever runs "
+                f"again: {' -> '.join(cycle)}",
+                "depends_on",
+            )
+        unknown = [u for u in upstreams if u not in graph]
+        return [
+            f"depends_on names {u!r}, which is not registered: this job waits until a job "
+            "of that id is registered and runs"
+            for u in unknown
+        ]
+
     def _upsert(self, doc: dict[str, Any], command: UpsertJob) -> Accepted:
-        self._check_upstreams(command.spec.owner, command.spec.depends_on)
+        spec = command.spec
+        self._check_upstreams(spec.owner, spec.depends_on)
+        warnings = self._check_graph(spec.owner, spec.job_id, spec.depends_on)
         self._produce_command(doc, command)
-        job_id = command.spec.job_id
+        job_id = spec.job_id
         # As the projection stores it (JSON: tuples become lists).
-        stored = orjson.loads(orjson.dumps(to_plain(command.spec)))
+        stored = orjson.loads(orjson.dumps(to_plain(spec)))
         seen = self._wait(self._until_spec(job_id, stored))
-        return Accepted(seen or {"job_id": job_id, "status": "accepted"}, seen is not None)
+        body = seen or {"job_id": job_id, "status": "accepted"}
+        if warnings:
+            body = {**body, "warnings": warnings}
+        return Accepted(body, seen is not None)
 
     def job_command(self, who: Principal, job_id: str, kind: str, **fields: Any) -> Accepted:
         """pause, resume, delete, run_now, backfill of a job the caller may see."""

@@ -655,3 +655,25 @@ def test_the_dashboard_refuses_forged_forms_and_confines_browsers(api: httpx.Cli
         out = browser.post("/ui/logout", data={"csrf": csrf.group(1)})
         assert out.status_code == 303
         assert 'cronlog_token=""' in out.headers.get("set-cookie", "")
+
+
+def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(api: httpx.Client) -> None:
+    """The demo's chain turned back on itself (issue 35): extract <- transform <- load,
+    then extract made to depend on load: 422 naming the cycle, nothing changed. An
+    upstream nobody registered is accepted with a warning saying so."""
+    created(api, job_body("cy-extract"), A)
+    created(api, job_body("cy-transform", schedule=None, depends_on=["cy-extract"]), A)
+    created(api, job_body("cy-load", schedule=None, depends_on=["cy-transform"]), A)
+    closing = api.patch(
+        "/jobs/cy-extract", json={"depends_on": ["cy-load"], "schedule": None}, headers=A
+    )
+    assert closing.status_code == 422, closing.text
+    error = closing.json()["error"]
+    assert error["field"] == "depends_on"
+    assert "cy-extract -> cy-load -> cy-transform -> cy-extract" in error["message"]
+    assert api.get("/jobs/cy-extract", headers=A).json()["spec"]["depends_on"] == []
+    ghost = api.post(
+        "/jobs", json=job_body("cy-waits", schedule=None, depends_on=["cy-ghost"]), headers=A
+    )
+    assert ghost.status_code in (201, 202), ghost.text
+    assert any("'cy-ghost', which is not registered" in w for w in ghost.json()["warnings"])

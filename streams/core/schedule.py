@@ -273,7 +273,7 @@ class _Cron:
     croniter objects are stateful, so each call passes its start and holds a lock.
     """
 
-    __slots__ = ("_iter", "_lock", "elapsed")
+    __slots__ = ("_iters", "_lock", "elapsed")
 
     def __init__(self, expr: str) -> None:
         if any(c.isspace() and c not in " \t" for c in expr):
@@ -301,11 +301,19 @@ class _Cron:
         # Cron's day rule (cronie, Vixie, Debian): a day matches day-of-month OR
         # day-of-week when both are restricted, AND when either starts with `*`: cron
         # looks at the field's first character, so `*/2` counts as a star there, where
-        # croniter would OR it with the day of the week.
-        day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))
+        # croniter would OR it with the day of the week. The OR is evaluated as two
+        # expressions, one per day field (the other a star), the earlier time winning:
+        # croniter's own OR finds nothing for `0 0 30 2 MON` (Mondays of February in
+        # cron) and drops the day of the month beside `5#2` or `L`.
+        if fields[-3].startswith("*") or fields[-1].startswith("*"):
+            variants = [fields]
+        else:
+            variants = [[*fields[:-1], "*"], [*fields[:-3], "*", *fields[-2:]]]
         try:
             # A start time is given so that croniter never reads the clock.
-            self._iter = croniter(" ".join(fields), 0.0, second_at_beginning=True, day_or=day_or)
+            self._iters = [
+                croniter(" ".join(v), 0.0, second_at_beginning=True, day_or=False) for v in variants
+            ]
         except (ValueError, KeyError, TypeError, IndexError) as error:
             raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         self._lock = threading.Lock()
@@ -316,12 +324,14 @@ class _Cron:
         """The first matching wall-clock second strictly after `wall_s` (naive seconds
         since 1970-01-01T00:00), or None when none within croniter's search horizon
         (50 years) or the datetime range."""
+        found: list[float] = []
         with self._lock:
-            try:
-                found = self._iter.get_next(float, start_time=float(wall_s))
-            except (ValueError, OverflowError):  # CroniterBadDateError is a ValueError
-                return None
-        return int(found)
+            for each in self._iters:
+                try:
+                    found.append(each.get_next(float, start_time=float(wall_s)))
+                except (ValueError, OverflowError):  # CroniterBadDateError is a ValueError
+                    continue
+        return int(min(found)) if found else None
 
 
 @lru_cache(maxsize=4096)

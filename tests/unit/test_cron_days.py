@@ -117,3 +117,20 @@ def test_forms_cron_reads_as_one_value(expr: str, same_as: str) -> None:
     assert fires_between(CronSchedule(expr, "UTC"), start, end) == fires_between(
         CronSchedule(same_as, "UTC"), start, end
     )
+
+
+@pytest.mark.parametrize(
+    ("expr", "days"),
+    [
+        # Both day fields restricted: either day. Cron runs these; they were refused as
+        # "never fires" (croniter's own OR looks for a 30th of February).
+        ("0 0 30 2 MON", ["2026-02-02", "2026-02-09", "2026-02-16", "2026-02-23"]),
+        ("0 0 31 2 0", ["2026-02-01", "2026-02-08", "2026-02-15", "2026-02-22"]),
+        # The 1st of each month or its second Friday (the day of the month was dropped).
+        ("0 0 1 * 5#2", ["2026-01-09", "2026-02-01", "2026-02-13", "2026-03-01"]),
+    ],
+)
+def test_both_day_fields_restricted_means_either_day(expr: str, days: list[str]) -> None:
+    fires = fires_between(CronSchedule(expr, "UTC"), _ms(START), _ms(date(2026, 12, 31)))
+    got = [datetime.fromtimestamp(ms / 1000, UTC).date().isoformat() for ms in fires]
+    assert got[: len(days)] == days

@@ -44,6 +44,25 @@ def csrf_token(api_token: str) -> str:
     return hmac.new(api_token.encode(), b"cronlog-ui-form", hashlib.sha256).hexdigest()
 
 
+def _set_cookie(answer: Response, request: Request, name: str, value: str, path: str) -> None:
+    """A cookie only this dashboard's own pages send back (HttpOnly, SameSite=strict),
+    Secure when served over https (a trusted TLS proxy's X-Forwarded-Proto included)."""
+    answer.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=path,
+    )
+
+
+def _check_form(form: dict[str, str], token: str) -> None:
+    """A signed-in form must carry the page's CSRF token (another site cannot make it)."""
+    if not hmac.compare_digest(form.get("csrf", ""), csrf_token(token)):
+        raise ServiceError(403, "the form is stale or not from this dashboard; reload it")
+
+
 class _SignIn(Exception):
     """No valid token: the page sends the browser to the sign-in form."""
 
@@ -85,14 +104,7 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         """The sign-in form, with a fresh form token in it and in a cookie."""
         login = secrets.token_urlsafe(24)
         answer = page(request, "login.html", status, next=target, error=error, login=login)
-        answer.set_cookie(
-            LOGIN_COOKIE,
-            login,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/ui/login",
-        )
+        _set_cookie(answer, request, LOGIN_COOKIE, login, "/ui/login")
         return answer
 
     @router.get("/login")
@@ -116,14 +128,7 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
             return login_page(request, target, 401, reason)
         answer = RedirectResponse(target, status_code=303)
         answer.delete_cookie(LOGIN_COOKIE, path="/ui/login")
-        answer.set_cookie(
-            COOKIE,
-            token,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/ui",
-        )
+        _set_cookie(answer, request, COOKIE, token, "/ui")
         return answer
 
     @router.post("/logout")
@@ -131,13 +136,11 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         try:
             form = await _form(request)
             _, token = principal(request)
+            _check_form(form, token)
         except _SignIn:
             return RedirectResponse("/ui/login", status_code=303)
         except ServiceError as exc:
             return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
-        if not hmac.compare_digest(form.get("csrf", ""), csrf_token(token)):
-            message = "the form is stale or not from this dashboard; reload it"
-            return page(request, "error.html", 403, code=403, message=message)
         answer = RedirectResponse("/ui/login", status_code=303)
         answer.delete_cookie(COOKIE, path="/ui")
         return answer
@@ -182,8 +185,7 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         try:
             form = await _form(request)
             who, token = principal(request)
-            if not hmac.compare_digest(form.get("csrf", ""), csrf_token(token)):
-                raise ServiceError(403, "the form is stale or not from this dashboard; reload it")
+            _check_form(form, token)
             if action not in ACTIONS:
                 raise ServiceError(404, f"no action {action!r}")
             accepted = await run_in_threadpool(service.job_command, who, job_id, ACTIONS[action])

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
 
 
 def group_alive(pgid: int) -> bool:
@@ -33,19 +34,21 @@ def signal_group(pgid: int, sig: int) -> None:
             os.killpg(pgid, each)
 
 
-def become_subreaper() -> str:
-    """Adopt orphaned descendants (Linux), so they are reaped here, not left as zombies
-    where init does not reap; '' or why that was not possible."""
+def _prctl(option: int, value: int, name: str) -> str:
+    """prctl(option, value) on this process: '' or why it could not be done."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            return f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}"
+        if libc.prctl(option, value, 0, 0, 0) != 0:
+            return f"prctl({name}) failed: {os.strerror(ctypes.get_errno())}"
     except (OSError, AttributeError) as exc:
-        return f"prctl(PR_SET_CHILD_SUBREAPER) unavailable: {exc}"
+        return f"prctl({name}) unavailable: {exc}"
     return ""
 
 
-_PR_SET_DUMPABLE = 4
+def become_subreaper() -> str:
+    """Adopt orphaned descendants (Linux), so they are reaped here, not left as zombies
+    where init does not reap; '' or why that was not possible."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
 
 
 def conceal() -> str:
@@ -53,13 +56,7 @@ def conceal() -> str:
     (PR_SET_DUMPABLE 0), so a job running as this process's own user cannot read its
     environment or memory: the worker's credentials and secrets. Jobs are not affected
     (exec makes a process dumpable again). '' or why it could not be done."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-            return f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}"
-    except (OSError, AttributeError) as exc:
-        return f"prctl(PR_SET_DUMPABLE) unavailable: {exc}"
-    return ""
+    return _prctl(_PR_SET_DUMPABLE, 0, "PR_SET_DUMPABLE")
 
 
 def limit_address_space(limit_bytes: int, report_fd: int) -> Callable[[], None]:

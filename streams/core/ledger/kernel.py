@@ -24,7 +24,7 @@ from schemas.records import (
     UpstreamFinished,
 )
 from schemas.spec import JobSpec
-from streams.core.ids import scheduled_run_id
+from streams.core.ids import parse_run_id, scheduled_run_id
 from streams.core.ledger.decision import (
     WITHDRAWN,
     Decision,
@@ -48,9 +48,17 @@ def dependency_links(
     return tuple(added + removed)
 
 
-def _revivable(run: RunState, now: int) -> bool:
-    """A firing withdrawn ahead of its time, whose time has not come yet."""
-    return run.state == "cancelled" and run.reason in WITHDRAWN and run.scheduled_ms > now
+def _ahead(run_id: str, now: int) -> bool:
+    """Whether a run's scheduled time, read from its id, is still to come: only such a
+    final run can be a withdrawn firing to keep, so the others are never looked up
+    (retiring a run is on every run's path)."""
+    parts = parse_run_id(run_id)
+    return parts is not None and parts.scheduled_ms is not None and parts.scheduled_ms > now
+
+
+def _revivable(run: RunState | None) -> bool:
+    """A firing withdrawn ahead of its time (whose time, `_ahead` says, has not come)."""
+    return run is not None and run.state == "cancelled" and run.reason in WITHDRAWN
 
 
 class Kernel:
@@ -183,8 +191,7 @@ class Kernel:
             for old in finals:
                 if len(gone) == excess:
                     break
-                run = self.run(old)
-                if run is not None and _revivable(run, self.at):
+                if _ahead(old, self.at) and _revivable(self.run(old)):
                     continue
                 gone.append(old)
             self.forget.extend(gone)

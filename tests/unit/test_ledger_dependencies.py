@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from connectors.audit.checker import AuditConfig, audit
 from schemas.records import (
     ClaimRequested,
     DeadlineReached,
     FireProposed,
+    JobPaused,
+    JobResumed,
     JobUpserted,
     RunFinished,
     RunStarted,
@@ -129,3 +132,66 @@ def test_links_survive_the_upstream_registering_later_and_are_removed() -> None:
     assert not w.jobs["a"].deleted
     w.apply(JobUpserted(replace(job("b"), depends_on=()), T0 + 2))
     assert w.jobs["a"].dependents == ()
+
+
+# -- a cycle made and undone by the owner (issue 35) ----------------------------------------
+def _run_due(w: World, at: int) -> None:
+    """Every run due now is claimed, started and finishes well."""
+    for run in list(w.runs.values()):
+        if run.state == "due":
+            for inp in (
+                ClaimRequested(run.job_id, run.run_id, run.attempt, "w", at),
+                RunStarted(run.job_id, run.run_id, run.attempt, "w", at),
+                RunFinished(run.job_id, run.run_id, run.attempt, "w", 0, "", at),
+            ):
+                w.apply(inp, now=at)
+
+
+def test_a_cycle_closed_then_undone_creates_no_run_twice_and_audits_clean() -> None:
+    """The demo's chain a -> b -> c; `a` made to depend on `c` (no schedule of its own)
+    while its next firing was decided ahead, then changed back. The withdrawn firing of
+    `a` was reported to `b` as failed, skipped down the chain and came back round the
+    cycle as a skip of `a` for the same time: one run created twice, the audit failing."""
+    a = job("a")
+    w = setup(a, job("b", every=None, depends_on=("a",)), job("c", every=None, depends_on=("b",)))
+    for k in (1, 2, 3):
+        t = T0 + k * MIN
+        w.apply(FireProposed("a", t, t - 20_000, "n"), now=t - 20_000)  # decided ahead
+        if k < 3:
+            _run_due(w, t + 1000)
+    closed = T0 + 2 * MIN + 30_000
+    w.apply(JobUpserted(replace(a, schedule=None, depends_on=("c",)), closed), now=closed)
+    third = scheduled_run_id("a", T0 + 3 * MIN)
+    assert w.states(third) == ["due", "cancelled"]
+    # The withdrawn firing never ran: nothing down the chain is decided for its time.
+    assert w.run_events(scheduled_run_id("b", T0 + 3 * MIN)) == []
+    w.apply(JobUpserted(a, closed + 10_000), now=closed + 10_000)
+    for k in (4, 5):
+        t = T0 + k * MIN
+        w.apply(FireProposed("a", t, t, "n"), now=t)
+        _run_due(w, t + 1000)
+    created = [e.run_id for e in w.run_events() if e.event_id.endswith(("#0", "#1"))]
+    assert len(created) == len(set(created))
+    assert w.states(third)[-1] == "succeeded"  # revived: changed back before it ran
+    report = audit([(e, 0, i) for i, e in enumerate(w.events)], AuditConfig(), None)
+    assert report.counts.get("duplicate_run", 0) == 0
+    assert not [v for v in report.violations if v.kind != "not_final"], report.violations
+
+
+def test_a_withdrawn_upstream_firing_skips_no_dependent() -> None:
+    """A pause withdraws `a`'s firing created ahead: `b`'s run for that time keeps
+    waiting (it is decided by `a`'s next outcome or the dependency wait), since a resume
+    before the time revives the firing and runs it."""
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    t = T0 + MIN
+    w.apply(FireProposed("b", t, t - 10_000, "n"), now=t - 10_000)
+    w.apply(FireProposed("a", t, t - 10_000, "n"), now=t - 10_000)
+    w.apply(JobPaused("a", t - 5_000), now=t - 5_000)
+    assert w.states(scheduled_run_id("a", t)) == ["due", "cancelled"]
+    assert w.states(scheduled_run_id("b", t)) == ["waiting"]
+    w.apply(JobResumed("a", t - 2_000), now=t - 2_000)
+    w.apply(FireProposed("a", t, t, "n"), now=t)
+    assert w.states(scheduled_run_id("a", t))[-1] == "due"  # revived, a new attempt
+    _run_due(w, t + 5)
+    assert w.states(scheduled_run_id("a", t))[-1] == "succeeded"
+    assert w.states(scheduled_run_id("b", t))[:2] == ["waiting", "due"]

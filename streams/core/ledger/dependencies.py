@@ -12,7 +12,7 @@ from schemas.records import (
     UpstreamOutcome,
 )
 from streams.core.ids import scheduled_run_id
-from streams.core.ledger.kernel import Kernel
+from streams.core.ledger.kernel import Kernel, withdrawn
 
 
 def _foreign(job: JobState, owner: str | None) -> bool:
@@ -129,13 +129,21 @@ class Dependencies(Kernel):
                 blocked = True
                 continue
             self.set_job(fired_ms=t)
-            if missing and not failed:
+            run_id = scheduled_run_id(job.spec.job_id, t)
+            existing = self.run(run_id)
+            if existing is not None:
+                # The job had a schedule of its own until a change (and its upstreams
+                # report a time it fired): that run is the one run of t. Withdrawn by
+                # the change, it runs after all if every upstream succeeded.
+                if withdrawn(existing) and not missing and not failed:
+                    self._revive(existing, after)
+            elif missing and not failed:
                 why = f"upstream {missing[0]} did not finish in time"
                 self._skip(t, "dependency", why)
             elif failed:
                 self._skip(t, "dependency", f"upstream {failed[0]} did not succeed")
             else:
-                self._create(t, "dependency", scheduled_run_id(job.spec.job_id, t))
+                self._create(t, "dependency", run_id)
         # Outcomes of decided periods are never read again.
         fired = self.job.fired_ms
         kept = tuple(o for o in self.job.upstream_outcomes if o.scheduled_ms > fired)

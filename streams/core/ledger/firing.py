@@ -17,7 +17,6 @@ from schemas.records import (
     RecentRequest,
     RerunRequested,
     RunNowRequested,
-    RunState,
     Span,
 )
 from schemas.spec import AtSchedule
@@ -28,12 +27,8 @@ from streams.core.ledger.decision import (
     WITHDRAWN_BY_DELETE,
     WITHDRAWN_BY_PAUSE,
 )
-from streams.core.ledger.kernel import Kernel, dependency_links, due_after
+from streams.core.ledger.kernel import Kernel, dependency_links, due_after, withdrawn
 from streams.core.schedule import fires_between, next_fire
-
-
-def _withdrawn(run: RunState) -> bool:
-    return run.state == "cancelled" and run.reason in WITHDRAWN
 
 
 def _merge(spans: tuple[Span, ...], new: Span, keep: int) -> tuple[Span, ...]:
@@ -167,7 +162,7 @@ class Firing(Kernel):
             if run is not None
             and run.trigger == "schedule"
             and run.scheduled_ms > at
-            and not _withdrawn(run)
+            and not withdrawn(run)
             and run.cancelling not in WITHDRAWN  # withdrawn once its holder answers
         ]
         return min(self.job.fired_ms, max([at, *kept]))
@@ -279,7 +274,7 @@ class Firing(Kernel):
             # attempt back, it is dispatched again like any attempt given back.
             self.runs[run_id] = replace(existing, cancelling="", updated_ms=self.at)
             return None
-        if existing is not None and not _withdrawn(existing):
+        if existing is not None and not withdrawn(existing):
             return None  # decided once already: one run per (job, scheduled time)
         live = [r for r in (self.run(x) for x in self.job.live_runs) if r and not r.final]
         if live and spec.concurrency == "forbid":
@@ -293,28 +288,6 @@ class Firing(Kernel):
             return self._revive(existing, period_start)
         self._create(scheduled, "schedule", run_id, period_start=period_start)
         return None
-
-    def _revive(self, run: RunState, period_start: int) -> None:
-        """A firing withdrawn ahead of its time is due again after all (the job resumed,
-        was re-created or changed back before it): the same run, a new attempt, so any
-        worker still holding the withdrawn attempt can neither start nor report it."""
-        self.set_job(
-            live_runs=(*self.job.live_runs, run.run_id),
-            final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
-        )
-        revived = replace(run, attempt=run.attempt + 1, period_start_ms=period_start)
-        if self.job.spec.depends_on:
-            wait = run.scheduled_ms + self.config.dependency_wait_ms
-            moved = self._move(
-                revived,
-                "waiting",
-                "revived",
-                attempt=revived.attempt,
-                deadline=(wait, "dependency"),
-            )
-            self._evaluate(moved)
-        else:
-            self._release(revived, "revived: due again")
 
     def _duplicate(self, request_id: str, at: int) -> str:
         """Why a request was applied already (or may have been), or "" if it is new."""

@@ -56,8 +56,9 @@ def _ahead(run_id: str, now: int) -> bool:
     return parts is not None and parts.scheduled_ms is not None and parts.scheduled_ms > now
 
 
-def _revivable(run: RunState | None) -> bool:
-    """A firing withdrawn ahead of its time (whose time, `_ahead` says, has not come)."""
+def withdrawn(run: RunState | None) -> bool:
+    """A firing withdrawn ahead of its time by a pause, delete or change: it never ran, and
+    a resume, re-creation or change back may revive it (`Kernel._revive`)."""
     return run is not None and run.state == "cancelled" and run.reason in WITHDRAWN
 
 
@@ -158,7 +159,9 @@ class Kernel:
         )
         if final:
             self._retire(run.run_id)
-            if run.trigger != "manual" and self.job.dependents:
+            # A withdrawn firing tells its dependents nothing: it may be revived, and its
+            # time, never reported, joins a dependent's next period as any time not run.
+            if run.trigger != "manual" and self.job.dependents and not withdrawn(moved):
                 spec = self.job.spec
                 after = next_fire(spec.schedule, run.scheduled_ms, spec.dst)
                 for dependent in self.job.dependents:
@@ -191,7 +194,7 @@ class Kernel:
             for old in finals:
                 if len(gone) == excess:
                     break
-                if _ahead(old, self.at) and _revivable(self.run(old)):
+                if _ahead(old, self.at) and withdrawn(self.run(old)):
                     continue
                 gone.append(old)
             self.forget.extend(gone)
@@ -296,6 +299,28 @@ class Kernel:
                 at_ms=self.at,
             )
         )
+
+    def _revive(self, run: RunState, period_start: int) -> None:
+        """A firing withdrawn ahead of its time is due again after all (the job resumed,
+        was re-created or changed back before it): the same run, a new attempt, so any
+        worker still holding the withdrawn attempt can neither start nor report it."""
+        self.set_job(
+            live_runs=(*self.job.live_runs, run.run_id),
+            final_runs=tuple(r for r in self.job.final_runs if r != run.run_id),
+        )
+        revived = replace(run, attempt=run.attempt + 1, period_start_ms=period_start)
+        if self.job.spec.depends_on:
+            wait = run.scheduled_ms + self.config.dependency_wait_ms
+            moved = self._move(
+                revived,
+                "waiting",
+                "revived",
+                attempt=revived.attempt,
+                deadline=(wait, "dependency"),
+            )
+            self._evaluate(moved)
+        else:
+            self._release(revived, "revived: due again")
 
     def _skip(self, scheduled: int, trigger: Trigger, reason: str) -> None:
         """A firing decided not to run: recorded as a run that is at once `skipped`."""

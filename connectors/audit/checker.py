@@ -124,9 +124,11 @@ state, so anything else is an ``illegal_transition`` already. What is checkable:
 - with the reports: a sanctioned execution whose worker's ``RunFinished`` says it ended
   (its ``at_ms``, the end on the worker's clock) more than `clock_tolerance_ms` after the
   ledger recorded the start of a later attempt of the same run, or, for a ``forbid`` job,
-  of a run of its schedule scheduled after it. Not from a report of a ``lost`` outcome
-  (its time is the report's: the end is unknown). ``replace`` is not checked here: the
-  ledger starts the new run while the old one is being stopped.
+  of a run of its schedule scheduled after it (a rerun of an earlier time, the
+  operator's, may run beside it: ``forbid`` governs the schedule's firings only). Not
+  from a report of a ``lost`` outcome (its time is the report's: the end is unknown).
+  ``replace`` is not checked here: the ledger starts the new run while the old one is
+  being stopped.
 
 DAG steps. A job without a schedule and with upstreams runs once per period: when an
 upstream's (non-manual) run ends, the step's ledger records a run for that scheduled
@@ -1119,9 +1121,10 @@ class Auditor:
 
 
 def _other_start(job: _Job, scheduled: int, attempt: int, until: int) -> tuple[int, int] | None:
-    """(start, scheduled time) of a run of a `forbid` job's schedule, other than the run
-    for `scheduled`, that the ledger started after its `attempt` and before `until`. Under
-    `forbid` the ledger starts one only once the run is final on its view."""
+    """(start, scheduled time) of a run of a `forbid` job's schedule for a time after
+    `scheduled` that the ledger started after its `attempt` and before `until`. Under
+    `forbid` the ledger starts a firing only once every run is final on its view; a rerun
+    (of an earlier time) is the operator's and may run beside a later run."""
     if job.sealed is None:
         return None
     at, times, runs, attempts, starts = job.sealed
@@ -1136,7 +1139,7 @@ def _other_start(job: _Job, scheduled: int, attempt: int, until: int) -> tuple[i
         return None  # its start is not on run-events: its outcome was accepted instead
     j = bisect.bisect_right(at, own)
     while j < len(at) and at[j] < until:
-        if times[j] != scheduled:
+        if times[j] > scheduled:
             return at[j], times[j]
         j += 1
     return None

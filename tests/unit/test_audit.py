@@ -1300,3 +1300,55 @@ def test_the_simulated_ledger_and_workers_leave_no_unsanctioned_execution(seed: 
         or (v.kind == "overlapping_attempts" and v.source == "run-events")
     ]
     assert not found, found[:3]
+
+
+def test_a_rerun_during_a_later_run_of_a_forbid_job_is_the_operators_and_no_overlap() -> None:
+    """`forbid` governs the schedule's firings: a rerun of t1 asked while t2 runs starts
+    at once, beside it (the ledger lets it, the audit agrees); the next firing while
+    the rerun is live is skipped."""
+    led = Ledger()
+    led.register(spec(concurrency="forbid", idempotent=False), T0)
+    t1, t2, t3 = T0 + MIN, T0 + 2 * MIN, T0 + 3 * MIN
+    led.fire("j", t1, at=t1)
+    led.execute("j", t1)
+    led.fire("j", t2, at=t2)
+    claimed(led, rid(t2), "w1", t2 + 100)
+    assert not led.report(RunStarted("j", rid(t2), 1, "w1", t2 + 300))
+    led.w.apply(RerunRequested("j", rid(t1), "again", t2 + 1_000))
+    claimed(led, rid(t1), "w2", t2 + 1_100, attempt=2)
+    assert not led.report(RunStarted("j", rid(t1), 2, "w2", t2 + 1_200))
+    assert not led.report(RunFinished("j", rid(t2), 1, "w1", 0, "", t2 + 30_000))
+    led.fire("j", t3, at=t3)
+    assert led.w.runs[rid(t3)].state == "skipped"  # the rerun is live
+    assert not led.report(RunFinished("j", rid(t1), 2, "w2", 0, "", t3 + 10_000))
+    report = check_all(led.events(), led.reports, now_ms=t3 + 30_000)
+    assert report.clean, report.violations
+
+
+def test_a_switch_to_forbid_withdraws_the_firings_decided_ahead() -> None:
+    """Runs created ahead under `allow` were never judged by `forbid`: the switch
+    withdraws them, and each is decided again at its time: still withdrawn while a run
+    of the job is live (j), revived when none is (k). Nothing overlaps, the audit is
+    clean."""
+    led = Ledger()
+    led.register(spec(idempotent=False), T0)
+    led.register(spec("k", idempotent=False), T0)
+    t1, t2, t3 = T0 + MIN, T0 + 2 * MIN, T0 + 3 * MIN
+    led.fire("j", t1, at=t1)
+    claimed(led, rid(t1), "w1", t1 + 100)
+    assert not led.report(RunStarted("j", rid(t1), 1, "w1", t1 + 300))
+    led.cycle("k", t1)
+    for job in ("j", "k"):
+        led.fire(job, t2, at=t2 - 20_000)  # ahead, under allow
+        assert led.w.runs[rid(t2, job)].state == "due"
+        led.register(spec(job, concurrency="forbid", idempotent=False), t2 - 5_000)
+        assert led.w.runs[rid(t2, job)].state == "cancelled"
+        led.fire(job, t2, at=t2)
+    assert led.w.runs[rid(t2)].state == "cancelled"  # t1 still runs: t2 never ran
+    assert led.w.runs[rid(t2, "k")].state == "due"  # nothing live: revived
+    led.execute("k", t2, attempt=2)
+    assert not led.report(RunFinished("j", rid(t1), 1, "w1", 0, "", t2 + 30_000))
+    led.fire("j", t3, at=t3)
+    led.execute("j", t3)
+    report = check_all(led.events(), led.reports, now_ms=t3 + 30_000)
+    assert report.clean, report.violations

@@ -57,14 +57,18 @@ class Firing(Kernel):
         withdrawn."""
         spec, old = inp.spec, self.job.spec
         retimed = spec.schedule != old.schedule or spec.dst != old.dst
-        if retimed:
+        # Runs created ahead under `allow` were never judged by `forbid`/`replace`: a
+        # switch to either withdraws them all, to be decided again at their time.
+        exclusive = spec.concurrency != "allow" and spec.concurrency != old.concurrency
+        if retimed or exclusive:
             self._decide_until(at)
             kept = spec  # the new schedule's own times stay: the change keeps those firings
             self._withdraw(
                 at,
                 WITHDRAWN_BY_CHANGE,
-                keep=lambda t: next_fire(kept.schedule, t - 1, kept.dst) == t,
+                keep=lambda t: not exclusive and next_fire(kept.schedule, t - 1, kept.dst) == t,
             )
+        retimed = retimed or exclusive
         job = self.job
         fired = at if retimed else job.fired_ms
         if retimed and isinstance(spec.schedule, AtSchedule) and spec.schedule.at_ms <= at:

@@ -457,6 +457,39 @@ def fires_between(
     return fires
 
 
+def newest_fires(
+    schedule: Schedule,
+    after_ms: int,
+    until_ms: int,
+    dst: DstPolicy = "auto",
+    count: int = 1,
+) -> list[int]:
+    """The newest `count` fire times t with after_ms < t <= until_ms, ascending.
+
+    The work follows `count`, not the window: a catch-up over a day of a 1-second cron
+    wants its newest 1,000 times, not the 86,400 before them. Cron times are read back
+    in spans that double from a minute, each enumerated forward once."""
+    _check_policy(dst)
+    if schedule is None or count <= 0 or until_ms <= after_ms:
+        return []
+    if isinstance(schedule, EverySchedule):
+        every = _every_ms(schedule)
+        first = (after_ms // every + 1) * every
+        return list(range(first, until_ms + 1, every)[-count:])
+    if isinstance(schedule, AtSchedule):
+        return fires_between(schedule, after_ms, until_ms, dst)
+    fires: list[int] = []
+    span, covered = 60_000, until_ms  # fires in (covered, until_ms] are known
+    while len(fires) < count and covered > after_ms:
+        start = max(after_ms, until_ms - span)
+        fires = fires_between(schedule, start, covered, dst, limit=_NO_LIMIT) + fires
+        covered, span = start, span * 2
+    return fires[-count:]
+
+
+_NO_LIMIT = 1 << 62
+
+
 def _check_policy(dst: str) -> None:
     if dst not in DST_POLICIES:
         raise ValueError(f"unknown DST policy {dst!r}: expected one of {DST_POLICIES}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from schemas.records import (
     BackfillRequested,
     ClaimRequested,
@@ -23,7 +25,7 @@ from schemas.records import (
     RunStarted,
     UpstreamFinished,
 )
-from schemas.spec import AtSchedule, EverySchedule, JobSpec
+from schemas.spec import AtSchedule, CronSchedule, EverySchedule, JobSpec
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger import WITHDRAWN_BY_PAUSE, LedgerConfig
 from tests.support.world import World
@@ -384,3 +386,32 @@ def test_a_one_off_moved_to_a_time_already_past_leaves_a_record() -> None:
     states = w.states(scheduled_run_id("j", earlier))
     assert states in (["due"], ["skipped"])
     assert w.states(scheduled_run_id("j", later)) == []  # the old time is not fired
+
+
+# -- catch-up work is bounded per input (issue 35) -----------------------------------------
+def test_a_late_proposal_of_a_one_second_cron_evaluates_the_newest_times_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proposal a day late on `* * * * * *` used to enumerate the whole catch-up window
+    twice (172,801 cron steps, ~2.4 s of the 2.5 s transaction budget) to keep its
+    newest 1,000 times. The work now follows the runs decided, not the window."""
+    from streams.core import schedule
+
+    steps = 0
+    real = schedule._cron_next_s
+
+    def counted(*args: object) -> int | None:
+        nonlocal steps
+        steps += 1
+        return real.__wrapped__(*args)
+
+    monkeypatch.setattr(schedule, "_cron_next_s", counted)
+    every_second = CronSchedule("* * * * * *", "UTC")
+    w = registered(spec(schedule=every_second, misfire="skip"))
+    late = T0 + 30 * HOUR
+    w.apply(FireProposed("j", T0 + S, late, "n"), now=late)
+    decided = sorted({e.scheduled_ms for e in w.run_events()})
+    assert len(decided) == LedgerConfig().max_catchup_runs  # the newest: run or skipped
+    assert decided[-1] == late
+    assert w.jobs["j"].fired_ms == late
+    assert steps < 5 * LedgerConfig().max_catchup_runs, steps

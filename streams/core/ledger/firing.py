@@ -28,7 +28,7 @@ from streams.core.ledger.decision import (
     WITHDRAWN_BY_PAUSE,
 )
 from streams.core.ledger.kernel import Kernel, dependency_links, due_after, withdrawn
-from streams.core.schedule import fires_between, next_fire
+from streams.core.schedule import fires_between, newest_fires, next_fire
 
 
 def _merge(spans: tuple[Span, ...], new: Span, keep: int) -> tuple[Span, ...]:
@@ -232,11 +232,10 @@ class Firing(Kernel):
 
     def _decide_up_to(self, latest_due: int) -> None:
         spec = self.job.spec
-        # All of the window, then the newest `max_catchup_runs` of them: the newest are
-        # the ones that matter (the on-time firing is among them); older ones are dropped.
-        times = fires_between(
-            spec.schedule, self._floor(latest_due), latest_due, spec.dst, limit=10_000_000
-        )
+        # The newest `max_catchup_runs` times of the window: the newest are the ones that
+        # matter (the on-time firing is among them); older ones are dropped unrecorded.
+        count = self.config.max_catchup_runs
+        times = newest_fires(spec.schedule, self._floor(latest_due), latest_due, spec.dst, count)
         self._decide_times(times, latest_due, due_after(spec, latest_due))
 
     def _decide_times(self, times: list[int], latest_due: int, next_due: int | None) -> None:
@@ -265,7 +264,7 @@ class Firing(Kernel):
         """The newest fire time <= t, or the watermark when there is none after it."""
         spec = self.job.spec
         window_start = max(self.job.fired_ms, t - self.config.catchup_window_ms)
-        times = fires_between(spec.schedule, window_start, t, spec.dst, limit=1_000_000)
+        times = newest_fires(spec.schedule, window_start, t, spec.dst, 1)
         return times[-1] if times else self.job.fired_ms
 
     def _fire_one(self, scheduled: int, period_start: int) -> None:

@@ -31,7 +31,9 @@ from projections import queries
 from schemas.json import from_plain, to_plain
 from schemas.spec import JobSpec
 from streams.core.commands import (
+    MAX_BACKFILL_RUNS,
     MAX_COMMAND_BYTES,
+    Backfill,
     Command,
     Rejection,
     UpsertJob,
@@ -40,7 +42,8 @@ from streams.core.commands import (
     validate_command,
 )
 from streams.core.dag import cycle_through
-from streams.core.ids import manual_run_id
+from streams.core.ids import iso_utc, manual_run_id
+from streams.core.schedule import fires_between
 from streams.kafka import producer_config
 from streams.settings import Settings
 
@@ -137,6 +140,30 @@ def patched_document(stored: dict[str, Any], patch: dict[str, Any]) -> dict[str,
         else:
             merged[key] = value
     return merged
+
+
+def _backfill_size(row: dict[str, Any], command: Backfill) -> int:
+    """The fire times in a backfill's range up to the job's registration (the most it
+    can create: times decided already are skipped); a range holding more than one
+    backfill may create is refused with its size, to be split."""
+    try:
+        spec = from_plain(row["spec"], JobSpec)
+    except (ValueError, TypeError) as exc:
+        raise ServiceError(409, f"the job's stored spec cannot be read back ({exc})") from exc
+    registered = int(datetime.fromisoformat(row["created_at"]).timestamp() * 1000)
+    upper = min(command.to_ms, registered)
+    times = fires_between(
+        spec.schedule, command.from_ms - 1, upper, spec.dst, limit=MAX_BACKFILL_RUNS + 1
+    )
+    if len(times) > MAX_BACKFILL_RUNS:
+        raise ServiceError(
+            422,
+            f"the range holds more than {MAX_BACKFILL_RUNS} fire times before the job's "
+            f"registration (the next after the limit: {iso_utc(times[-1])}); backfill it "
+            "in parts",
+            "to",
+        )
+    return len(times)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -404,12 +431,15 @@ class Service:
 
     def job_command(self, who: Principal, job_id: str, kind: str, **fields: Any) -> Accepted:
         """pause, resume, delete, run_now, backfill of a job the caller may see."""
-        self.job(who, job_id)
+        row = self.job(who, job_id)
         doc: dict[str, Any] = {"type": f"job.{kind}", "job_id": job_id, **fields}
         if kind in ("run_now", "backfill"):
             doc.setdefault("request_id", uuid.uuid4().hex)
-        self.send(doc)
+        command = _validated(doc)
         body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
+        if isinstance(command, Backfill):
+            body["runs_at_most"] = _backfill_size(row, command)
+        self._produce_command(doc, command)
         if kind in ("run_now", "backfill"):
             body["request_id"] = doc["request_id"]
         if kind == "run_now":

@@ -81,6 +81,9 @@ MAX_PRIORITY: Final = 1000
 MAX_SLA_S: Final = 7 * 24 * 3600
 MAX_URL_CHARS: Final = 2048
 MAX_BACKFILL_SPAN_MS: Final = 366 * 24 * 3600 * 1000
+# Runs one backfill may create (the ledger makes them 1,000 a transaction; the API refuses
+# a range holding more, naming the count).
+MAX_BACKFILL_RUNS: Final = 100_000
 # Backfill bounds: nothing is scheduled before the epoch, and run ids render the time in
 # UTC with a 4-digit year.
 MIN_INSTANT_MS: Final = 0  # 1970-01-01T00:00:00Z

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -677,3 +678,43 @@ def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(api: httpx.C
     )
     assert ghost.status_code in (201, 202), ghost.text
     assert any("'cy-ghost', which is not registered" in w for w in ghost.json()["warnings"])
+
+
+def _backfilled(api: httpx.Client, job_id: str) -> int:
+    total, cursor = 0, None
+    while True:
+        params: dict[str, Any] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+        page = api.get(f"/jobs/{job_id}/runs", params=params, headers=A).json()
+        total += sum(run["trigger"] == "backfill" for run in page["items"])
+        cursor = page["next"]
+        if not cursor:
+            return total
+
+
+def test_a_backfill_past_one_transaction_creates_its_whole_range(api: httpx.Client) -> None:
+    """1,000 runs a ledger transaction, the rest carried on in later ones: a backfill of
+    1,201 fire times creates 1,201 runs (none run here: no worker has the memory asked,
+    and the job is deleted at the end, which cancels them). A range holding more than
+    one backfill may create is refused with its size."""
+    body = job_body("filler", schedule={"every": "1s"}, resources={"memory_mb": 4_000_000})
+    job = created(api, body, A)
+    registered = datetime.fromisoformat(job["created_at"])
+    start = registered - timedelta(seconds=1_200)
+    answer = api.post(
+        "/jobs/filler/backfill",
+        json={"from": start.isoformat(), "to": registered.isoformat()},
+        headers=A,
+    )
+    assert answer.status_code == 202, answer.text
+    expected = 1_201 if registered.microsecond == 0 else 1_200
+    assert answer.json()["runs_at_most"] == expected
+    eventually(lambda: _backfilled(api, "filler") >= expected, "every backfilled run", timeout_s=90)
+    assert _backfilled(api, "filler") == expected  # no run twice
+    too_big = api.post(
+        "/jobs/filler/backfill",
+        json={"from": (registered - timedelta(days=2)).isoformat(), "to": start.isoformat()},
+        headers=A,
+    )
+    assert too_big.status_code == 422, too_big.text
+    assert "more than 100000 fire times" in too_big.json()["error"]["message"]
+    assert api.delete("/jobs/filler", headers=A).status_code in (200, 202)

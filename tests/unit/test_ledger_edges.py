@@ -132,6 +132,34 @@ def test_a_backfill_sent_twice_creates_each_run_once_even_after_forgetting() -> 
     assert len(per_run) == len(set(per_run)) == 51
 
 
+def test_a_backfill_past_one_transaction_carries_on_to_the_end_of_its_range() -> None:
+    """1,000 runs a transaction; the rest of the range follows as continuations on the
+    job's log (the world delivers them as Kafka would): every time once, none past it."""
+    config = LedgerConfig(max_catchup_runs=100, keep_final_runs=2)
+    w = registered(spec(), config=config)
+    start = T0 - 349 * MIN
+    w.apply(BackfillRequested("j", start, T0, T0 + 1, "b1"))
+    times = sorted(e.scheduled_ms for e in w.run_events() if e.state == "due")
+    assert times == list(range(start, T0 + 1, MIN))  # 350 runs, [start, registration]
+    assert w.jobs["j"].backfilled[-1].until_ms == T0
+    w.apply(BackfillRequested("j", start, T0, T0 + 100, "b1"))  # the request again
+    assert w.rejections[-1] == "duplicate request"
+    w.apply(BackfillRequested("j", start - 150 * MIN, T0, T0 + 200, "b2"))  # overlapping
+    again = [e.scheduled_ms for e in w.run_events() if e.state == "due"]
+    assert len(again) == len(set(again)) == 500  # only the 150 new times were added
+
+
+def test_a_backfill_stops_at_its_run_limit_and_says_where() -> None:
+    config = LedgerConfig(max_catchup_runs=100, max_backfill_runs=250)
+    w = registered(spec(), config=config)
+    start = T0 - 999 * MIN
+    w.apply(BackfillRequested("j", start, T0, T0 + 1, "big"))
+    times = sorted(e.scheduled_ms for e in w.run_events() if e.state == "due")
+    assert times == list(range(start, start + 250 * MIN, MIN))
+    assert w.rejections[-1].startswith("backfill 'big' stopped at 250 runs")
+    assert str(start + 249 * MIN + 1) in w.rejections[-1]
+
+
 def test_a_run_now_redelivered_after_many_newer_requests_is_refused() -> None:
     w = registered(spec(), config=LedgerConfig(keep_request_ids=5, keep_final_runs=1))
     for n in range(12):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from schemas.records import (
+    BackfillRequested,
     CancelOrder,
     ClaimReply,
     DependencyLinked,
@@ -19,6 +20,7 @@ from schemas.records import (
     RunState,
     UpstreamFinished,
 )
+from streams.core.commands import MAX_BACKFILL_RUNS
 from streams.core.timing import TIMING
 
 
@@ -32,8 +34,11 @@ class LedgerConfig:
     misfire_grace_ms: int = 60_000
     # Misfired times older than this before the proposal are skipped whatever the policy.
     catchup_window_ms: int = 24 * 3600 * 1000
-    # At most this many runs are created for one late proposal (run_all).
+    # At most this many runs are created for one late proposal (run_all), or for one
+    # backfill in one transaction (the rest of its range follows in later ones).
     max_catchup_runs: int = 1000
+    # Runs one backfill request creates at most, over all its transactions.
+    max_backfill_runs: int = MAX_BACKFILL_RUNS
     # Fire proposals may come this early (pre-dispatch lead window); earlier ones are bogus.
     max_lead_ms: int = 60_000
     # Finished runs kept per job (for rerun and duplicate reports) before being forgotten.
@@ -59,9 +64,9 @@ class Decision:
     forget: tuple[str, ...] = ()  # run ids to drop from the run table (tombstones)
     events: tuple[RunEvent | JobEvent, ...] = ()
     dispatch: tuple[DispatchRequest, ...] = ()
-    # Inputs for other jobs' logs (dependency links and upstream notices), written in the
-    # same transaction as everything else.
-    notices: tuple[DependencyLinked | UpstreamFinished, ...] = ()
+    # Inputs for other jobs' logs (dependency links and upstream notices) and for the
+    # job's own (a backfill's continuation), written in the same transaction as the rest.
+    notices: tuple[DependencyLinked | UpstreamFinished | BackfillRequested, ...] = ()
     # Messages to workers (worker-inbox): claim replies and orders to stop an attempt.
     replies: tuple[ClaimReply | CancelOrder, ...] = ()
     rejected: str = ""  # why the input changed nothing, for logs and metrics

@@ -324,17 +324,23 @@ class Firing(Kernel):
     def backfill(self, inp: BackfillRequested) -> None:
         """Runs for times the schedule never decided: before the job's registration, and
         not decided by an earlier backfill (the spans say so even once its runs are
-        forgotten)."""
+        forgotten). At most `max_catchup_runs` times are looked at in one transaction;
+        the rest of the range follows as a continuation on the job's own log (its
+        request id `<id>+<runs created so far>`, a form no user id takes), up to
+        `max_backfill_runs` runs in all."""
         spec, cfg = self.job.spec, self.config
         if self.job.deleted:
             return self.reject("job is deleted")
-        duplicate = self._duplicate(inp.request_id, inp.at_ms)
-        if duplicate:
-            return self.reject(duplicate)
+        request, _, so_far = inp.request_id.partition("+")
+        created = int(so_far) if so_far.isdigit() else 0
+        if not so_far:  # a continuation was checked and remembered as its first part
+            duplicate = self._duplicate(inp.request_id, inp.at_ms)
+            if duplicate:
+                return self.reject(duplicate)
+            self._remember(inp.request_id, inp.at_ms)
         upper = min(inp.to_ms, self.job.created_ms)
-        times = fires_between(
-            spec.schedule, inp.from_ms - 1, upper, spec.dst, limit=cfg.max_catchup_runs
-        )
+        budget = min(cfg.max_catchup_runs, cfg.max_backfill_runs - created)
+        times = fires_between(spec.schedule, inp.from_ms - 1, upper, spec.dst, limit=budget)
         spans = self.job.backfilled
         fresh = [
             t
@@ -342,9 +348,21 @@ class Firing(Kernel):
             if not any(s.after_ms < t <= s.until_ms for s in spans)
             and self.run(scheduled_run_id(spec.job_id, t)) is None
         ]
-        self._remember(inp.request_id, inp.at_ms)
+        if len(times) == budget and times[-1] < upper:
+            if created + len(fresh) < cfg.max_backfill_runs:
+                rest = f"{request}+{created + len(fresh)}"
+                self.notices.append(
+                    BackfillRequested(spec.job_id, times[-1] + 1, inp.to_ms, inp.at_ms, rest)
+                )
+            else:
+                self.reject(
+                    f"backfill {request!r} stopped at {cfg.max_backfill_runs} runs; the range "
+                    f"from {times[-1] + 1} ms on was not backfilled"
+                )
         if not fresh:
-            return self.reject("nothing to backfill: before registration, not backfilled yet")
+            if not self.rejected and not self.notices:
+                self.reject("nothing to backfill: before registration, not backfilled yet")
+            return None
         previous = inp.from_ms - 1
         for t in fresh:
             self._create(t, "backfill", scheduled_run_id(spec.job_id, t), period_start=previous)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from schemas.records import (
     FINAL_STATES,
     TRANSITIONS,
+    BackfillRequested,
     CancelOrder,
     ClaimReply,
     DeadlineKind,
@@ -75,7 +76,7 @@ class Kernel:
         self.forget: list[str] = []
         self.events: list[RunEvent | JobEvent] = []
         self.dispatch: list[DispatchRequest] = []
-        self.notices: list[DependencyLinked | UpstreamFinished] = []
+        self.notices: list[DependencyLinked | UpstreamFinished | BackfillRequested] = []
         self.replies: list[ClaimReply | CancelOrder] = []
         self.rejected = ""
 

@@ -681,7 +681,8 @@ def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(api: httpx.C
 
 
 def _backfilled(api: httpx.Client, job_id: str) -> int:
-    total, cursor = 0, None
+    total: int = 0
+    cursor: str | None = None
     while True:
         params: dict[str, Any] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
         page = api.get(f"/jobs/{job_id}/runs", params=params, headers=A).json()

@@ -57,7 +57,9 @@ confluent-kafka consumer, and stays a pure proposer like the Faust agents.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,7 +77,7 @@ from confluent_kafka import (
 from schemas.codec import JOB_LOG, JOB_STATE, RUN_STATE, CodecError
 from schemas.records import DeadlineKind, DeadlineReached, FireProposed
 from streams import metrics
-from streams.core.clock import SYSTEM_CLOCK, BrokerClock, Clock, broker_stamp
+from streams.core.clock import PROBE_JOB_ID, SYSTEM_CLOCK, BrokerClock, Clock, broker_stamp
 from streams.core.duequeue import DueQueue
 from streams.core.ids import job_of
 from streams.core.proposals import (
@@ -103,6 +105,11 @@ ProposalTime = Callable[[], int]  # broker ms
 # A wall clock this far off the broker's makes the proposals made by it before the first
 # broker sample worth redoing (their repeats would come that much late).
 RESYNC_SKEW_MS = 1000
+# With no sample of the broker's time for this long (nothing proposed, no heartbeat), the
+# node writes a clock probe (streams/core/clock.py): a node whose wall clock is an hour
+# behind would otherwise see nothing due and never learn the broker's time, and a clock
+# carried forward for long drifts (1 ms a second at most, see BrokerClock).
+PROBE_AFTER_S = 5.0
 # A catch-up that has not reached the end by then decodes what it kept and goes on
 # record by record: it is only a shortcut, and a partition must never wait on it.
 CATCH_UP_MAX_S = 10.0
@@ -150,6 +157,8 @@ class Scheduler:
         self.broker = BrokerClock()
         self.propose_at = propose_at or self._broker_now
         self._own_clock = propose_at is None
+        self._sampled = -math.inf  # monotonic time of the last broker sample
+        self._probed = -math.inf  # and of the last clock probe sent
         self._unsynced = False  # proposals were made by the fallback wall clock
         self.jobs_topic = settings.topic("jobs")
         self.runs_topic = settings.topic("runs")
@@ -243,6 +252,7 @@ class Scheduler:
             self._replace_consumer()
         self._read_beats()
         self.producer.poll(0)  # delivery reports: samples of the broker's time
+        self._probe()
         self._resync()
         self._propose(self.propose_at())
         self._gauges()
@@ -337,7 +347,8 @@ class Scheduler:
         if stamp is None:
             return
         first = not self.broker.synced
-        self.broker.observe(stamp, self.clock.monotonic())
+        self._sampled = self.clock.monotonic()
+        self.broker.observe(stamp, self._sampled)
         if first:
             skew_s = (self._wall_ms() - (self.broker.now_ms(self.clock.monotonic()) or 0)) / 1000
             log.log(
@@ -352,6 +363,19 @@ class Scheduler:
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self._observe(broker_stamp(msg.timestamp()))
+
+    def _probe(self) -> None:
+        """A clock probe when no sample came for PROBE_AFTER_S (at most one in flight a
+        PROBE_AFTER_S): its delivery report is the sample."""
+        now = self.clock.monotonic()
+        if not self._own_clock or now - max(self._sampled, self._probed) < PROBE_AFTER_S:
+            return
+        self._probed = now
+        probe = FireProposed(PROBE_JOB_ID, 0, self._wall_ms(), self.node_id)
+        with contextlib.suppress(BufferError):  # the broker is away: probed again later
+            self.producer.produce(
+                self.job_log, value=JOB_LOG.encode(probe), on_delivery=self._delivered
+            )
 
     def _read_beats(self) -> None:
         newest: int | None = None

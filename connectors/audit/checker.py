@@ -131,12 +131,13 @@ state, so anything else is an ``illegal_transition`` already. What is checkable:
   being stopped.
 
 DAG steps. A job without a schedule and with upstreams runs once per period: when an
-upstream's (non-manual) run ends, the step's ledger records a run for that scheduled
-time (trigger ``dependency``) if every upstream's latest outcome since the step's last
-record (its watermark) succeeded, records it as skipped if that run did not succeed,
-and otherwise waits; a record at t stands for every outcome up to t. The checks follow
-the watermark through each life of the step (from its registration or resume to its
-pause, deletion, a change of its upstreams, or ``now - safety_margin``), and consider
+upstream's (non-manual, not withdrawn ahead of its time) run ends, the step's ledger
+records a run for that scheduled time (trigger ``dependency``) if every upstream's
+latest outcome since the step's last record (its watermark) succeeded, records it as
+skipped if that run did not succeed, and otherwise waits; a record at t stands for
+every outcome up to t. The checks follow the watermark through each life of the step
+(from its registration or resume to its pause, deletion, a change of its upstreams, or
+``now - safety_margin``), and consider
 the outcomes whose final event lies more than `notice_lag_ms` inside the life (the
 notice was surely decided while the step was active). ``missing_period``, for an
 outcome with no record at its time:
@@ -190,6 +191,7 @@ from schemas.records import (
 )
 from schemas.spec import DstPolicy, JobSpec, Schedule
 from streams.core.ids import iso_utc, scheduled_run_id
+from streams.core.ledger.decision import WITHDRAWN
 from streams.core.percentile import nearest_rank_sorted
 from streams.core.schedule import fires_between
 
@@ -690,7 +692,7 @@ class Auditor:
             if kind is None and attempt == 1 and e.trigger != "backfill":
                 self._lateness.append(e.happened_ms - e.scheduled_ms)
         else:
-            if state in FINAL_STATES and e.trigger != "manual":
+            if state in FINAL_STATES and _outcome(e):
                 at = e.at_ms
                 job.finals.extend((e.scheduled_ms, at if state == "succeeded" else -at - 1))
             if kind is None and run.state == "dispatched":
@@ -725,7 +727,7 @@ class Auditor:
                     f"a second run for {iso_utc(e.scheduled_ms)}: {other[0]!r} exists",
                 )
         if e.state in FINAL_STATES:
-            if e.trigger != "manual":
+            if _outcome(e):
                 ok = e.state == "succeeded"
                 job.finals.extend((e.scheduled_ms, e.at_ms if ok else -e.at_ms - 1))
         else:
@@ -1118,6 +1120,13 @@ class Auditor:
                     f"allowed {limit / 1000:.0f} s",
                 )
         return live
+
+
+def _outcome(e: RunEvent) -> bool:
+    """A final event the ledger tells a job's dependents of: not a manual run's, nor a
+    firing withdrawn ahead of its time (it may be revived; its time joins the dependents'
+    next period)."""
+    return e.trigger != "manual" and not (e.state == "cancelled" and e.reason in WITHDRAWN)
 
 
 def _other_start(job: _Job, scheduled: int, attempt: int, until: int) -> tuple[int, int] | None:

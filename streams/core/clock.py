@@ -89,6 +89,13 @@ class ManualClock:
         self.mono_s += seconds
 
 
+#: The job id of a clock probe: a fire proposal a scheduler node writes to job-log only for
+#: the broker's stamp on its delivery report, when it has had no sample for a while (no
+#: proposal of its own, no heartbeat). No job has the empty id (ids are validated), so
+#: the ledger knows a probe by it and decides nothing.
+PROBE_JOB_ID: Final = ""
+
+
 def broker_stamp(timestamp: tuple[int, int]) -> int | None:
     """The broker's time in a message's `(type, ms)` timestamp (`msg.timestamp()`), or
     None if the broker did not set it: a producer's CreateTime is no clock to trust."""

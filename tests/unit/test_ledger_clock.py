@@ -10,6 +10,9 @@ from confluent_kafka import (
     Message,
 )
 
+from schemas.records import FireProposed
+from streams.core.clock import PROBE_JOB_ID
+from streams.core.ledger import Decision, decide
 from streams.ledger import record_time
 
 
@@ -33,3 +36,10 @@ def test_a_create_time_stamp_stands_in_and_is_flagged() -> None:
 
 def test_no_stamp_leaves_the_inputs_own_time() -> None:
     assert record_time(_record(TIMESTAMP_NOT_AVAILABLE, 0)) == (None, False)
+
+
+def test_a_clock_probe_decides_nothing_and_is_no_rejection() -> None:
+    """A scheduler's clock probe (streams/core/clock.py) is read by the ledger like any
+    job-log record: nothing changes, nothing is counted as refused."""
+    decision = decide(None, lambda _: None, FireProposed(PROBE_JOB_ID, 0, 5, "node-a"))
+    assert decision == Decision()

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from schemas.codec import JOB_LOG, RUN_EVENTS
-from schemas.records import JobEvent, JobUpserted, RunEvent
+from schemas.records import FireProposed, JobEvent, JobUpserted, RunEvent
 from schemas.spec import EverySchedule, JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
@@ -123,3 +123,63 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
         missed = sorted(set(due) - set(have))
         assert not missed, f"{job_id} missed {missed}"
         assert len(due) >= 25  # the minute ran: ~29 firings each
+
+
+class _Behind:
+    """A machine whose wall clock is `offset_s` behind the broker's (same monotonic)."""
+
+    def __init__(self, clock: ManualClock, offset_s: float) -> None:
+        self.clock, self.offset_s = clock, offset_s
+
+    def time(self) -> float:
+        return self.clock.time() - self.offset_s
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+
+def test_a_scheduler_an_hour_behind_with_no_worker_proposes_on_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No heartbeat and nothing due by its own clock: the node learns the broker's time
+    from a clock probe of its own (its delivery report's stamp) and proposes every
+    firing at its time; the ledger decides nothing for the probe."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    clock = ManualClock()
+    log = MemoryLog(clock)
+    log.create_catalogue(SETTINGS)
+    clients = MemoryClients(log)
+    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
+    assert ledger.open()
+    node = Scheduler(SETTINGS, "behind", clients=clients, clock=_Behind(clock, 3600.0))
+    node.open()
+    spec = JobSpec(job_id="j", owner="o", schedule=EverySchedule(EVERY_MS), command=("true",))
+    registered = int(clock.time() * 1000)
+    commands = clients.producer(producer_config(SETTINGS))
+    commands.produce(
+        SETTINGS.topic("job-log"), key=b"j", value=JOB_LOG.encode(JobUpserted(spec, registered))
+    )
+    start = clock.time()
+    while clock.time() - start < 30:
+        node.step()
+        ledger.step()
+    events = [
+        RUN_EVENTS.decode(m.value() or b"") for m in log.records(SETTINGS.topic("run-events"))
+    ]
+    runs = [e for e in events if isinstance(e, RunEvent) and e.attempt == 1]
+    assert not [e for e in runs if e.state == "skipped"], "firings became misfires"
+    created = {e.scheduled_ms: e.at_ms for e in runs if e.state == "due"}
+    # Every firing from the first probe's answer on (within PROBE_AFTER_S), each on time.
+    due = fires_between(
+        EverySchedule(EVERY_MS), registered + 7_000, int(clock.time() * 1000) - 3_000
+    )
+    assert due
+    assert all(t in created for t in due), (due, sorted(created))
+    assert all(created[t] - t < 1_000 for t in due), [created[t] - t for t in due]
+    probes = [
+        JOB_LOG.decode(m.value() or b"")
+        for m in log.records(SETTINGS.topic("job-log"))
+        if m.key() is None
+    ]
+    assert probes
+    assert all(isinstance(p, FireProposed) and p.job_id == "" for p in probes)

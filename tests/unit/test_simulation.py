@@ -10,15 +10,19 @@ order around a release, as Kafka does). Every clock but the broker's is off: wor
 the failure detector and the zombie stamp their records up to 8 s ahead or behind, and
 the ledger's now is the delivery (broker append) time. An operator pauses and resumes
 jobs (often around firings decided ahead), sends run_now and backfill requests, each
-sometimes twice; a schedule-less step job may depend on two jobs, its upstream notices
-reordered between upstreams. The ledger consumes the resulting log; now and then it
-"crashes" and replays the log from its last checkpoint, which must reproduce the same
-outputs.
+sometimes twice, reruns finished runs (under `forbid` too), switches a job's concurrency
+policy, re-times a job to a one-off (maybe already past) and back, and closes a
+dependency cycle through the step job and undoes it; a schedule-less step job may
+depend on two jobs, its upstream notices reordered between upstreams. Finished runs are
+forgotten after four, so withdrawn firings must outlive the trim. The ledger consumes
+the resulting log; now and then it "crashes" and replays the log from its last
+checkpoint, which must reproduce the same outputs.
 
 Checked: never two runs for one (job, T), nor for one request; every scheduled time
 outside pauses decided (run or skipped by policy); one accepted claim per (run, attempt)
 until it is given back, one start per (run, attempt), and no attempt executed by two
-workers; every transition legal and in order; every run final once the world calms down.
+workers; every transition legal and in order; every run final once the world calms down;
+and `cronlog audit`'s checker, given the ledger's settings, finds the history clean.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from connectors.audit.checker import AuditConfig, audit
 from schemas.records import (
     TRANSITIONS,
     BackfillRequested,
@@ -43,6 +48,7 @@ from schemas.records import (
     JobResumed,
     JobUpserted,
     LedgerInput,
+    RerunRequested,
     RunEvent,
     RunFinished,
     RunNowRequested,
@@ -51,7 +57,7 @@ from schemas.records import (
     UpstreamFinished,
     WorkerLost,
 )
-from schemas.spec import EverySchedule, JobSpec, RetryPolicy
+from schemas.spec import AtSchedule, ConcurrencyPolicy, EverySchedule, JobSpec, RetryPolicy
 from streams.core.ledger import LedgerConfig, input_job
 from streams.core.schedule import fires_between
 from tests.support.world import World
@@ -68,6 +74,7 @@ CONFIG = LedgerConfig(
     catchup_window_ms=120_000,
     max_lead_ms=2000,
     dependency_wait_ms=20_000,
+    keep_final_runs=4,  # runs are forgotten soon: withdrawn ones must not be
 )
 
 
@@ -168,7 +175,9 @@ class Sim:
             return
         job_id = self.rng.choice(jobs).spec.job_id
         roll = self.rng.random()
-        if roll < 0.4:
+        if roll < 0.25:
+            self.edge_action(job_id)
+        elif roll < 0.4:
             if job_id in self.paused_at:
                 del self.paused_at[job_id]
                 self.command(JobResumed(job_id, self.now))
@@ -191,6 +200,32 @@ class Sim:
             start = T0 - self.rng.randint(1, 20) * 1000
             request = f"b{self.rng.randint(1, 3)}"
             self.command(BackfillRequested(job_id, start, start + 15_000, self.now, request))
+
+    def edge_action(self, job_id: str) -> None:
+        """The operator actions at the ledger's edges: a rerun of a finished run (under
+        `forbid` too), a switch of the concurrency policy while runs are decided ahead,
+        a job re-timed to a one-off (maybe already past) and back, and a dependency that
+        closes a cycle through the step job, undone later."""
+        spec = self.specs[job_id]
+        roll = self.rng.random()
+        if roll < 0.35:
+            finals = [r for r in self.world.runs.values() if r.job_id == job_id and r.final]
+            if finals:
+                run = self.rng.choice(finals)
+                self.requests += 1
+                self.command(RerunRequested(job_id, run.run_id, f"x{self.requests}", self.now))
+        elif roll < 0.6:
+            policy: ConcurrencyPolicy = self.rng.choice(["allow", "forbid", "replace"])
+            self.specs[job_id] = replace(spec, concurrency=policy)
+            self.command(JobUpserted(self.specs[job_id], self.now))
+        elif roll < 0.8:
+            once = replace(spec, schedule=AtSchedule(self.now + self.rng.randint(-5_000, 5_000)))
+            self.command(JobUpserted(once, self.now))
+            self.command(JobUpserted(spec, self.now + self.rng.randint(1_000, 8_000)))
+        elif "step" in self.world.jobs:
+            cyclic = replace(spec, schedule=None, depends_on=("step",))
+            self.command(JobUpserted(cyclic, self.now))
+            self.command(JobUpserted(spec, self.now + self.rng.randint(1_000, 8_000)))
 
     def command(self, inp: LedgerInput) -> None:
         copies = [inp, inp] if self.rng.random() < 0.2 else [inp]
@@ -413,6 +448,24 @@ def check(sim: Sim) -> None:
         )
 
 
+AUDIT = AuditConfig(
+    catchup_window_ms=CONFIG.catchup_window_ms,
+    claim_timeout_ms=CONFIG.claim_timeout_ms,
+    timeout_grace_ms=CONFIG.timeout_grace_ms,
+    dependency_wait_ms=CONFIG.dependency_wait_ms,
+    safety_margin_ms=10_000,
+    final_slack_ms=60_000,
+)
+
+
+def audited(sim: Sim) -> None:
+    """`cronlog audit`'s checker, given the simulated ledger's settings, agrees with the
+    history the ledger wrote: the two say the same rules (forbid and reruns, withdrawn
+    firings, cycles made and undone, DAG periods)."""
+    report = audit([(e, 0, i) for i, e in enumerate(sim.world.events)], AUDIT, None)
+    assert report.clean, report.violations[:3]
+
+
 def expected_firings(w: World, job_id: str, fired_ms: int) -> list[int]:
     """The fire times a job's history makes due, from its job events alone: each spec
     fires in (registered or changed or resumed, next change or pause or delete], at
@@ -467,6 +520,7 @@ def replace_pause(job_id: str, now: int) -> LedgerInput:
 def test_simulation(seed: int) -> None:
     sim = simulate(seed, STEPS)
     check(sim)
+    audited(sim)
     assert sim.world.run_events(), "the simulation produced no runs"
 
 

@@ -104,6 +104,7 @@ class Firing(Kernel):
         cannot have started (waiting, due, or claimed with a start time still to come).
         A firing withdrawn so may be revived (see `_fire_one`) if the job fires it
         after all: a resume, a re-creation or another change before its time."""
+        self.withdrawn_after = min(self.withdrawn_after, after)
         for run_id in self.job.live_runs:
             run = self.run(run_id)
             if (

@@ -49,12 +49,12 @@ def dependency_links(
     return tuple(added + removed)
 
 
-def _ahead(run_id: str, now: int) -> bool:
-    """Whether a run's scheduled time, read from its id, is still to come: only such a
-    final run can be a withdrawn firing to keep, so the others are never looked up
+def _ahead(run_id: str, undecided: int) -> bool:
+    """Whether a run's scheduled time, read from its id, is after `undecided`: only such
+    a final run can be a withdrawn firing to keep, so the others are never looked up
     (retiring a run is on every run's path)."""
     parts = parse_run_id(run_id)
-    return parts is not None and parts.scheduled_ms is not None and parts.scheduled_ms > now
+    return parts is not None and parts.scheduled_ms is not None and parts.scheduled_ms > undecided
 
 
 def withdrawn(run: RunState | None) -> bool:
@@ -79,6 +79,9 @@ class Kernel:
         self.notices: list[DependencyLinked | UpstreamFinished | BackfillRequested] = []
         self.replies: list[ClaimReply | CancelOrder] = []
         self.rejected = ""
+        # A withdrawal in this decision moves the watermark back to its time, after it
+        # withdrew (see `_retire`).
+        self.withdrawn_after = at
 
     def decision(self) -> Decision:
         return Decision(
@@ -181,12 +184,16 @@ class Kernel:
 
     def _retire(self, run_id: str) -> None:
         """A run is final: the oldest final runs beyond `keep_final_runs` are forgotten,
-        except firings withdrawn ahead of a time still to come, which a resume, a
-        re-creation or a change back may revive: forgotten, they would be created again
-        under the same run id and event ids. There are no more of those than runs
-        decided ahead, and they become forgettable once their time has passed (the
-        watermark never goes back before the ledger's now)."""
+        except firings withdrawn ahead of a time not decided again yet (still to come,
+        or above the watermark, which a change or pause moved back), which a resume, a
+        re-creation, a change back or a late proposal decides: forgotten, they would be
+        created again under the same run id and event ids. There are no more of those
+        than runs decided ahead, and they become forgettable once decided (the watermark
+        passed them)."""
         keep = self.config.keep_final_runs
+        # Times after this are to be decided again (by a late proposal, a resume): the
+        # watermark went back below them, or they are still to come.
+        undecided = min(self.at, self.job.fired_ms, self.withdrawn_after)
         live = tuple(r for r in self.job.live_runs if r != run_id)
         finals = (*self.job.final_runs, run_id)
         excess = len(finals) - keep
@@ -195,7 +202,7 @@ class Kernel:
             for old in finals:
                 if len(gone) == excess:
                     break
-                if _ahead(old, self.at) and withdrawn(self.run(old)):
+                if _ahead(old, undecided) and withdrawn(self.run(old)):
                     continue
                 gone.append(old)
             self.forget.extend(gone)

@@ -116,7 +116,15 @@ from streams import metrics
 from streams.core import partition as core
 from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.core.ledger import Decision, LedgerConfig
+from streams.core.timing import TIMING
 from streams.headers import job_state_headers, run_state_headers
+from streams.identity import (
+    NodeIdTaken,
+    await_node_id,
+    ledger_client_id,
+    new_incarnation,
+    newer_twins,
+)
 from streams.inboxes import Inboxes
 from streams.kafka import (
     KAFKA_CLIENTS,
@@ -157,6 +165,9 @@ AHEAD_MAX_RECORDS = 2_000_000
 # then is aborted by the broker anyway.
 TXN_CALL_S = TRANSACTION_TIMEOUT_MS / 1000
 TXN_WATCHDOG_S = TXN_CALL_S + 3.0
+# How long a starting ledger waits for a predecessor under its node id to leave the
+# group (a process killed a moment ago is a member until its session lapses).
+TWIN_PATIENCE_S = TIMING.consumer_session_s + 3.0
 # The produced messages between two polls of the producer's delivery reports.
 POLL_EVERY = 1000
 UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
@@ -233,6 +244,15 @@ class LedgerStats:
     longest_txn_s: float = 0.0
 
 
+def _fenced(exc: KafkaException) -> bool:
+    """Whether a newer producer under this transactional.id fenced ours."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+    )
+
+
 class Ledger:
     def __init__(
         self,
@@ -298,7 +318,19 @@ class Ledger:
         self.assigned = False  # a first assignment came and was restored (readiness)
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
+        self.incarnation = new_incarnation()  # this process, among those of its node id
+        self._identity_due = False  # an assignment came: look for a newer twin
         self.consumer = self._new_consumer()
+        # A live ledger under this node id would be fenced by our producer, and fence it
+        # back: wait for it to leave, or refuse to start (streams/identity.py).
+        await_node_id(
+            self.clients.admin(admin_config(settings)),
+            settings.group("ledger"),
+            self.node_id,
+            self.incarnation,
+            TWIN_PATIENCE_S,
+            self._stop,
+        )
         self.producer = self._new_producer()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -366,7 +398,7 @@ class Ledger:
                     # The range assignor orders members by their id, which begins with
                     # this: a node's ledger processes get their partitions in index
                     # order, those `range_share` reads ahead (when the node is alone).
-                    "client.id": f"cronlog-ledger-{self.share[0]:03d}",
+                    "client.id": ledger_client_id(self.share[0], self.incarnation, self.node_id),
                     **self.watch.config(),
                 },
             )
@@ -418,6 +450,8 @@ class Ledger:
         messages = self.consumer.consume(self.batch_size, timeout=0 if ahead else 0.2)
         if self._ahead is not None and not self._ahead.full:  # not yet assigned
             self._read_ahead()
+        if self._identity_due:  # assigned: a frozen ledger woken beside its replacement?
+            self._check_node_id()
         records = [m for m in messages if self._usable(m)]
         if records:
             self._process_batch(records)
@@ -520,6 +554,7 @@ class Ledger:
         consumer.assign(positions)
         self.watch.reset()  # in the group (the statistics said otherwise while it restored)
         self.assigned = True
+        self._identity_due = True
         metrics.LEDGER_PARTITIONS.set(len(self.state))
         if self._stop.is_set():
             return  # stopping: nothing is decided any more
@@ -731,6 +766,8 @@ class Ledger:
         try:
             self._transact(records)
         except KafkaException as exc:
+            if _fenced(exc):
+                self._check_node_id()  # before recovering fences the other in turn
             log.error("transaction failed (%s): aborting and recovering", exc)
             self._recover()
         except Hung as exc:
@@ -940,6 +977,19 @@ class Ledger:
                 state.runs.keep_encoded(run_id, run, value)
         self._dirty_jobs.clear()
         self._dirty_runs.clear()
+
+    def _check_node_id(self) -> None:
+        """A newer live process under this node id (streams/identity.py): this one goes.
+        Else a fence came from this process's own replaced producer or a transaction
+        timeout, and it recovers."""
+        self._identity_due = False
+        admin = self.clients.admin(admin_config(self.settings))
+        newer = newer_twins(admin, self.settings.group("ledger"), self.node_id, self.incarnation)
+        if newer:
+            raise NodeIdTaken(
+                f"ledger {self.node_id} (incarnation {self.incarnation}) was replaced by a "
+                f"live ledger under its node id ({', '.join(newer)}); this one stops"
+            )
 
     def _recover(self, abort: bool = True) -> None:
         """Abort (unless the producer is abandoned), recreate the producer, and take the

@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +309,7 @@ class MemoryConsumer:
         self.eof = bool(config.get("enable.partition.eof", False))
         self.reset_latest = config.get("auto.offset.reset", "latest") in ("latest", "end")
         self.session_s = int(config.get("session.timeout.ms", 45_000)) / 1000
+        self.client_id = str(config.get("client.id", ""))
         self.positions: dict[Where, int] = {}
         self.eof_at: dict[Where, int] = {}
         self.member_id: str | None = None
@@ -742,6 +744,37 @@ class MemoryAdmin:
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         self.log.fault("list_topics", self)
         return self.log.metadata()
+
+    def describe_consumer_groups(
+        self, group_ids: list[str], request_timeout: float = -1
+    ) -> dict[str, Future[GroupDescription]]:
+        """Each group's live members (client.id and host), as futures like the real one."""
+        self.log.fault("describe_consumer_groups", self)
+        out: dict[str, Future[GroupDescription]] = {}
+        with self.log.lock:
+            self.log.expire()
+            for group_id in group_ids:
+                group = self.log.groups.get(group_id, _Group())
+                members = [
+                    MemberDescription(m.consumer.client_id, "memory")
+                    for m in group.members.values()
+                ]
+                future: Future[GroupDescription] = Future()
+                future.set_result(GroupDescription(group_id, members))
+                out[group_id] = future
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    client_id: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group_id: str
+    members: list[MemberDescription]
 
 
 class MemoryClients(Clients):

@@ -40,6 +40,7 @@ from streams.core.ledger import LedgerConfig
 from streams.core.proposals import ProposalPolicy
 from streams.dispatcher import Dispatcher
 from streams.gate import Gate
+from streams.identity import NodeIdTaken
 from streams.ingress import Ingress
 from streams.kafka import wait_for_broker
 from streams.ledger import Ledger
@@ -96,12 +97,16 @@ def _ledger_main(
     trim_malloc_every()  # if CRONLOG_MALLOC_TRIM_S asks; MALLOC_ARENA_MAX came with the env
     _dump_stacks_on_sigusr1()
     configure_logging(loglevel, "ledger", node_id, log_format)
-    ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir, share=share)
-    if metrics_port is not None:  # the node's port + 1 + its index (streams/metrics.py)
-        MetricsServer(metrics_port, [metrics.LEDGER], ledger.ready).start()
-    signal.signal(signal.SIGTERM, lambda *_: ledger.stop())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node stops it with SIGTERM
-    ledger.run()
+    try:
+        ledger = Ledger(settings, config, node_id=node_id, store_dir=store_dir, share=share)
+        if metrics_port is not None:  # the node's port + 1 + its index (streams/metrics.py)
+            MetricsServer(metrics_port, [metrics.LEDGER], ledger.ready).start()
+        signal.signal(signal.SIGTERM, lambda *_: ledger.stop())
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node stops it with SIGTERM
+        ledger.run()
+    except NodeIdTaken as exc:  # the node dies with it, saying why (streams/identity.py)
+        log.error("%s", exc)
+        raise SystemExit(3) from exc
 
 
 def ledger_id(node_id: str, index: int) -> str:

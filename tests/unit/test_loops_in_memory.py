@@ -18,6 +18,7 @@ from schemas.spec import EverySchedule, JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
+from streams.core.timing import TIMING
 from streams.core.schedule import fires_between
 from streams.kafka import producer_config
 from streams.ledger import Ledger
@@ -101,7 +102,10 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
                 node.step()
             except Killed:
                 restarts += 1
-                ledgers = [ledger()]  # restarted under its id: fences the dead one
+                # Restarted under its id once the dead one's session lapsed (a live
+                # member under its id holds it: streams/identity.py); fences the dead one.
+                clock.advance(TIMING.consumer_session_s + 1)
+                ledgers = [ledger()]
     end_ms = int(clock.time() * 1000)
 
     events = [

@@ -145,8 +145,9 @@ outcome with no record at its time:
 - it was decided while the step's watermark was below it, and no record at or after
   its time was made before it: with one upstream, whose notices are decided in the order
   of its final events, "before" is told exactly; with several, a record made more than
-  `notice_lag_ms` after it. A failed outcome then owed a skip record; with one upstream,
-  a succeeded one owed a run;
+  `notice_lag_ms` plus the dependency wait after it (a failure waits behind an earlier
+  period still open on another upstream until that wait runs out). A failed outcome then
+  owed a skip record; with one upstream, a succeeded one owed a run;
 - with several upstreams, a succeeded outcome after the last record, when every other
   upstream had a succeeded outcome since that record, not after it, decided surely
   before it (a final event `notice_lag_ms` earlier): the step should have run. Checked
@@ -1032,13 +1033,15 @@ class Auditor:
                 made = [first.get(t, -1) for t, _ in records]  # -1: before anything
                 slack = 1  # strictly before
             else:
+                # A failure waits behind an earlier period still open on another upstream
+                # until that period's dependency wait runs out.
                 made = [at for _, at in records]
-                slack = lag
+                slack = lag + cfg.dependency_wait_ms
             for i in range(len(made) - 2, -1, -1):
                 made[i] = min(made[i], made[i + 1])
             flagged: set[tuple[str, int]] = set()
             for scheduled, at, ok, upstream in outcomes:
-                if not start + lag < at < end - lag or scheduled in job.fires:
+                if not start + lag < at < end - max(lag, slack) or scheduled in job.fires:
                     continue
                 i = bisect.bisect_left(times, scheduled)
                 if i < len(times) and at + slack > made[i]:

@@ -51,9 +51,10 @@ class ProposalPolicy:
 
 def may_lead(spec: JobSpec) -> bool:
     """Whether the job's firings may be proposed before their time at all: not for
-    `forbid`/`replace`, whose overlap is decided at the firing time (the ledger refuses
-    their proposals before it)."""
-    return spec.concurrency == "allow"
+    `forbid`/`replace`, whose overlap is decided at the firing time, nor for a step (no
+    schedule), whose proposal is the end of a dependency wait (the ledger refuses their
+    proposals before it)."""
+    return spec.concurrency == "allow" and spec.schedule is not None
 
 
 def may_look_ahead(spec: JobSpec) -> bool:

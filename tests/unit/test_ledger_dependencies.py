@@ -195,3 +195,30 @@ def test_a_withdrawn_upstream_firing_skips_no_dependent() -> None:
     _run_due(w, t + 5)
     assert w.states(scheduled_run_id("a", t))[-1] == "succeeded"
     assert w.states(scheduled_run_id("b", t))[:2] == ["waiting", "due"]
+
+
+def test_a_step_waiting_on_a_silent_upstream_is_decided_when_its_wait_runs_out() -> None:
+    """a2 is paused and never reports again; a1 goes on, failing once. The step's first
+    period waits for a2 (and the failure after it waits behind it) until the dependency
+    wait runs out; no notice comes then, so the step is proposed at that time (its
+    next_due_ms) and decides every period whose wait has run out."""
+    wait = 10 * MIN
+    w = setup(job("a1"), job("a2"), job("step", every=None, depends_on=("a1", "a2")))
+    w.config = replace(w.config, dependency_wait_ms=wait)
+    w.apply(JobPaused("a2", T0 + 1))
+    t1, t2 = T0 + MIN, T0 + 2 * MIN
+    for t, code in ((t1, 0), (t2, 1)):
+        w.apply(FireProposed("a1", t, t, "n"))
+        finish(w, "a1", t, code, t + 1)
+    w.apply(JobPaused("a1", t2 + 2))  # no upstream speaks again
+    step = w.jobs["step"]
+    assert step.next_due_ms == t1 + wait + 1
+    assert w.run_events(scheduled_run_id("step", t1)) == []
+    early = t1 + wait
+    w.apply(FireProposed("step", t1 + wait + 1, early, "n"), now=early)
+    assert w.rejections[-1].startswith("proposed before its time")
+    due = t1 + wait + 1
+    w.apply(FireProposed("step", due, due, "n"), now=due)
+    assert w.states(scheduled_run_id("step", t1)) == ["skipped"]
+    assert w.states(scheduled_run_id("step", t2)) == ["skipped"]
+    assert w.jobs["step"].next_due_ms is None  # nothing left open

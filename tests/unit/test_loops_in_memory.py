@@ -18,8 +18,8 @@ from schemas.spec import EverySchedule, JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
-from streams.core.timing import TIMING
 from streams.core.schedule import fires_between
+from streams.core.timing import TIMING
 from streams.kafka import producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog

@@ -111,6 +111,7 @@ class Dependencies(Kernel):
             return
         upstreams = job.spec.depends_on
         blocked = False  # an earlier period is still open: no failure may skip past it
+        expiry: int | None = None  # when the first open period's wait runs out
         for t in sorted({o.scheduled_ms for o in job.upstream_outcomes}):
             after = self.job.fired_ms
             if t <= after:
@@ -126,6 +127,8 @@ class Dependencies(Kernel):
                 and not (failed_at_t and not blocked)
                 and self.at - t <= self.config.dependency_wait_ms
             ):
+                if not blocked:
+                    expiry = t + self.config.dependency_wait_ms + 1
                 blocked = True
                 continue
             self.set_job(fired_ms=t)
@@ -144,6 +147,10 @@ class Dependencies(Kernel):
                 self._skip(t, "dependency", f"upstream {failed[0]} did not succeed")
             else:
                 self._create(t, "dependency", run_id)
+        # The scheduler proposes the step at the expiry (see `Firing.fire`): an upstream
+        # that stays silent (paused, deleted) must not hold the periods open for ever.
+        if expiry != self.job.next_due_ms:
+            self.set_job(next_due_ms=expiry)
         # Outcomes of decided periods are never read again.
         fired = self.job.fired_ms
         kept = tuple(o for o in self.job.upstream_outcomes if o.scheduled_ms > fired)

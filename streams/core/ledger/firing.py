@@ -202,6 +202,13 @@ class Firing(Kernel):
             return self.reject("already decided")  # the common duplicate: no change
         if inp.scheduled_ms - self.at > cfg.max_lead_ms:
             return self.reject("proposed too early")
+        if spec.schedule is None:
+            # A step is proposed only when the wait of its first open period runs out.
+            if not spec.depends_on or inp.scheduled_ms != job.next_due_ms:
+                return self.reject("not a fire time of the step")
+            if inp.scheduled_ms > self.at:
+                return self.reject("proposed before its time (its wait runs out at it)")
+            return self._dag_steps()
         if spec.concurrency != "allow" and inp.scheduled_ms > self.at:
             # forbid/replace look at the previous run at the firing's time, not before:
             # decided early, replace would cancel a run about to finish and forbid would

@@ -393,3 +393,7 @@ class Kernel:
     def _evaluate(self, run: RunState) -> None:
         """Gate a new run on its upstreams: the dependencies' (`Dependencies._evaluate`)."""
         raise NotImplementedError
+
+    def _dag_steps(self) -> None:
+        """Decide a step's periods: the dependencies' (`Dependencies._dag_steps`)."""
+        raise NotImplementedError

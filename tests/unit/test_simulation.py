@@ -117,6 +117,7 @@ class Sim:
         skews = (-8000, -2000, 0, 2000, 8000)
         self.skew = {who: self.rng.choice(skews) for who in ("w1", "w2", "zombie", "detector")}
         self.paused_at: dict[str, int] = {}
+        self.stamped: dict[str, int] = {}  # each job's newest command stamp
         self.specs: dict[str, JobSpec] = {}
 
     def send(self, inp: LedgerInput) -> None:
@@ -228,8 +229,13 @@ class Sim:
             self.command(JobUpserted(spec, self.now + self.rng.randint(1_000, 8_000)))
 
     def command(self, inp: LedgerInput) -> None:
-        copies = [inp, inp] if self.rng.random() < 0.2 else [inp]
         job_id = input_job(inp)
+        # Ingress stamps a command with the broker's append time on the job's commands
+        # partition: never earlier than the job's previous command.
+        stamp = max(inp.at_ms, self.stamped.get(job_id, 0))
+        inp = replace(inp, at_ms=stamp)
+        self.stamped[job_id] = stamp
+        copies = [inp, inp] if self.rng.random() < 0.2 else [inp]
         self.ordered.setdefault(("op", job_id, 0), []).extend(copies)
 
     def deliver_now(self, inp: LedgerInput) -> None:

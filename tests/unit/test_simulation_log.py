@@ -47,6 +47,7 @@ from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import input_job
 from streams.core.seals import KEY_BYTES, seal
+from streams.identity import parse_client_id
 from streams.kafka import consumer_config, producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog
@@ -171,6 +172,7 @@ class LogSim(Sim):
             "recoveries": 0,
         }
         self.world: Any = LogWorld(self.kafka, self.settle)  # the World's view, from the topics
+        self.pending: list[str] = []  # node ids to restart once their dead one left
         self.start_node()
 
     # -- nodes --------------------------------------------------------------------------
@@ -184,6 +186,21 @@ class LogSim(Sim):
         assert node.open()
         self.nodes.append(node)
         return node
+
+    def restart_pending(self) -> None:
+        """Start the nodes waiting to restart under their id whose dead predecessor has
+        left the group (its session lapsed): a live member holds the id till then."""
+        with self.kafka.lock:
+            self.kafka.expire()
+            group = self.kafka.groups.get(GROUP)
+            held = {
+                parsed[1]
+                for m in (group.members.values() if group else ())
+                if (parsed := parse_client_id(m.consumer.client_id)) is not None
+            }
+        for node_id in [n for n in self.pending if n not in held]:
+            self.pending.remove(node_id)
+            self.start_node(node_id)
 
     def kill(self, node: Ledger) -> None:
         self.nodes.remove(node)
@@ -247,20 +264,30 @@ class LogSim(Sim):
         then do the topics read as one cut: the actors see the runs and their events
         together, as the simulation's workers assume."""
         for _ in range(5_000):
+            self.restart_pending()
             if (
                 not self.kafka.lag(GROUP, SETTINGS.topic("job-log"))
                 and self._steady(frozen)
                 and not self.kafka.open
+                and not self.pending
             ):
                 break
+            if not [n for n in self.nodes if n is not frozen]:
+                self.clock.advance(0.5)  # only a restart waiting for a session to lapse
             for node in [n for n in self.nodes if n is not frozen]:
+                if node not in self.nodes:  # killed meanwhile (a nested settle)
+                    continue
                 try:
                     node.step()
                 except Killed:
                     self.kill(node)
-                    # A node starts in its place: under its id (fencing the dead one's
-                    # transaction at once) or a new one (the broker's timeouts end it).
-                    self.start_node(node.node_id if self.rng.random() < 0.5 else None)
+                    # A node starts in its place: a new one (the broker's timeouts end the
+                    # dead one's transaction), or under its id once the dead one's session
+                    # lapsed (streams/identity.py), fencing its transaction at once.
+                    if self.rng.random() < 0.5:
+                        self.pending.append(node.node_id)
+                    else:
+                        self.start_node()
         else:
             raise AssertionError(f"the ledger did not catch up: {self.faults}")
         self.now = max(self.now, int(self.clock.time() * 1000))

@@ -12,18 +12,29 @@ the job's `DstPolicy`:
   the spring-forward day is 03:30 CEST = 01:30 UTC); ``skip`` does not fire;
 - a wall time that occurs twice: ``run_once`` fires at the first occurrence (``fold=0``),
   ``both`` at both, ``skip`` at neither;
-- ``auto`` (the default) is cron's rule (Vixie cron, cronie: wildcard jobs versus
-  fixed-time jobs). A cron expression is *elapsed-time* when its minute or its hour field
-  begins with ``*`` or contains a step ``/`` (``*``, ``*/15``, ``0-59/5``, ``8-18/2``; the
-  leading seconds field of a 6-field expression does not count); such a job fires at
-  exactly the instants whose local wall time matches: at both occurrences of a repeated
-  wall time, and not for a gap's wall times, which no instant has. Every other
-  expression is *fixed-time* (``30 2 * * *``, ``0,30 9-17 * * *``, ``0 0-23 * * *``) and
-  behaves as ``run_once``. cronie classifies by the leading ``*`` alone and runs a
-  fixed-time job skipped by a gap at the moment of the jump (it catches up the skipped
-  minutes), rather than at the shifted instant, and treats changes of 3 hours or more as
-  clock resets; ``auto`` counts steps as elapsed-time too, keeps ``run_once``'s shifted
-  instant, and treats every offset change alike.
+- ``auto`` (the default) is cron's rule, as cronie's crond applies it to its system time
+  zone (src/cron.c: wildcard versus fixed-time jobs), applied here to the job's zone. A
+  cron expression is *elapsed-time* when its minute or its hour field begins with ``*``
+  (``*``, ``*/15``, ``*/2``: cron sets MIN_STAR or HR_STAR from the field's first
+  character); such a job fires at exactly the instants whose local wall time matches:
+  at both occurrences of a repeated wall time, and not for a gap's wall times, which no
+  instant has. Every other expression is *fixed-time*, steps not led by ``*`` included
+  (``30 2 * * *``, ``0-59/15 2 * * *``, ``0 1-23/2 * * *``, ``0 0-23 * * *``), and
+  behaves as ``run_once``: once at a repeated wall time, at its first occurrence. The
+  leading seconds field of a 6-field expression (not cron's) does not count.
+  Where ``auto`` differs from cronie: a fixed-time job whose wall time falls in a gap
+  fires at ``run_once``'s shifted instant (02:30 -> 03:30 CEST), where cronie runs it at
+  the jump (03:00 CEST, the instant of the change: it catches up the skipped minutes
+  then), so that ``auto`` on a fixed-time expression stays exactly ``run_once``; and
+  cronie takes a change of more than 3 hours for a clock reset (a gap's jobs are not
+  run, a repeated period's run again) and one of at most 5 minutes for a late wake-up,
+  while ``auto`` treats every offset change alike. tests/unit/test_cron_conformance.py
+  runs cronie's minute loop as an oracle, told of the gap's shifted instant.
+
+The fields are read as cronie reads them (`_check_field`), with a leading seconds field
+and croniter's extensions (`L`, `W`, `#`, `?`, `a/n`) beyond cron. A day matches
+day-of-month OR day-of-week when both are restricted, AND when either begins with `*`
+(or is `?`); `L`, `W`, `5L` and `5#2` are restricted fields like any other.
 
 The fire times of a schedule form one fixed set of instants; `next_fire` returns the
 smallest one after a given instant and `fires_between` lists them, so chaining
@@ -49,7 +60,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter  # type: ignore[import-untyped]
@@ -65,7 +76,9 @@ from schemas.spec import (
 from streams.core.zones import load_zone
 
 __all__ = [
+    "FireWindow",
     "ScheduleError",
+    "fire_window",
     "fires_between",
     "jitter_ms",
     "next_fire",
@@ -211,7 +224,13 @@ _FIELDS = (
     ("day-of-week", 0, 7, _WEEKDAYS),
 )
 _SECONDS = ("second", 0, 59, ())
-_PART = re.compile(r"^(\*|[0-9A-Za-z]+)(?:-([0-9A-Za-z]+))?(?:/([0-9]+))?$")
+_STAR: Final = re.compile(r"\*(?:/([0-9]+))?")
+_PLAIN: Final = re.compile(r"([0-9A-Za-z]+)(?:-([0-9A-Za-z]+))?(?:/([0-9]+))?")
+_NTH: Final = re.compile(r"([0-9A-Z]+)#([0-9]+)")
+_LAST_WEEKDAY: Final = re.compile(r"L([0-9A-Z]+)|([0-9A-Z]+)L")
+_NEAREST_WEEKDAY: Final = re.compile(r"([0-9]+)W")
+_TO_LAST_DAY: Final = re.compile(r"([0-9]+)-L")
+_DAY_FIELDS: Final = ("day-of-month", "day-of-week")
 
 
 def _value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
@@ -225,46 +244,110 @@ def _value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) ->
     return value
 
 
+def _step(text: str, name: str, part: str) -> int:
+    step = int(text)
+    if step == 0:
+        raise ScheduleError(f"{name} field: {part!r}: a step must be at least 1")
+    return step
+
+
 def _check_field(field: str, name: str, low: int, high: int, names: tuple[str, ...]) -> str:
-    """One field as cron reads it, or a ScheduleError naming the field: values in range,
-    steps of at least 1, ranges low to high (cron refuses `7-0`, it does not wrap);
-    the extensions croniter has (`L`, `W`, `#`, `?`) are checked where they are simple.
-    Returns the field with single-value ranges (`5-5`, `05-5`, `5-5/2`) as that value:
-    croniter reads such a range as `*`, so `0 5-5 * * *` would fire every hour."""
-    parts = []
+    """One field as cron reads it, in the form croniter is given, or a ScheduleError
+    naming the field.
+
+    Cron's forms (cronie's entry.c): `*`, values, names, ranges low to high (cron refuses
+    `7-0`, it does not wrap), steps of at least 1, lists; Sunday is 0 or 7. Single-value
+    ranges (`5-5`, `05-5`, `5-5/2`) become that value: croniter reads such a range as
+    `*`, so `0 5-5 * * *` would fire every hour. Beyond cron, the extensions croniter
+    evaluates, each checked here so that croniter never sees a form it would misread:
+    `a/n` (a to the field's end, every n), `?` (a whole day field, as `*`), `L` (the
+    last day of the month, alone, listed or ending a range: `L`, `1,L`, `25-L`), `nW`
+    (the weekday nearest the nth, alone), and in the day of the week `dL` or `Ld` (the
+    last weekday d of the month: `5L`, `FRIL`, `L5`) and `d#k` (its kth, k 1-5), listed
+    with each other but not with plain days, which croniter cannot combine."""
+    if field[:1] in ("H", "h", "R", "r"):
+        raise ScheduleError(
+            f"{name} field: {field!r}: hashed (H) and random (R) fields are not supported"
+        )
+    if "?" in field:
+        if field != "?" or name not in _DAY_FIELDS:
+            raise ScheduleError(
+                f"{name} field: {field!r}: '?' is only allowed as a whole day-of-month or "
+                "day-of-week field"
+            )
+        return "*"
+    parts: list[str] = []
+    kinds: set[str] = set()
     for part in field.split(","):
-        if "#" in part and name == "day-of-week":
-            day, _, nth = part.partition("#")
-            _value(day, name, low, high, names)
-            if not nth.isascii() or not nth.isdigit() or not 1 <= int(nth) <= 5:
+        if not part:
+            raise ScheduleError(f"{name} field: {field!r} has an empty item in its list")
+        text, kind = _check_part(part, name, low, high, names)
+        parts.append(text)
+        kinds.add(kind)
+    if "nearest" in kinds and len(parts) > 1:
+        raise ScheduleError(f"{name} field: {field!r}: a W day must stand alone in its field")
+    if name == "day-of-week" and "plain" in kinds and kinds & {"last", "nth"}:
+        raise ScheduleError(
+            f"{name} field: {field!r}: days such as 5L or 5#2 cannot be listed with plain days"
+        )
+    return ",".join(parts)
+
+
+def _check_part(
+    part: str, name: str, low: int, high: int, names: tuple[str, ...]
+) -> tuple[str, str]:
+    """One item of a field's list: its text for croniter, and its kind (plain, last,
+    nth, nearest) for the rules on what may be listed together."""
+    upper = part.upper()
+    if (star := _STAR.fullmatch(part)) is not None:
+        if star.group(1) is not None:
+            _step(star.group(1), name, part)
+        return part, "plain"
+    if name == "day-of-week":
+        if (nth := _NTH.fullmatch(upper)) is not None:
+            day = _value(nth.group(1), name, low, high, names) % 7
+            if not 1 <= int(nth.group(2)) <= 5:
                 raise ScheduleError(f"{name} field: {part!r}: the week after # must be 1-5")
-            parts.append(part)
-            continue
-        found = _PART.match(part)
-        if found is None or part[:1] in ("L", "l", "?") or part.upper().endswith(("L", "W")):
-            parts.append(part)  # croniter's extensions (L, W, ?): left to it
-            continue
-        first, last, step = found.groups()
-        if step is not None and int(step) == 0:
-            raise ScheduleError(f"{name} field: {part!r}: a step must be at least 1")
-        if first == "*":
-            if last is not None:
-                raise ScheduleError(f"{name} field: {part!r} is not a range")
-            parts.append(part)
-            continue
-        a = _value(first, name, low, high, names)
-        b = a if last is None else _value(last, name, low, high, names)
+            return f"{day}#{int(nth.group(2))}", "nth"
+        if upper == "L":
+            raise ScheduleError(
+                f"{name} field: 'L' needs a day: 5L (or FRIL, L5) is the last Friday of the month"
+            )
+        if (last := _LAST_WEEKDAY.fullmatch(upper)) is not None:
+            day = _value(last.group(1) or last.group(2), name, low, high, names) % 7
+            return f"L{day}", "last"
+    if name == "day-of-month":
+        if upper == "L":
+            return "L", "last"
+        if (nearest := _NEAREST_WEEKDAY.fullmatch(upper)) is not None:
+            return f"{_value(nearest.group(1), name, low, high, names)}W", "nearest"
+        if (to_last := _TO_LAST_DAY.fullmatch(upper)) is not None:
+            return f"{_value(to_last.group(1), name, low, high, names)}-L", "plain"
+    plain = _PLAIN.fullmatch(part)
+    if plain is None:
+        raise ScheduleError(
+            f"{name} field: {part!r} is not a value, a range (a-b) or a step (*/n, a-b/n)"
+        )
+    first, last_text, step_text = plain.groups()
+    step = 1 if step_text is None else _step(step_text, name, part)
+    a = _value(first, name, low, high, names)
+    if last_text is None and step_text is not None:
+        # `a/n`: from a to the end of the field (Saturday in the day of the week, where
+        # croniter stops), listed so that `59/5` cannot reach croniter as a range.
+        end = max(a, 6) if name == "day-of-week" else high
+        values = range(a, end + 1, step)
+    else:
+        b = a if last_text is None else _value(last_text, name, low, high, names)
         if a > b:
             raise ScheduleError(f"{name} field: {part!r}: a range must go from low to high")
-        if name == "day-of-week" and b == 7:
-            # Sunday as 7, which croniter refuses in the 6-field form: the days named.
-            days = sorted({d % 7 for d in range(a, b + 1, int(step or 1))})
-            parts.append(",".join(map(str, days)))
-        elif last is None:
-            parts.append(part)
-        else:
-            parts.append(str(a) if a == b else part)  # `5-5/2` is 5 alone, as in cron
-    return ",".join(parts)
+        if name != "day-of-week" or b < 7:
+            text = str(a) if a == b else f"{a}-{b}" + ("" if step_text is None else f"/{step}")
+            return text, "plain"
+        values = range(a, b + 1, step)
+    if name == "day-of-week":
+        # Sunday as 7, which croniter refuses in the 6-field form: the days named.
+        return ",".join(map(str, sorted({d % 7 for d in values}))), "plain"
+    return ",".join(map(str, values)), "plain"
 
 
 class _Cron:
@@ -280,32 +363,29 @@ class _Cron:
             raise ScheduleError(
                 f"invalid cron expression {expr!r}: fields are separated by spaces or tabs"
             )
-        fields = expr.split()
-        if len(fields) not in (5, 6):
+        raw = expr.split()
+        if len(raw) not in (5, 6):
             alias = " (aliases such as @daily are not supported)" if expr.startswith("@") else ""
             raise ScheduleError(
                 f"invalid cron expression {expr!r}: expected 5 fields (minute hour "
                 "day-of-month month day-of-week), or 6 with leading seconds, "
-                f"got {len(fields)}{alias}"
+                f"got {len(raw)}{alias}"
             )
-        if any(field[:1].lower() in ("h", "r") for field in fields):
-            raise ScheduleError(
-                f"invalid cron expression {expr!r}: hashed (H) and random (R) fields "
-                "are not supported"
-            )
-        kinds = (_SECONDS, *_FIELDS) if len(fields) == 6 else _FIELDS
+        kinds = (_SECONDS, *_FIELDS) if len(raw) == 6 else _FIELDS
         try:
-            fields = [_check_field(f, *kind) for f, kind in zip(fields, kinds, strict=True)]
+            fields = [_check_field(f, *kind) for f, kind in zip(raw, kinds, strict=True)]
         except ScheduleError as error:
             raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         # Cron's day rule (cronie, Vixie, Debian): a day matches day-of-month OR
         # day-of-week when both are restricted, AND when either starts with `*`: cron
-        # looks at the field's first character, so `*/2` counts as a star there, where
-        # croniter would OR it with the day of the week. The OR is evaluated as two
-        # expressions, one per day field (the other a star), the earlier time winning:
-        # croniter's own OR finds nothing for `0 0 30 2 MON` (Mondays of February in
-        # cron) and drops the day of the month beside `5#2` or `L`.
-        if fields[-3].startswith("*") or fields[-1].startswith("*"):
+        # sets its DOM_STAR/DOW_STAR flag from the field's first character, so `*/2`
+        # counts as a star there, where croniter would OR it with the day of the week.
+        # `?` is a star too (it says "any day"). The extensions (`L`, `W`, `5L`, `5#2`)
+        # are restricted fields like any other. The OR is evaluated as two expressions,
+        # one per day field (the other a star), the earlier time winning: croniter's own
+        # OR finds nothing for `0 0 30 2 MON` (Mondays of February in cron) and drops
+        # the day of the month beside `5#2` or `L5`.
+        if any(field.startswith("*") or field == "?" for field in (raw[-3], raw[-1])):
             variants = [fields]
         else:
             variants = [[*fields[:-1], "*"], [*fields[:-3], "*", *fields[-2:]]]
@@ -317,8 +397,10 @@ class _Cron:
         except (ValueError, KeyError, TypeError, IndexError) as error:
             raise ScheduleError(f"invalid cron expression {expr!r}: {error}") from None
         self._lock = threading.Lock()
-        # Elapsed-time (True) or fixed-time (False) under the `auto` DST policy.
-        self.elapsed: bool = any(field.startswith("*") or "/" in field for field in fields[-5:-3])
+        # Elapsed-time (True) or fixed-time (False) under the `auto` DST policy: cronie
+        # sets MIN_STAR/HR_STAR when the minute or hour field begins with `*`, and only
+        # then runs a job on the wall clock; `0-59/15` or `1-23/2` is fixed-time there.
+        self.elapsed: bool = any(field.startswith("*") for field in raw[-5:-3])
 
     def next_wall(self, wall_s: int) -> int | None:
         """The first matching wall-clock second strictly after `wall_s` (naive seconds
@@ -436,7 +518,8 @@ def fires_between(
     dst: DstPolicy = "auto",
     limit: int = 100_000,
 ) -> list[int]:
-    """All fire times t with after_ms < t <= until_ms, ascending, at most `limit`."""
+    """All fire times t with after_ms < t <= until_ms, ascending, at most `limit`: the
+    list stops at the limit without saying so (`fire_window` says whether it did)."""
     _check_policy(dst)
     if schedule is None or limit <= 0 or until_ms <= after_ms:
         return []
@@ -455,6 +538,29 @@ def fires_between(
         fires.append(fire_s * 1000)
         after_s = fire_s
     return fires
+
+
+class FireWindow(NamedTuple):
+    """The fire times of a window, ascending, at most a limit of them."""
+
+    times: list[int]
+    # More fire times lie in the window after the last one listed (after every one when
+    # none is): continue from times[-1] for the rest.
+    truncated: bool
+
+
+def fire_window(
+    schedule: Schedule,
+    after_ms: int,
+    until_ms: int,
+    dst: DstPolicy = "auto",
+    limit: int = 100_000,
+) -> FireWindow:
+    """`fires_between`, saying whether the limit cut the list: for whatever shows or
+    pages fire times, where a full list must not pass for the whole window."""
+    limit = max(limit, 0)
+    times = fires_between(schedule, after_ms, until_ms, dst, limit + 1)
+    return FireWindow(times[:limit], len(times) > limit)
 
 
 def newest_fires(

@@ -15,10 +15,10 @@ the `auto` policy.
 
 Every expected instant below is written out in UTC, worked out by hand from those offsets.
 
-`auto` (the default): an expression whose minute or hour field begins with `*` or holds a
-step `/` is elapsed-time and fires at exactly the instants whose local wall time matches
-(twice in a repeated hour, never for a gap's wall times); any other is fixed-time and
-behaves as `run_once`.
+`auto` (the default): an expression whose minute or hour field begins with `*` (cronie's
+MIN_STAR/HR_STAR flags) is elapsed-time and fires at exactly the instants whose local wall
+time matches (twice in a repeated hour, never for a gap's wall times); any other, steps
+such as `0-59/15` or `1-23/2` included, is fixed-time and behaves as `run_once`.
 """
 
 from __future__ import annotations
@@ -636,7 +636,8 @@ AUTO_TABLE: list[tuple[str, str, str, str, dict[DstPolicy, list[str]]]] = [
         ),
     ),
     # The classification, at the New York fall back (04:00Z..08:00Z = 00:00 EDT..03:00 EST):
-    # an hour step is elapsed-time (01:00 EDT, 01:00 EST, 03:00 EST) ...
+    # an hour step that does not begin with * is fixed-time, as in cron (01:00 EDT,
+    # 03:00 EST; not 01:00 EST) ...
     (
         "0 1-23/2 * * *",
         NEW_YORK,
@@ -646,10 +647,9 @@ AUTO_TABLE: list[tuple[str, str, str, str, dict[DstPolicy, list[str]]]] = [
             run_once=at("2026-11-01", "05:00", "08:00"),
             both=at("2026-11-01", "05:00", "06:00", "08:00"),
             skip=at("2026-11-01", "08:00"),
-            auto=at("2026-11-01", "05:00", "06:00", "08:00"),
         ),
     ),
-    # ... a list of the same hours is fixed-time ...
+    # ... as is a list of the same hours ...
     (
         "0 1,3 * * *",
         NEW_YORK,
@@ -661,8 +661,8 @@ AUTO_TABLE: list[tuple[str, str, str, str, dict[DstPolicy, list[str]]]] = [
             skip=at("2026-11-01", "08:00"),
         ),
     ),
-    # ... and so is a range, even one covering every hour (cron's rule: only a leading *
-    # makes a wildcard; a step is our addition).
+    # ... and a range, even one covering every hour (cron's rule: only a leading * makes
+    # a wildcard).
     (
         "0 0-23 * * *",
         NEW_YORK,
@@ -806,8 +806,8 @@ def test_the_changes_are_offset_changes() -> None:
         assert abs(after - before) == timedelta(minutes=size), (zone, iso)
 
 
-WILD_KINDS = ("*", "step", "range-step")
-FIXED_KINDS = ("range", "list", "value")
+WILD_KINDS = ("*", "step")
+FIXED_KINDS = ("range", "range-step", "list", "value")
 
 
 @st.composite
@@ -849,8 +849,8 @@ def expand(field: str, low: int, high: int) -> set[int]:
 
 
 def elapsed(*fields: str) -> bool:
-    """The rule under test: a minute or hour field that begins with * or has a step."""
-    return any(field.startswith("*") or "/" in field for field in fields)
+    """The rule under test: a minute or hour field that begins with *."""
+    return any(field.startswith("*") for field in fields)
 
 
 @settings(max_examples=60, deadline=None)

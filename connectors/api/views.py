@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from streams.core.dag import cycle_through
+
 # Upper bounds of the histogram's bins in seconds (the last bin is open): fine where a
 # healthy scheduler lives (under a second), coarse where an operator only needs "late".
 LATENESS_BOUNDS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -74,13 +76,24 @@ class Layout:
     edges: tuple[tuple[str, str], ...]  # (upstream, downstream)
     layers: int
     rows: int
+    # Each dependency cycle once, as the path job -> ... -> job (the API refuses them;
+    # commands written to the topic directly are not checked against the graph).
+    cycles: tuple[tuple[str, ...], ...] = ()
+
+    def on_cycle(self, upstream: str, downstream: str) -> bool:
+        """Whether the edge is one of a cycle's (drawn so the page shows it)."""
+        return any(
+            (c[i + 1], c[i]) == (upstream, downstream)
+            for c in self.cycles
+            for i in range(len(c) - 1)
+        )
 
 
 def dependency_layout(depends_on: Mapping[str, Sequence[str]]) -> Layout:
     """Jobs in layers so that every edge points to a later layer: a job's layer is one more
-    than its deepest upstream's (0 for a job with none). The ledger refuses cycles, but a
-    projection read mid-change may still show one: a job on a cycle is placed after what
-    is already placed instead of looping."""
+    than its deepest upstream's (0 for a job with none). The API refuses cycles, but one
+    may come through the commands topic or two concurrent changes: a job on a cycle is
+    placed after what is already placed instead of looping, and the cycle is named."""
     known = set(depends_on)
     upstreams = {job: tuple(dict.fromkeys(ups)) for job, ups in depends_on.items()}
     missing = sorted({u for ups in upstreams.values() for u in ups} - known)
@@ -105,9 +118,18 @@ def dependency_layout(depends_on: Mapping[str, Sequence[str]]) -> Layout:
         for row, job in enumerate(jobs)
     )
     edges = tuple((u, job) for job in sorted(known) for u in upstreams[job])
+    cycles: list[tuple[str, ...]] = []
+    for job in sorted(known):
+        if any(job in c for c in cycles):
+            continue
+        others = {j: ups for j, ups in upstreams.items() if j != job}
+        cycle = cycle_through(job, upstreams[job], others)
+        if cycle is not None:
+            cycles.append(cycle)
     return Layout(
         nodes,
         edges,
         layers=max(by_layer, default=-1) + 1,
         rows=max((len(v) for v in by_layer.values()), default=0),
+        cycles=tuple(cycles),
     )

@@ -89,3 +89,17 @@ def test_schedules_in_words() -> None:
     assert schedule_text({"every_ms": 1500}) == "every 1500ms"
     assert schedule_text(None) == "after its upstreams"
     assert schedule_text({"at_ms": 4_102_444_800_000}) == "once at 2100-01-01T00:00:00Z"
+
+
+def test_a_cycle_is_named_and_its_edges_marked() -> None:
+    """The API refuses a cycle, but commands written to the topic are not checked against
+    the graph: the page names the cycle and marks its edges (none is left out)."""
+    layout = dependency_layout(
+        {"extract": ["load"], "transform": ["extract"], "load": ["transform"], "report": ["load"]}
+    )
+    assert layout.cycles == (("extract", "load", "transform", "extract"),)
+    assert ("load", "extract") in layout.edges  # the back edge is drawn
+    assert layout.on_cycle("load", "extract")
+    assert layout.on_cycle("transform", "load")
+    assert not layout.on_cycle("load", "report")
+    assert dependency_layout({"c": ["b"], "b": ["a"], "a": []}).cycles == ()

@@ -47,7 +47,7 @@ from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import input_job
 from streams.core.seals import KEY_BYTES, seal
-from streams.identity import parse_client_id
+from streams.identity import NodeIdTaken, parse_client_id
 from streams.kafka import consumer_config, producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog
@@ -170,6 +170,8 @@ class LogSim(Sim):
             "joined": 0,
             "left": 0,
             "recoveries": 0,
+            "replaced": 0,
+            "stopped": 0,
         }
         self.world: Any = LogWorld(self.kafka, self.settle)  # the World's view, from the topics
         self.pending: list[str] = []  # node ids to restart once their dead one left
@@ -242,16 +244,24 @@ class LogSim(Sim):
 
     def arm_zombie(self, node: Ledger) -> None:
         """At `node`'s next offsets, the group moves on under it: a new member joins, and
-        half the time the others take its partitions over while it stands frozen there
-        (its session lapses, its open transaction times out), then it goes on."""
+        now and then the others take its partitions over while it stands frozen there
+        (its session lapses, its open transaction times out), then it goes on; or, frozen
+        past its session, it is replaced by a restart under its own node id, and when it
+        goes on it is fenced and stops (streams/identity.py) instead of fencing back."""
 
         def fault(call: str, client: object) -> None:
             if call != "send_offsets_to_transaction" or client is not node.producer:
                 return
             self.kafka.faults.remove(fault)
             self.faults["zombies"] += 1
+            roll = self.rng.random()
+            if roll < 0.25:
+                self.faults["replaced"] += 1
+                self.pending.append(node.node_id)  # restarted once its session lapsed
+                self.settle(frozen=node)
+                return
             self.start_node()  # a new generation, which the zombie's offsets do not carry
-            if self.rng.random() < 0.5:
+            if roll < 0.6:
                 self.settle(frozen=node)
 
         self.kafka.faults.append(fault)
@@ -279,6 +289,9 @@ class LogSim(Sim):
                     continue
                 try:
                     node.step()
+                except NodeIdTaken:  # replaced under its id while frozen: it stops
+                    self.nodes.remove(node)
+                    self.faults["stopped"] += 1
                 except Killed:
                     self.kill(node)
                     # A node starts in its place: a new one (the broker's timeouts end the
@@ -363,3 +376,16 @@ def test_simulation_through_the_ledger_process(seed: int, monkeypatch: pytest.Mo
     sim = simulate(seed, STEPS)
     check(sim)
     assert sim.world.run_events(), "the simulation produced no runs"
+
+
+def test_the_faults_are_played(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actors above really happen across a few seeds: kills, injected errors, zombies,
+    and frozen ledgers replaced under their node id that stop when they go on."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    total: dict[str, int] = {}
+    for seed in range(3):
+        sim = simulate(seed, STEPS)
+        for kind, n in sim.faults.items():
+            total[kind] = total.get(kind, 0) + n
+    assert all(total[k] > 0 for k in ("killed", "errors", "zombies", "replaced")), total
+    assert total["stopped"] == total["replaced"], total  # none fenced its replacement back

@@ -290,7 +290,8 @@ class LogSim(Sim):
                 try:
                     node.step()
                 except NodeIdTaken:  # replaced under its id while frozen: it stops
-                    self.nodes.remove(node)
+                    if node in self.nodes:  # (a nested settle may have let it go)
+                        self.nodes.remove(node)
                     self.faults["stopped"] += 1
                 except Killed:
                     self.kill(node)

@@ -365,13 +365,18 @@ def scheduler(
     lookahead_s: Annotated[
         float,
         typer.Option(
-            help="Propose runs due within this earlier still, at --lookahead-rate, so a "
-            "burst is decided before it is due (below --max-lead-s; 0 turns it off)."
+            help="A burst due within this is proposed early, beginning as early as it "
+            "needs at the ledger's rate, so it is decided before it is due; quiet jobs "
+            "keep --lead-s (below --max-lead-s; 0 turns it off)."
         ),
-    ] = 45.0,
+    ] = 600.0,
     lookahead_rate: Annotated[
-        float, typer.Option(help="Early proposals per second per node.")
-    ] = 400.0,
+        float,
+        typer.Option(
+            help="Early proposals per second per node to begin a burst with; the node "
+            "then follows what its ledgers answer."
+        ),
+    ] = 1000.0,
     max_lead_s: Annotated[
         float,
         typer.Option(

@@ -81,8 +81,8 @@ from streams.core.clock import PROBE_JOB_ID, SYSTEM_CLOCK, BrokerClock, Clock, b
 from streams.core.duequeue import DueQueue
 from streams.core.ids import job_of
 from streams.core.proposals import (
-    Allowance,
     FireTimers,
+    Pacer,
     ProposalPolicy,
 )
 from streams.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
@@ -170,7 +170,7 @@ class Scheduler:
         self._warm_timers: dict[int, PartitionTimers] = {}
         self.assigned = False  # a first assignment came (readiness)
         self._gauged = 0.0
-        self.early = Allowance(config.proposals.early_per_s, self.propose_at())
+        self.early = Pacer(config.proposals, self.propose_at())
         self._turn = 0
         self.proposed = 0
         self.dropped = 0  # proposals the full local queue refused (broker down)
@@ -408,7 +408,7 @@ class Scheduler:
                 log.error("cannot reread %s[%d] (%s)", tp.topic, tp.partition, exc)
                 continue
             self.timers[tp.partition] = self._fresh_timers()
-        self.early = Allowance(self.config.proposals.early_per_s, self._broker_now())
+        self.early = Pacer(self.config.proposals, self._broker_now())
 
     # -- assignment: rebuild from the beginning of the committed state --------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -539,6 +539,10 @@ class Scheduler:
     # -- proposing ------------------------------------------------------------------------
     def _propose(self, now: int) -> None:
         repeat = self.config.proposals.repeat_ms
+        owned = list(self.timers.values())
+        self.early.judge(
+            now, [t.fires.waiting for t in owned], sum(t.fires.early_out for t in owned)
+        )
         allowed = self.early.grant(now)
         # Rotate the partition served first, so the early allowance is shared fairly.
         self._turn += 1

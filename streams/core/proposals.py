@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from schemas.spec import JobSpec
@@ -80,6 +81,83 @@ class Allowance:
         self.tokens -= used
 
 
+class Pacer:
+    """How many firings to propose early, judged once a second from the burst ahead.
+
+    `waiting` (FireTimers.waiting of the node's partitions) counts, per due second, the
+    firings that may still be proposed early. Proposing at `rate` from now, earliest
+    first, every firing due by second s is proposed after count(<= s) / rate seconds; it
+    must be by s minus the lead. So the firings due by s must be in flight once now
+    reaches `s - lead - count(<= s) / rate` (less `SLACK_MS`): that many, earliest first,
+    are allowed early, at the rate. A quiet job is proposed at most the slack before its
+    lead; a burst as early as it needs, within the horizon.
+
+    The rate is the ledger's, measured: in a burst, while the early proposals the ledger
+    has not answered yet (`outstanding`) stay under a second of it and the node used its
+    whole allowance, the rate grows by a fifth a second; past three seconds of it, it
+    shrinks by 30 %. It starts at the
+    configured rate and stays within [FLOOR_PER_S, CEILING_PER_S]; what it learnt is
+    kept for the next burst."""
+
+    SLACK_MS = 2000
+    FLOOR_PER_S = 100.0
+    CEILING_PER_S = 20_000.0
+
+    def __init__(self, policy: ProposalPolicy, now_ms: int) -> None:
+        self.policy = policy
+        self.rate = max(self.FLOOR_PER_S, policy.early_per_s)
+        self.bucket = Allowance(self.rate, now_ms)
+        self.burst = False
+        self.start_ms: int | None = None  # the latest moment to begin (None: no burst)
+        self.needed = 0  # early proposals the burst needs in flight by now
+        self._judged_ms: int | None = None
+        self._spent = 0  # early proposals since the last judgement
+
+    def judge(self, now_ms: int, waiting: Iterable[dict[int, int]], outstanding: int) -> None:
+        """At most once a second: is a burst on, and at what rate?"""
+        if self._judged_ms is not None and now_ms - self._judged_ms < 1000:
+            return
+        self._judged_ms = now_ms
+        policy = self.policy
+        if policy.early_per_s <= 0 or policy.horizon_ms <= 0:
+            self.burst, self.start_ms, self.needed = False, None, 0
+            return
+        until = (now_ms + policy.horizon_ms) // 1000
+        counts: dict[int, int] = {}
+        for partition in waiting:
+            for second, n in partition.items():
+                if second <= until:
+                    counts[second] = counts.get(second, 0) + n
+        total, start, needed = 0, None, 0
+        for second in sorted(counts):
+            total += counts[second]
+            begin = second * 1000 - policy.lead_ms - int(total * 1000 / self.rate)
+            start = begin if start is None else min(start, begin)
+            if begin <= now_ms + self.SLACK_MS:
+                needed = total  # these must be in flight by now, earliest first
+        self.start_ms = start
+        self.needed = needed
+        self.burst = needed > 0
+        spent, self._spent = self._spent, 0
+        if self.burst:
+            if outstanding > 3 * self.rate:
+                self.rate = max(self.FLOOR_PER_S, self.rate * 0.7)
+            elif outstanding < self.rate and spent >= 0.9 * self.rate:
+                # The whole allowance was used and the ledger kept up: it can take more.
+                self.rate = min(self.CEILING_PER_S, self.rate * 1.2)
+            self.bucket.per_s = self.rate
+
+    def grant(self, now_ms: int) -> int:
+        """Early proposals allowed now: at the rate, and only as many as the burst needs
+        in flight by now (0 outside a burst)."""
+        return min(self.bucket.grant(now_ms), self.needed)
+
+    def spend(self, used: int) -> None:
+        self.bucket.spend(used)
+        self.needed = max(0, self.needed - used)
+        self._spent += used
+
+
 class FireTimers:
     """One partition's jobs: their next due times and when to propose them.
 
@@ -111,6 +189,11 @@ class FireTimers:
         self._early = array("q")
         self._normal_heap: list[int] = []
         self._early_heap: list[int] = []
+        # Slots with an early time armed, by their due second: the burst ahead (`Pacer`).
+        self.waiting: dict[int, int] = {}
+        # Early proposals sent and not answered yet (the ledger's backlog of them).
+        self.early_out = 0
+        self._awaiting = bytearray()  # slot -> 1 while its early proposal is unanswered
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -137,6 +220,10 @@ class FireTimers:
         (look-ahead) and whether before its time at all (the lead)."""
         policy = self.policy
         slot = self._slots.get(job_id)
+        if slot is not None:
+            if self._awaiting[slot] and next_due != self._due[slot]:
+                self._answered(slot)  # the ledger decided the time proposed early
+            self._unwait(slot)
         if next_due is None:
             if slot is not None:
                 del self._slots[job_id]
@@ -150,6 +237,9 @@ class FireTimers:
         normal = next_due - (policy.lead_ms if lead else 0)
         at = max(next_due - policy.horizon_ms, fired_ms)
         ahead = early and lead and policy.horizon_ms and at < next_due
+        if ahead:
+            second = next_due // 1000
+            self.waiting[second] = self.waiting.get(second, 0) + 1
         if self._bulk:
             soon = self._now + _BULK_WINDOW_MS
             if min(normal, at if ahead else normal) > soon:
@@ -160,6 +250,21 @@ class FireTimers:
                 return
         self._arm(self._normal, self._normal_heap, slot, normal)
         self._arm(self._early, self._early_heap, slot, at if ahead else _NONE)
+
+    def _unwait(self, slot: int) -> None:
+        """The slot's early time is disarmed (proposed, changed, or gone)."""
+        if self._early[slot] == _NONE:
+            return
+        second = self._due[slot] // 1000
+        left = self.waiting.get(second, 0) - 1
+        if left > 0:
+            self.waiting[second] = left
+        else:
+            self.waiting.pop(second, None)
+
+    def _answered(self, slot: int) -> None:
+        self._awaiting[slot] = 0
+        self.early_out -= 1
 
     def settle(self) -> None:
         """The catch-up is over: every time gets its heap item, learning pushes them."""
@@ -177,17 +282,34 @@ class FireTimers:
         out: list[tuple[str, int]] = []
         for slot in self._pop(self._normal, self._normal_heap, now, 10_000):
             out.append((ids[slot], dues[slot]))
+            self._unwait(slot)
             self._early[slot] = _NONE
+            if self._awaiting[slot]:  # not answered by its normal time: proposed again
+                self._answered(slot)
             self._arm(self._normal, self._normal_heap, slot, now + policy.repeat_ms)
         early = 0
         if early_limit > 0:
-            for slot in self._pop(self._early, self._early_heap, now, early_limit):
+            for slot in self._pop_early(now, early_limit):
                 due = dues[slot]
                 out.append((ids[slot], due))
                 early += 1
+                self._awaiting[slot] = 1
+                self.early_out += 1
                 normal = max(now + policy.repeat_ms, due - policy.lead_ms)
                 self._arm(self._normal, self._normal_heap, slot, normal)
         return out, early
+
+    def _pop_early(self, now: int, limit: int) -> list[int]:
+        slots = []
+        for slot in self._pop(self._early, self._early_heap, now, limit):
+            second = self._due[slot] // 1000  # `_pop` disarmed it: unwait by hand
+            left = self.waiting.get(second, 0) - 1
+            if left > 0:
+                self.waiting[second] = left
+            else:
+                self.waiting.pop(second, None)
+            slots.append(slot)
+        return slots
 
     def _slot(self, job_id: str) -> int:
         if self._free:
@@ -200,6 +322,7 @@ class FireTimers:
             self._ids.append(job_id)
             for times in (self._due, self._normal, self._early):
                 times.append(_NONE)
+            self._awaiting.append(0)
         self._slots[job_id] = slot
         return slot
 

@@ -75,7 +75,7 @@ def test_one_run_per_firing_and_duplicates_change_nothing() -> None:
 def test_bogus_and_early_proposals_are_rejected() -> None:
     w = world()
     assert w.apply(FireProposed("j", T0 + MIN + 1, T0 + MIN, "a")).rejected.startswith("not a")
-    far = T0 + 10 * MIN
+    far = T0 + 20 * MIN
     assert w.apply(FireProposed("j", far, T0, "a")).rejected == "proposed too early"
     assert w.apply(FireProposed("nope", T0, T0, "a")).rejected == "unknown job nope"
 

@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.spec import JobSpec
-from streams.core.proposals import Allowance, FireTimers, ProposalPolicy, may_look_ahead
+from streams.core.proposals import (
+    Allowance,
+    FireTimers,
+    Pacer,
+    ProposalPolicy,
+    may_look_ahead,
+)
 
 T = 1_800_000_000_000
 S = 1000
@@ -145,24 +151,24 @@ def test_every_firing_is_proposed_in_time_and_never_too_early(
 @pytest.mark.parametrize(
     "args",
     [
-        ["--lookahead-s", "60"],
+        ["--lookahead-s", "660"],
         ["--lookahead-s", "-1"],
         ["--lookahead-rate", "-5"],
         ["--lead-s", "-1"],
-        ["--lead-s", "60"],
+        ["--lead-s", "660"],
         ["--lookahead-s", "200", "--max-lead-s", "120"],
     ],
 )
 def test_the_scheduler_command_refuses_bad_timings(args: list[str]) -> None:
     """Refused before anything starts: the ledger would reject proposals made earlier
-    than its max lead (60 s unless --max-lead-s says otherwise)."""
+    than its max lead (660 s unless --max-lead-s says otherwise)."""
     from typer.testing import CliRunner
 
     from connectors.cli import app
 
     result = CliRunner().invoke(app, ["scheduler", *args])
     assert result.exit_code == 2
-    limit = "120" if "--max-lead-s" in args else "60"
+    limit = "120" if "--max-lead-s" in args else "660"
     assert f"--lookahead-s in [0, --max-lead-s = {limit})" in result.output
 
 
@@ -247,3 +253,73 @@ def test_the_compact_timers_agree_with_plain_dicts(
             assert timers.due_of(job) == model.due.get(job)
     assert timers.due == model.due
     assert len(timers) == len(model.due)
+
+
+# -- the burst pacer ------------------------------------------------------------------------
+def _play(
+    jobs: dict[str, int], capacity_per_s: float, policy: ProposalPolicy, until: int
+) -> tuple[dict[str, int], dict[str, int], Pacer]:
+    """A node (FireTimers, Pacer) and a ledger that decides at most `capacity_per_s`
+    proposals a second, in the order they were sent: for each one-off job, when it was
+    first proposed and when the ledger decided it."""
+    timers = FireTimers(policy)
+    for job_id, due in jobs.items():
+        timers.learn(job_id, due, fired_ms=T)
+    pacer = Pacer(policy, T)
+    queue: deque[tuple[str, int]] = deque()
+    proposed: dict[str, int] = {}
+    decided: dict[str, int] = {}
+    budget = 0.0
+    for now in range(T, until, 100):
+        budget = min(capacity_per_s, budget + capacity_per_s / 10)
+        while queue and budget >= 1:
+            job_id, due = queue.popleft()
+            budget -= 1
+            if job_id not in decided:
+                decided[job_id] = now
+                timers.learn(job_id, None)  # a one-off: nothing more to propose
+        pacer.judge(now, [timers.waiting], timers.early_out)
+        fires, early = timers.take(now, pacer.grant(now))
+        pacer.spend(early)
+        for job_id, due in fires:
+            proposed.setdefault(job_id, now)
+            queue.append((job_id, due))
+    return proposed, decided, pacer
+
+
+def test_quiet_jobs_keep_their_lead() -> None:
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=400)
+    jobs = {f"q{i}": T + 60 * S + i * 7 * S for i in range(100)}  # one every 7 s
+    proposed, decided, pacer = _play(jobs, 2000, policy, T + 800 * S)
+    assert set(decided) == set(jobs)
+    for job_id, due in jobs.items():
+        assert due - policy.lead_ms - Pacer.SLACK_MS - 200 <= proposed[job_id] <= due
+        assert decided[job_id] <= due
+    assert pacer.rate == 400  # never a burst: nothing to learn
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    burst=st.sampled_from((5_000, 20_000, 60_000)),
+    capacity=st.sampled_from((800.0, 2_000.0, 5_000.0)),
+    start_rate=st.sampled_from((100.0, 400.0, 1_000.0)),
+)
+def test_a_burst_is_decided_before_it_is_due_at_the_ledgers_rate(
+    burst: int, capacity: float, start_rate: float
+) -> None:
+    """N one-off jobs due in the same second, 10 minutes ahead; a ledger that decides
+    `capacity` a second, whatever rate the node starts with. The node begins as early as
+    the burst needs at the rate it learns: every firing decided before it is due, none
+    proposed earlier than the horizon, and the start follows the burst (no earlier than
+    it needs by the starting rate, a little more to learn the ledger's)."""
+    policy = ProposalPolicy(
+        lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=start_rate
+    )
+    due = T + 620 * S
+    jobs = {f"b{i:05d}": due for i in range(burst)}
+    proposed, decided, pacer = _play(jobs, capacity, policy, due + S)
+    assert set(decided) == set(jobs)
+    late = [j for j in jobs if decided[j] > due]
+    assert not late, (len(late), pacer.rate)
+    assert min(proposed.values()) >= due - policy.horizon_ms
+    assert pacer.rate <= Pacer.CEILING_PER_S

@@ -39,8 +39,10 @@ class LedgerConfig:
     max_catchup_runs: int = 1000
     # Runs one backfill request creates at most, over all its transactions.
     max_backfill_runs: int = MAX_BACKFILL_RUNS
-    # Fire proposals may come this early (pre-dispatch lead window); earlier ones are bogus.
-    max_lead_ms: int = 60_000
+    # Fire proposals may come this early (the lead, and the look-ahead of a burst, which
+    # begins as early as the burst needs: streams/core/proposals.py, `Pacer`); earlier
+    # ones are bogus.
+    max_lead_ms: int = 660_000
     # Finished runs kept per job (for rerun and duplicate reports) before being forgotten.
     keep_final_runs: int = 20
     keep_request_ids: int = 256

@@ -44,6 +44,13 @@ def main() -> None:
     parser.add_argument("--executor", choices=("noop", "process"), default="noop")
     parser.add_argument("--schedule", choices=("at", "cron"), default="at")
     parser.add_argument(
+        "--spread-s",
+        type=int,
+        default=1,
+        help="the jobs are due over this many seconds (job i in second i mod N): 60 is "
+        "everything due in the same minute",
+    )
+    parser.add_argument(
         "--command",
         choices=("true", "sh"),
         default="true",
@@ -83,16 +90,19 @@ def main() -> None:
         events = EventReader(settings, "bench")
         try:
             due_s = int(time.time() + args.lead_in_s)
-            due = datetime.fromtimestamp(due_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            wall = datetime.fromtimestamp(due_s, tz=ZoneInfo("Europe/Berlin"))
-            schedule = (
-                {"at": due}
-                if args.schedule == "at"
-                else {
+
+            def schedule(i: int) -> dict[str, str]:
+                second = due_s + i % args.spread_s
+                if args.schedule == "at":
+                    return {
+                        "at": datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    }
+                wall = datetime.fromtimestamp(second, tz=ZoneInfo("Europe/Berlin"))
+                return {
                     "cron": f"{wall.second} {wall.minute} {wall.hour} * * *",
                     "timezone": "Europe/Berlin",
                 }
-            )
+
             started = time.monotonic()
             send_commands(
                 settings,
@@ -101,7 +111,7 @@ def main() -> None:
                         "type": "job.upsert",
                         "job_id": f"burst-{i:06d}",
                         "owner": f"o{i % 10}",
-                        "schedule": schedule,
+                        "schedule": schedule(i),
                         "command": COMMANDS[args.command],
                     }
                     for i in range(args.jobs)
@@ -136,9 +146,11 @@ def main() -> None:
             code, audit_report = audit(settings)
             print(audit_report)
             report(
-                f"burst-{args.schedule}-{args.executor}-{args.command}-lead{args.lead_s:g}",
+                f"burst-{args.schedule}-{args.executor}-{args.command}-lead{args.lead_s:g}"
+                + (f"-spread{args.spread_s}" if args.spread_s > 1 else ""),
                 {
                     "jobs": args.jobs,
+                    "spread_s": args.spread_s,
                     "schedule": args.schedule,
                     "workers": args.workers,
                     "executor": args.executor,
@@ -164,7 +176,9 @@ def main() -> None:
                     "recorded_p50_s": percentile(records, 0.5),
                     "recorded_p99_s": percentile(records, 0.99),
                     "recorded_max_s": max(records, default=float("nan")),
-                    "all_finished_after_due_s": (max(finished.values(), default=0) / 1000 - due_s),
+                    "all_finished_after_due_s": (
+                        max(finished.values(), default=0) / 1000 - due_s - args.spread_s + 1
+                    ),
                     "audit": verdict(code),
                 },
             )

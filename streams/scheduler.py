@@ -110,6 +110,8 @@ RESYNC_SKEW_MS = 1000
 # behind would otherwise see nothing due and never learn the broker's time, and a clock
 # carried forward for long drifts (1 ms a second at most, see BrokerClock).
 PROBE_AFTER_S = 5.0
+# A burst this large is logged when it begins and ends.
+BURST_LOGGED = 1000
 # A catch-up that has not reached the end by then decodes what it kept and goes on
 # record by record: it is only a shortcut, and a partition must never wait on it.
 CATCH_UP_MAX_S = 10.0
@@ -157,6 +159,7 @@ class Scheduler:
         self.broker = BrokerClock()
         self.propose_at = propose_at or self._broker_now
         self._own_clock = propose_at is None
+        self._in_burst = False  # a burst of BURST_LOGGED or more is being proposed
         self._sampled = -math.inf  # monotonic time of the last broker sample
         self._probed = -math.inf  # and of the last clock probe sent
         self._unsynced = False  # proposals were made by the fallback wall clock
@@ -543,6 +546,16 @@ class Scheduler:
         self.early.judge(
             now, [t.fires.waiting for t in owned], sum(t.fires.early_out for t in owned)
         )
+        large = self.early.needed >= BURST_LOGGED
+        if large != self._in_burst:  # said of bursts only, not of every quiet job's slack
+            self._in_burst = large
+            log.info(
+                "scheduler %s: %s (%d firings to propose early, %.0f a second)",
+                self.node_id,
+                "a burst ahead" if large else "burst proposed",
+                self.early.needed,
+                self.early.rate,
+            )
         allowed = self.early.grant(now)
         # Rotate the partition served first, so the early allowance is shared fairly.
         self._turn += 1

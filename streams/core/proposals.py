@@ -87,10 +87,11 @@ class Pacer:
     `waiting` (FireTimers.waiting of the node's partitions) counts, per due second, the
     firings that may still be proposed early. Proposing at `rate` from now, earliest
     first, every firing due by second s is proposed after count(<= s) / rate seconds; it
-    must be by s minus the lead. So the firings due by s must be in flight once now
-    reaches `s - lead - count(<= s) / rate` (less `SLACK_MS`): that many, earliest first,
-    are allowed early, at the rate. A quiet job is proposed at most the slack before its
-    lead; a burst as early as it needs, within the horizon.
+    must be by s minus the lead, and its claim too (`WORK`: two inputs a firing). So the
+    firings due by s must be in flight once now reaches `s - lead - WORK * count(<= s) /
+    rate` (less `SLACK_MS`): that many, earliest first, are allowed early, at the rate.
+    A quiet job is proposed at most the slack before its lead; a burst as early as it
+    needs, within the horizon.
 
     The rate is the ledger's, measured: in a burst, while the early proposals the ledger
     has not answered yet (`outstanding`) stay under a second of it and the node used its
@@ -100,6 +101,10 @@ class Pacer:
     kept for the next burst."""
 
     SLACK_MS = 2000
+    # Ledger inputs a firing decided early costs before its time: its proposal and its
+    # worker's claim (the claims of the burst's first seconds compete with the proposals
+    # of its last; the rate is measured on proposals alone).
+    WORK = 2
     FLOOR_PER_S = 100.0
     CEILING_PER_S = 20_000.0
 
@@ -131,7 +136,7 @@ class Pacer:
         total, start, needed = 0, None, 0
         for second in sorted(counts):
             total += counts[second]
-            begin = second * 1000 - policy.lead_ms - int(total * 1000 / self.rate)
+            begin = second * 1000 - policy.lead_ms - int(total * self.WORK * 1000 / self.rate)
             start = begin if start is None else min(start, begin)
             if begin <= now_ms + self.SLACK_MS:
                 needed = total  # these must be in flight by now, earliest first

@@ -106,7 +106,8 @@ bench: topics
 
 bench-full: topics
 	$(BIN)/python -m bench.ledger --jobs 50000
-	$(BIN)/python -m bench.burst --executor noop --lookahead-s 330 --lookahead-rate 400 --max-lead-s 360
+	$(BIN)/python -m bench.burst --executor noop --schedule cron
+	$(BIN)/python -m bench.burst --executor noop --schedule cron --spread-s 60
 	$(BIN)/python -m bench.burst --executor noop --lead-s 0
 	$(BIN)/python -m bench.spawn
 	$(BIN)/python -m bench.burst --jobs 10000 --executor process --command sh

@@ -110,6 +110,9 @@ RESYNC_SKEW_MS = 1000
 # behind would otherwise see nothing due and never learn the broker's time, and a clock
 # carried forward for long drifts (1 ms a second at most, see BrokerClock).
 PROBE_AFTER_S = 5.0
+# How long a node without a broker sample waits for its first probe's answer before it
+# proposes by its wall clock.
+PROBE_WAIT_S = 2.0
 # A burst this large is logged when it begins and ends.
 BURST_LOGGED = 1000
 # A catch-up that has not reached the end by then decodes what it kept and goes on
@@ -257,6 +260,8 @@ class Scheduler:
         self.producer.poll(0)  # delivery reports: samples of the broker's time
         self._probe()
         self._resync()
+        if self._waits_for_probe():
+            return
         self._propose(self.propose_at())
         self._gauges()
         self._lag.report(self.consumer)
@@ -379,6 +384,15 @@ class Scheduler:
             self.producer.produce(
                 self.job_log, value=JOB_LOG.encode(probe), on_delivery=self._delivered
             )
+
+    def _waits_for_probe(self) -> bool:
+        """Before the first broker sample, wait a moment for the first probe's answer
+        rather than propose by a wall clock that may be minutes off (the ledger accepts
+        a burst's proposals up to 11 minutes early); a broker that does not answer in
+        PROBE_WAIT_S leaves the wall clock to stand in (`_resync` repairs its timers)."""
+        if not self._own_clock or self.broker.synced:
+            return False
+        return self.clock.monotonic() - self._probed < PROBE_WAIT_S
 
     def _read_beats(self) -> None:
         newest: int | None = None

@@ -299,8 +299,10 @@ class Ledger:
                 "commands.dlq",
             )
         }
+        # One admin client: the inbox topics, and the group description (streams/identity.py).
+        self.admin = clients.admin(admin_config(settings))
         # Each worker's inbox topic: its own, or the shared one of HTTP workers.
-        self.inboxes = Inboxes(settings, clients.admin(admin_config(settings)))
+        self.inboxes = Inboxes(settings, self.admin)
         self.state: dict[int, PartitionState] = {}
         self._stop = threading.Event()
         self._batches = self._records = self._rejected = self._recoveries = 0
@@ -324,7 +326,7 @@ class Ledger:
         # A live ledger under this node id would be fenced by our producer, and fence it
         # back: wait for it to leave, or refuse to start (streams/identity.py).
         await_node_id(
-            self.clients.admin(admin_config(settings)),
+            self.admin,
             settings.group("ledger"),
             self.node_id,
             self.incarnation,
@@ -983,8 +985,9 @@ class Ledger:
         Else a fence came from this process's own replaced producer or a transaction
         timeout, and it recovers."""
         self._identity_due = False
-        admin = self.clients.admin(admin_config(self.settings))
-        newer = newer_twins(admin, self.settings.group("ledger"), self.node_id, self.incarnation)
+        newer = newer_twins(
+            self.admin, self.settings.group("ledger"), self.node_id, self.incarnation
+        )
         if newer:
             raise NodeIdTaken(
                 f"ledger {self.node_id} (incarnation {self.incarnation}) was replaced by a "

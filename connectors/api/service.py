@@ -43,7 +43,7 @@ from streams.core.commands import (
 )
 from streams.core.dag import cycle_through
 from streams.core.ids import iso_utc, manual_run_id
-from streams.core.schedule import fires_between
+from streams.core.schedule import fire_window
 from streams.kafka import producer_config
 from streams.settings import Settings
 
@@ -152,18 +152,16 @@ def _backfill_size(row: dict[str, Any], command: Backfill) -> int:
         raise ServiceError(409, f"the job's stored spec cannot be read back ({exc})") from exc
     registered = int(datetime.fromisoformat(row["created_at"]).timestamp() * 1000)
     upper = min(command.to_ms, registered)
-    times = fires_between(
-        spec.schedule, command.from_ms - 1, upper, spec.dst, limit=MAX_BACKFILL_RUNS + 1
-    )
-    if len(times) > MAX_BACKFILL_RUNS:
+    window = fire_window(spec.schedule, command.from_ms - 1, upper, spec.dst, MAX_BACKFILL_RUNS)
+    if window.truncated:
         raise ServiceError(
             422,
             f"the range holds more than {MAX_BACKFILL_RUNS} fire times before the job's "
-            f"registration (the next after the limit: {iso_utc(times[-1])}); backfill it "
-            "in parts",
+            f"registration (the last within the limit: {iso_utc(window.times[-1])}); "
+            "backfill it in parts",
             "to",
         )
-    return len(times)
+    return len(window.times)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

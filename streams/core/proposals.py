@@ -258,8 +258,10 @@ class FireTimers:
 
     def _unwait(self, slot: int) -> None:
         """The slot's early time is disarmed (proposed, changed, or gone)."""
-        if self._early[slot] == _NONE:
-            return
+        if self._early[slot] != _NONE:
+            self._uncount(slot)
+
+    def _uncount(self, slot: int) -> None:
         second = self._due[slot] // 1000
         left = self.waiting.get(second, 0) - 1
         if left > 0:
@@ -307,12 +309,7 @@ class FireTimers:
     def _pop_early(self, now: int, limit: int) -> list[int]:
         slots = []
         for slot in self._pop(self._early, self._early_heap, now, limit):
-            second = self._due[slot] // 1000  # `_pop` disarmed it: unwait by hand
-            left = self.waiting.get(second, 0) - 1
-            if left > 0:
-                self.waiting[second] = left
-            else:
-                self.waiting.pop(second, None)
+            self._uncount(slot)  # `_pop` disarmed its early time already
             slots.append(slot)
         return slots
 

@@ -185,6 +185,9 @@ def jobs_show(job_id: str, as_json: JsonOpt = False) -> None:
         return
     console.print(f"[bold]{job_id}[/bold]  owner {job['owner']}  {_schedule(job['spec'])}")
     console.print(f"paused {job['paused']}  next due {job['next_due_at'] or '-'}")
+    if job.get("cycle"):
+        cycle = " -> ".join(job["cycle"])
+        console.print(f"[red]refused: depends_on closes the dependency cycle {cycle}[/red]")
     console.print("command: " + " ".join(job["spec"]["command"]))
     _table(runs, ["run_id", "state", "attempt", "worker_id", "started_at", "exit_code"])
 

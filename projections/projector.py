@@ -130,12 +130,13 @@ class StalePosition(Exception):
 # A job's row is its latest state on `jobs`, whole: one topic, in order per job, so no
 # column can go backwards (the job events on run-events are the audit's, not this table's).
 JOB_ROW = """
-INSERT INTO jobs (job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+INSERT INTO jobs (job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at,
+    cycle)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (job_id) DO UPDATE SET owner = excluded.owner, spec = excluded.spec,
     paused = excluded.paused, deleted = excluded.deleted,
     next_due_at = excluded.next_due_at, created_at = excluded.created_at,
-    updated_at = excluded.updated_at"""
+    updated_at = excluded.updated_at, cycle = excluded.cycle"""
 TRANSITION_COLUMNS = "event_id, run_id, attempt, state, at, worker_id, detail, seq"
 TRANSITION = f"""
 INSERT INTO run_transitions ({TRANSITION_COLUMNS})
@@ -562,6 +563,7 @@ class Projector:
             _ts(state.next_due_ms),
             _ts(state.created_ms),
             _ts(state.updated_ms),
+            list(state.cycle),
         )
         rows.append((JOB_ROW, row))
 

@@ -190,14 +190,17 @@ def _notify_from_avro(d: AvroDict | None) -> Notify | None:
 
 
 # -- flat records: every field a primitive, an enum symbol or None -----------------------
-def _flat(cls: type[Any]) -> tuple[Callable[[Any], AvroDict], Callable[[AvroDict], Any]]:
+def _flat(
+    cls: type[Any], tuples: tuple[str, ...] = ()
+) -> tuple[Callable[[Any], AvroDict], Callable[[AvroDict], Any]]:
+    """Field for field; the `tuples` fields (Avro arrays) read back as tuples."""
     names = tuple(f.name for f in fields(cls))
 
     def to_avro(record: Any) -> AvroDict:
         return {n: getattr(record, n) for n in names}
 
     def from_avro(d: AvroDict) -> Any:
-        return cls(**{n: d[n] for n in names})
+        return cls(**{n: tuple(d[n]) if n in tuples else d[n] for n in names})
 
     return to_avro, from_avro
 
@@ -234,6 +237,8 @@ def job_state_rest_to_avro(s: JobState) -> AvroDict:
         "backfilled": [{"after_ms": b.after_ms, "until_ms": b.until_ms} for b in s.backfilled],
         "version": s.version,
         "dependents": s.dependents,
+        "cycle": s.cycle,
+        "probes": s.probes,
         "upstream_outcomes": [
             {
                 "upstream": o.upstream,
@@ -266,6 +271,8 @@ def job_state_from_avro(d: AvroDict) -> JobState:
         ),
         requests_floor_ms=d["requests_floor_ms"],
         backfilled=tuple(Span(b["after_ms"], b["until_ms"]) for b in d["backfilled"]),
+        cycle=tuple(d["cycle"]),
+        probes=tuple(d["probes"]),
     )
 
 
@@ -417,7 +424,12 @@ CONVERTERS: dict[type[Any], tuple[str, ToAvro, FromAvro]] = {
     cls: (name, to, back)
     for cls, name, to, back in (
         _entry(JobUpserted, job_upserted_to_avro, job_upserted_from_avro),
-        *(_entry(cls, *_flat(cls)) for cls in LEDGER_CLASSES if cls is not JobUpserted),
+        _entry(DependencyLinked, *_flat(DependencyLinked, tuples=("trail",))),
+        *(
+            _entry(cls, *_flat(cls))
+            for cls in LEDGER_CLASSES
+            if cls is not JobUpserted and cls is not DependencyLinked
+        ),
         _entry(JobState, job_state_to_avro, job_state_from_avro),
         _entry(RunState, run_state_to_avro, run_state_from_avro),
         _entry(RunEvent, *_flat(RunEvent)),

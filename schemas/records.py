@@ -209,6 +209,10 @@ class DependencyLinked:
     # The dependent's owner: a registered upstream takes links only from its own owner's
     # jobs (None: a record from before the rule, taken as it was).
     owner: str | None = None
+    # Empty: a link. Else a cycle probe (streams/core/ledger/dependencies.py): `dependent`
+    # changed its upstreams at `at_ms`, and each job of the trail, `dependent` first,
+    # depends on the next, the last on `job_id`. Nothing is linked by a probe.
+    trail: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +317,12 @@ class JobState:
     # Scheduled times before the job's registration that backfills decided: a backfill
     # never decides a time twice, whether its runs are still kept or long forgotten.
     backfilled: tuple[Span, ...] = ()
+    # The dependency cycle this job's last change closed, itself first and last (empty:
+    # none). The change is refused: its upstreams are not in effect (its runs are skipped,
+    # naming the cycle) until the job is changed again.
+    cycle: tuple[str, ...] = ()
+    # The cycle probes this job passed on lately ("origin@at_ms"): each passes a job once.
+    probes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,14 @@ import pytest
 
 from streams.core.commands import MAX_COMMAND_BYTES
 from streams.settings import Settings
-from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, env_for
+from tests.support.nodes import (
+    CronlogProcess,
+    Node,
+    ProjectorProc,
+    WorkerProc,
+    env_for,
+    send_commands,
+)
 from tests.support.secure import role_env
 from tests.support.waiting import eventually, free_port
 
@@ -658,7 +665,9 @@ def test_the_dashboard_refuses_forged_forms_and_confines_browsers(api: httpx.Cli
         assert 'cronlog_token=""' in out.headers.get("set-cookie", "")
 
 
-def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(api: httpx.Client) -> None:
+def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(
+    api: httpx.Client, topics: Settings
+) -> None:
     """The demo's chain turned back on itself (issue 35): extract <- transform <- load,
     then extract made to depend on load: 422 naming the cycle, nothing changed. An
     upstream nobody registered is accepted with a warning saying so."""
@@ -673,6 +682,29 @@ def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(api: httpx.C
     assert error["field"] == "depends_on"
     assert "cy-extract -> cy-load -> cy-transform -> cy-extract" in error["message"]
     assert api.get("/jobs/cy-extract", headers=A).json()["spec"]["depends_on"] == []
+    assert api.get("/jobs/cy-extract", headers=A).json()["cycle"] == []
+    # The same change written to `commands` past the API: the ledger refuses it (its
+    # probe comes back round the cycle) and the job says so, naming the cycle.
+    closing_body = job_body("cy-extract", schedule=None, depends_on=["cy-load"])
+    send_commands(topics, [{"type": "job.upsert", "owner": "team-a", **closing_body}])
+    refused = ["cy-extract", "cy-load", "cy-transform", "cy-extract"]
+    eventually(
+        lambda: api.get("/jobs/cy-extract", headers=A).json()["cycle"] == refused,
+        "the ledger to refuse the cycle",
+    )
+    signed_in = {"cronlog_token": A["Authorization"].removeprefix("Bearer ")}
+    page = api.get("/ui/jobs/cy-extract", cookies=signed_in)
+    assert page.status_code == 200, page.text
+    assert "depends_on closes the dependency cycle cy-extract → cy-load" in page.text
+    # Changed again without the cycle: accepted, the refusal gone.
+    back = api.patch(
+        "/jobs/cy-extract", json={"depends_on": [], "schedule": {"every": "2s"}}, headers=A
+    )
+    assert back.status_code in (200, 202), back.text
+    eventually(
+        lambda: api.get("/jobs/cy-extract", headers=A).json()["cycle"] == [],
+        "the refusal to be lifted by the change",
+    )
     ghost = api.post(
         "/jobs", json=job_body("cy-waits", schedule=None, depends_on=["cy-ghost"]), headers=A
     )

@@ -146,6 +146,9 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "deleted": st.booleans(),
     "live_runs": id_tuples,
     "final_runs": id_tuples,
+    "trail": id_tuples,
+    "cycle": id_tuples,
+    "probes": id_tuples,
     "recent_requests": st.lists(
         st.builds(RecentRequest, ids, st.integers(0, 2**45)), max_size=3
     ).map(tuple),

@@ -9,6 +9,7 @@ from connectors.audit.checker import AuditConfig, audit
 from schemas.records import (
     ClaimRequested,
     DeadlineReached,
+    DependencyLinked,
     FireProposed,
     JobPaused,
     JobResumed,
@@ -176,6 +177,95 @@ def test_a_cycle_closed_then_undone_creates_no_run_twice_and_audits_clean() -> N
     report = audit([(e, 0, i) for i, e in enumerate(w.events)], AuditConfig(), None)
     assert report.counts.get("duplicate_run", 0) == 0
     assert not [v for v in report.violations if v.kind != "not_final"], report.violations
+
+
+def test_a_cycle_written_past_the_api_is_refused_by_the_ledger_and_named() -> None:
+    """`a` changed to depend on `b`, which depends on `a`, straight on the commands topic:
+    the link is a probe that `b` passes back to `a`; `a`'s change is refused. Its runs are
+    skipped naming the cycle, while `b` (whose upstream `a` runs nothing) is skipped when
+    its wait runs out, as with any silent upstream."""
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    w.apply(JobUpserted(job("a", depends_on=("b",)), T0 + 1))
+    assert w.jobs["a"].cycle == ("a", "b", "a")
+    assert w.jobs["b"].cycle == ()  # its own change closed nothing
+    t = T0 + MIN
+    w.apply(FireProposed("a", t, t, "n"))
+    run = w.runs[scheduled_run_id("a", t)]
+    assert run.state == "skipped"
+    assert "dependency cycle a -> b -> a (refused)" in run.reason
+
+
+def test_two_changes_closing_a_cycle_at_once_are_both_refused() -> None:
+    """Neither change sees the other (the API's check would pass both): each link reaches
+    the other job after its change, the probes come back to both, both are refused."""
+    w = setup(job("a"), job("b"))
+    w.deliver_notices = False
+    w.apply(JobUpserted(job("a", depends_on=("b",)), T0 + 1))
+    w.apply(JobUpserted(job("b", depends_on=("a",)), T0 + 1))
+    w.deliver_notices = True
+    w.apply(w.outbox.pop(0))
+    assert w.jobs["a"].cycle == ("a", "b", "a")
+    assert w.jobs["b"].cycle == ("b", "a", "b")
+
+
+def test_a_refused_job_changed_again_is_probed_again() -> None:
+    """While the cycle stands, changing the refused job (any field) refuses it again; once
+    the other job no longer closes it, the same change is accepted and runs."""
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    cyclic = job("a", depends_on=("b",))
+    w.apply(JobUpserted(cyclic, T0 + 1))
+    w.apply(JobUpserted(replace(cyclic, command=("false",)), T0 + 2))
+    assert w.jobs["a"].cycle == ("a", "b", "a")
+    w.apply(JobUpserted(job("b"), T0 + 3))  # b no longer depends on a
+    w.apply(JobUpserted(cyclic, T0 + 4))
+    assert not w.jobs["a"].cycle
+    t = T0 + MIN
+    w.apply(FireProposed("b", t, t, "n"))
+    w.apply(FireProposed("a", t, t, "n"))
+    finish(w, "b", t, 0, t + 5)
+    assert w.states(scheduled_run_id("a", t)) == ["waiting", "due"]
+
+
+def test_a_long_cycle_is_found_and_a_diamond_passes_each_probe_once() -> None:
+    """c -> (b1, b2) -> a, then a made to depend on c: one probe reaches `a` by two paths
+    and goes on once; the cycle is found through one of them."""
+    w = setup(
+        job("a"),
+        job("b1", depends_on=("a",)),
+        job("b2", depends_on=("a",)),
+        job("c", depends_on=("b1", "b2")),
+    )
+    w.deliver_notices = False
+    w.apply(JobUpserted(job("a", depends_on=("c",)), T0 + 1))
+    passed: list[tuple[str, tuple[str, ...]]] = []
+    while w.outbox:
+        notice = w.outbox.pop(0)
+        if isinstance(notice, DependencyLinked) and notice.trail:
+            passed.append((notice.job_id, notice.trail))
+        w.apply(notice)
+    assert w.jobs["a"].cycle in {("a", "c", "b1", "a"), ("a", "c", "b2", "a")}
+    # c passes the probe to b1 and b2, each to a; a (its origin) passes nothing on.
+    assert sorted(passed) == [
+        ("a", ("a", "c", "b1")),
+        ("a", ("a", "c", "b2")),
+        ("b1", ("a", "c")),
+        ("b2", ("a", "c")),
+    ]
+
+
+def test_a_probe_to_a_job_not_registered_leaves_no_placeholder() -> None:
+    w = setup(job("a", depends_on=("ghost",)))
+    assert w.jobs["ghost"].deleted  # the link's placeholder
+    w.apply(DependencyLinked("nobody", "a", True, T0 + 1, "o", ("a", "ghost")))
+    assert "nobody" not in w.jobs
+
+
+def test_a_cycle_of_another_owners_job_is_not_probed_through() -> None:
+    """A probe passes only along its owner's links: it never tells one owner's job about
+    another's graph."""
+    w = setup(job("a"), job("b", depends_on=("a",)))
+    w.apply(DependencyLinked("b", "x", True, T0 + 1, "intruder", ("x",)))
+    assert w.jobs["b"].probes == ()
 
 
 def test_a_withdrawn_upstream_firing_skips_no_dependent() -> None:

@@ -58,6 +58,7 @@ from schemas.records import (
     WorkerLost,
 )
 from schemas.spec import AtSchedule, ConcurrencyPolicy, EverySchedule, JobSpec, RetryPolicy
+from streams.core.dag import cycle_through
 from streams.core.ledger import LedgerConfig, input_job
 from streams.core.schedule import fires_between
 from tests.support.world import World
@@ -443,6 +444,12 @@ def check(sim: Sim) -> None:
     for (run_id, attempt), workers in granted.items():
         accepted = sum(n for (r, a, _), n in claims.items() if (r, a) == (run_id, attempt))
         assert len(workers) <= accepted, (run_id, attempt, workers)
+    # No cycle is in effect once every notice is delivered: a refused job's upstreams
+    # are not (the cycle probes of streams/core/ledger/dependencies.py).
+    graph = {j.spec.job_id: j.spec.depends_on for j in w.jobs.values() if not j.deleted}
+    in_effect = {job_id: ups for job_id, ups in graph.items() if not w.jobs[job_id].cycle}
+    for job_id, ups in in_effect.items():
+        assert cycle_through(job_id, ups, in_effect) is None, f"{job_id}: {graph}"
     for job in w.jobs.values():
         job_id = job.spec.job_id
         due = expected_firings(w, job_id, job.fired_ms)

@@ -107,6 +107,8 @@ def decide(
     if isinstance(inp, JobUpserted) and (job is None or job.deleted):
         return _register(job, inp, now, _effective(inp.at_ms, now, config))
     if job is None and isinstance(inp, DependencyLinked):
+        if inp.trail:
+            return Decision()  # a cycle probe: a job not registered passes nothing on
         job = _stub(inp.job_id, now)  # the upstream is not registered (yet)
     if job is None:
         return Decision(rejected=f"unknown job {input_job(inp)}")

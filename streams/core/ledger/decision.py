@@ -88,6 +88,12 @@ RunLookup = Callable[[str], RunState | None]
 
 # Why a scheduled run created ahead of its time was cancelled before it could start: such
 # a firing is revived, not re-created, if the job fires it after all.
+# A cycle probe stops after passing this many jobs (a chain of dependencies longer than
+# any real pipeline; a cycle longer than it is not refused), and each job remembers the
+# newest probes it passed on so that one reaching it by two paths goes on once.
+MAX_PROBE_TRAIL = 1_000
+MAX_PROBES_KEPT = 32
+
 WITHDRAWN_BY_PAUSE = "job paused before the run was due"
 WITHDRAWN_BY_DELETE = "job deleted before the run was due"
 WITHDRAWN_BY_CHANGE = "schedule changed before the run was due"

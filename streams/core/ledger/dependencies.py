@@ -1,5 +1,16 @@
-"""Dependencies between jobs: links from dependents, upstream outcomes, and the gate a run
-waits at until its upstreams finished (or the wait expires).
+"""Dependencies between jobs: links from dependents, upstream outcomes, the gate a run
+waits at until its upstreams finished (or the wait expires), and the cycle probes.
+
+A cycle among jobs' upstreams means none of them ever runs again. The API refuses a change
+that would close one, from its projection of every job; the ledger refuses it too, for
+what the API cannot see (a change written to `commands` directly, two changes at once
+that each close half of it). A ledger knows one job, so the check travels: each link a
+change adds is a probe, which every job it reaches passes on to its own upstreams, the
+jobs passed listed in its trail. A probe that comes back to the job that sent it found a
+cycle: that job's change is refused (`JobState.cycle`; its upstreams are out of effect and
+its runs are skipped, naming the cycle, until it is changed again), and a refused job
+passes no probe on. Of changes that close a cycle at the same time, the one decided last
+is always refused: its probe finds every other edge of the cycle already decided.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from schemas.records import (
     UpstreamOutcome,
 )
 from streams.core.ids import scheduled_run_id
+from streams.core.ledger.decision import MAX_PROBE_TRAIL, MAX_PROBES_KEPT
 from streams.core.ledger.kernel import Kernel, withdrawn
 
 
@@ -20,12 +32,23 @@ def _foreign(job: JobState, owner: str | None) -> bool:
     return owner is not None and job.version > 0 and job.spec.owner != owner
 
 
+def cycle_reason(cycle: tuple[str, ...]) -> str:
+    return (
+        f"depends_on closes the dependency cycle {' -> '.join(cycle)} (refused): "
+        "change the job to break it"
+    )
+
+
 class Dependencies(Kernel):
     """What other jobs' logs tell this one."""
 
     def _evaluate(self, run: RunState) -> None:
         """Release a waiting run when every upstream succeeded for its period; skip it
-        when one finally did not; else leave it waiting."""
+        when one finally did not (or the job's upstreams are refused); else leave it
+        waiting."""
+        if self.job.cycle:
+            self._move(run, "skipped", cycle_reason(self.job.cycle))
+            return
         start = run.period_start_ms if run.period_start_ms is not None else run.scheduled_ms - 1
         pending = []
         for upstream in self.job.spec.depends_on:
@@ -64,12 +87,55 @@ class Dependencies(Kernel):
                 f"{inp.dependent} (owner {inp.owner!r}) cannot depend on {job.spec.job_id} "
                 f"of owner {job.spec.owner!r}"
             )
+        if inp.trail:
+            return self._probe(inp)
         dependents = tuple(d for d in self.job.dependents if d != inp.dependent)
         if inp.linked:
             dependents = (*dependents, inp.dependent)
+            self._pass_probe(inp.dependent, (inp.dependent,), inp.at_ms, inp.owner)
         if dependents == self.job.dependents:
             return self.reject("link unchanged")
         self.set_job(dependents=dependents)
+
+    def _probe(self, inp: DependencyLinked) -> None:
+        """A probe sent by `inp.dependent`'s change reached this job: a cycle if this job
+        sent it (and still depends on the job it sent it to), else passed on."""
+        job = self.job
+        me = job.spec.job_id
+        if me != inp.dependent:
+            return self._pass_probe(inp.dependent, inp.trail, inp.at_ms, inp.owner)
+        if job.deleted or job.cycle or len(inp.trail) < 2:
+            return self.reject("probe ignored: the job is deleted or refused already")
+        if inp.trail[1] not in job.spec.depends_on:
+            return self.reject("probe ignored: the job changed since it sent it")
+        cycle = (*inp.trail, me)
+        self.set_job(cycle=cycle)
+        for run_id in job.live_runs:  # their upstreams are refused: skipped now
+            run = self.run(run_id)
+            if run is not None and run.state == "waiting":
+                self._evaluate(run)
+
+    def _pass_probe(self, origin: str, trail: tuple[str, ...], at: int, owner: str | None) -> None:
+        """Send the probe on to this job's upstreams, unless it already passed here,
+        went round a cycle that does not close at its origin (a member's own probe finds
+        that one), or this job's upstreams are not in effect."""
+        job = self.job
+        me = job.spec.job_id
+        key = f"{origin}@{at}"
+        if (
+            job.deleted
+            or job.cycle
+            or not job.spec.depends_on
+            or me in trail
+            or key in job.probes
+            or len(trail) >= MAX_PROBE_TRAIL
+            or _foreign(job, owner)
+        ):
+            return
+        self.set_job(probes=(*job.probes, key)[-MAX_PROBES_KEPT:])
+        passed = (*trail, me)
+        for upstream in job.spec.depends_on:
+            self.notices.append(DependencyLinked(upstream, origin, True, at, owner, passed))
 
     def upstream_finished(self, inp: UpstreamFinished) -> None:
         job = self.job
@@ -145,6 +211,8 @@ class Dependencies(Kernel):
                 self._skip(t, "dependency", why)
             elif failed:
                 self._skip(t, "dependency", f"upstream {failed[0]} did not succeed")
+            elif self.job.cycle:
+                self._skip(t, "dependency", cycle_reason(self.job.cycle))
             else:
                 self._create(t, "dependency", run_id)
         # The scheduler proposes the step at the expiry (see `Firing.fire`): an upstream

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from schemas.records import (
     BackfillRequested,
+    DependencyLinked,
     FireProposed,
     JobDeleted,
     JobPaused,
@@ -76,11 +77,20 @@ class Firing(Kernel):
             # so, to run or be recorded as skipped by its misfire policy, never dropped
             # (a run already made for that time stays the one run of it).
             fired = spec.schedule.at_ms - 1
-        self.notices.extend(
-            dependency_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at)
-        )
+        links = dependency_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at)
+        self.notices.extend(links)
+        if job.cycle:
+            # The refused change is changed: its upstreams are probed again (each link
+            # just added is a probe of its own).
+            linked = {n.job_id for n in links}
+            self.notices.extend(
+                DependencyLinked(u, spec.job_id, True, at, spec.owner, (spec.job_id,))
+                for u in spec.depends_on
+                if u not in linked
+            )
         self.set_job(
             spec=spec,
+            cycle=(),
             fired_ms=fired,
             next_due_ms=None if job.paused else due_after(spec, fired),
             version=job.version + 1,
@@ -192,6 +202,8 @@ class Firing(Kernel):
             fired_ms=fired,
             final_runs=tuple(keep),
             upstream_outcomes=(),
+            cycle=(),
+            probes=(),
         )
 
     def fire(self, inp: FireProposed) -> None:

@@ -442,6 +442,38 @@ def _ledger_store(option: str | None) -> Path | None:
     return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "cronlog-ledger"
 
 
+@app.command("login")
+def login(
+    api: Annotated[str, typer.Option("--api", help="The REST API's URL.")],
+    token: Annotated[
+        str | None, typer.Option(help="An API token (asked for when not given).")
+    ] = None,
+) -> None:
+    """Keep the API's URL and a token in your profile (mode 600): `cronlog jobs` and
+    `cronlog runs` then work over the API, with that token's rights."""
+    from connectors.client import ApiError, Client
+    from connectors.remote import save_profile
+
+    token = token or typer.prompt("token", hide_input=True)
+    with Client(api, token) as client:
+        try:
+            client.jobs_page(limit=1)  # the token is known and may read jobs
+        except ApiError as exc:
+            raise _fail(f"{api} refused: {exc.message}", 1 if exc.status < 500 else 2) from exc
+    path = save_profile(api, token)
+    typer.echo(f"logged in to {api}; profile {path}")
+
+
+@app.command("logout")
+def logout() -> None:
+    """Forget the profile `cronlog login` wrote."""
+    from connectors.remote import profile_path
+
+    path = profile_path()
+    path.unlink(missing_ok=True)
+    typer.echo(f"profile {path} removed")
+
+
 @app.command("submit")
 def submit(
     command: Annotated[str, typer.Argument(help="A JSON command, or - to read one per line.")],

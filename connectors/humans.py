@@ -1,8 +1,11 @@
 """`cronlog jobs ...` and `cronlog runs ...`: the CLI for humans.
 
-An operator's tool: it talks to Kafka and PostgreSQL directly (as admin, through the
-same Service the REST API uses, so the rules are the same), prints aligned tables by
-default and JSON with --json.
+Two modes, the same commands and output (aligned tables by default, JSON with --json):
+over the REST API with a token (a team member's; connectors/remote.py says where the
+URL and token come from), or directly on Kafka and PostgreSQL as admin (an operator's),
+through the same Service the REST API uses, so the rules are the same. A refusal is
+printed as the API words it; the exit code is 1 for a refusal, 2 when cronlog cannot be
+reached.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import psycopg
@@ -21,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from connectors.api.service import ADMIN, Accepted, Service, ServiceError
+from connectors.remote import RemoteService, find_remote
 from projections.migrate import MigrationError, migrate_for
 from streams.settings import Settings, SettingsError
 
@@ -31,19 +36,64 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 400)
 
 
+@dataclass
+class _Mode:
+    """How this invocation reaches cronlog (connectors/remote.py): the options given to
+    `cronlog jobs` / `cronlog runs`."""
+
+    api: str | None = None
+    token: str | None = None
+    direct: bool = False
+
+
+MODE = _Mode()
+ApiOpt = Annotated[
+    str | None,
+    typer.Option("--api", help="The REST API's URL (else CRONLOG_API_URL, else the profile)."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", help="An API token (else CRONLOG_TOKEN, else the profile)."),
+]
+DirectOpt = Annotated[
+    bool,
+    typer.Option("--direct", help="Work on Kafka and PostgreSQL directly, as admin."),
+]
+
+
+def _mode(api: ApiOpt = None, token: TokenOpt = None, direct: DirectOpt = False) -> None:
+    """Over the REST API when given a URL and a token, else directly (operators)."""
+    MODE.api, MODE.token, MODE.direct = api, token, direct
+
+
+jobs_app.callback()(_mode)
+runs_app.callback()(_mode)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
 @contextmanager
-def _service(wait_s: float = 5.0) -> Iterator[Service]:
+def _service(wait_s: float = 5.0) -> Iterator[Service | RemoteService]:
     try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from exc
-    try:
-        migrate_for(settings)  # the tables it reads, at this version's schema
-    except (MigrationError, psycopg.Error) as exc:
-        typer.secho(f"error: the database: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from exc
-    service = Service(settings, wait_s=wait_s)
+        remote = find_remote(MODE.api, MODE.token, MODE.direct)
+    except ServiceError as exc:
+        _fail(exc.message, 2)
+    service: Service | RemoteService
+    if remote is not None:
+        service = RemoteService(remote)
+    else:
+        try:
+            settings = Settings.from_env()
+        except SettingsError as exc:
+            _fail(str(exc), 2)
+        try:
+            migrate_for(settings)  # the tables it reads, at this version's schema
+        except (MigrationError, psycopg.Error) as exc:
+            _fail(f"the database: {exc}", 2)
+        service = Service(settings, wait_s=wait_s)
     service.open()
     try:
         yield service
@@ -116,7 +166,13 @@ def jobs_add(
     file: Annotated[
         Path | None, typer.Option("-f", "--file", help="A YAML/JSON file of jobs ('-': stdin).")
     ] = None,
-    owner: Annotated[str, typer.Option(help="Owner of jobs that name none.")] = "default",
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            help="Owner of jobs that name none (default: the token's owner over the API, "
+            "'default' directly)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Register jobs, or change them (an existing job is replaced by the new spec)."""
@@ -135,7 +191,10 @@ def jobs_add(
     failed = 0
     with _service() as service:
         for doc in docs:
-            doc = {"owner": owner, **{k: v for k, v in doc.items() if k != "type"}}
+            given = {"owner": owner} if owner else {}
+            if not given and isinstance(service, Service):
+                given = {"owner": "default"}
+            doc = {**given, **{k: v for k, v in doc.items() if k != "type"}}
             try:
                 accepted = service.put_job(ADMIN, doc)
             except ServiceError as exc:

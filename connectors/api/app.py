@@ -231,6 +231,16 @@ def create_app(
     def get_job(job_id: str, who: User) -> dict[str, Any]:
         return service.job(who, job_id)
 
+    @app.put("/jobs/{job_id}", tags=["jobs"], openapi_extra=JOB_BODY)
+    async def put_job(job_id: str, request: Request, who: User) -> JSONResponse:
+        """Register the job, or replace the caller's job of that id with this spec
+        (what `cronlog jobs add` and `cronlog apply` do)."""
+        body = await _body(request)
+        if body.get("job_id", job_id) != job_id:
+            raise ServiceError(422, "job_id differs from the path's", "job_id")
+        accepted = await run_in_threadpool(service.put_job, who, {**body, "job_id": job_id})
+        return _answer(accepted, f"/jobs/{job_id}")
+
     @app.patch("/jobs/{job_id}", tags=["jobs"], openapi_extra=OBJECT_BODY)
     async def patch_job(job_id: str, request: Request, who: User) -> JSONResponse:
         body = await _body(request)

@@ -1,0 +1,231 @@
+"""The Python client and the CLI's API mode against the real API (issue 37): a team member
+with a token and nothing else (no Kafka or database settings in the CLI's environment)
+registers, runs, waits for and reads jobs; every refusal arrives as the API words it,
+typed in Python and with a testable exit code on the command line."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from connectors.client import (
+    Client,
+    Conflict,
+    Invalid,
+    NotFound,
+    Unauthorized,
+    WaitTimeout,
+)
+from streams.settings import Settings
+from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc
+from tests.support.waiting import eventually, free_port
+
+pytestmark = pytest.mark.integration
+
+TOKENS = {
+    "CRONLOG_API_TOKENS": "tok-ca-0123456789ab=team-ca,tok-cb-0123456789ab=team-cb",
+    "CRONLOG_API_ADMIN_TOKENS": "tok-cadmin-0123456789ab",
+}
+TOKEN_A = "tok-ca-0123456789ab"
+TOKEN_B = "tok-cb-0123456789ab"
+LATER = {"at": "2099-01-01T00:00:00Z"}  # runs only when asked
+
+
+@pytest.fixture(scope="module")
+def url(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    logs: Path = tmp_path_factory.mktemp("client")
+    port = free_port()
+    procs: list[CronlogProcess] = [
+        Node(topics, "client-n1", logs),
+        WorkerProc(topics, "client-w1", logs, cpu=2, memory_mb=512),
+        ProjectorProc(topics, logs / "projector.log"),
+        CronlogProcess(
+            topics,
+            "client-api",
+            logs,
+            ["api", "--port", str(port), "--loglevel", "warning"],
+            extra_env=TOKENS,
+        ),
+    ]
+    for proc in procs:
+        proc.start()
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base}/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        eventually(ready, "the API to be ready")
+        yield base
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def test_a_job_registered_run_waited_for_and_read_through_the_client(url: str) -> None:
+    with Client(url, TOKEN_A) as api:
+        job = {"job_id": "cl-hello", "schedule": LATER, "command": ["sh", "-c", "echo hi $X"]}
+        first = api.put_job({**job, "env": {"X": "one"}})
+        assert first.body["job_id"] == "cl-hello"
+        eventually(lambda: _exists(api, "cl-hello"), "the job registered")
+        # Put again: the job is replaced by the new spec, not refused as existing.
+        api.put_job({**job, "env": {"X": "two"}})
+        eventually(lambda: api.job("cl-hello").spec["env"] == {"X": "two"}, "the change")
+        seen = api.job("cl-hello")
+        assert seen.owner == "team-ca"
+        assert not seen.paused
+        assert seen.cycle == ()
+
+        run = api.run_now("cl-hello", request_id="deploy-1")
+        again = api.run_now("cl-hello", request_id="deploy-1")
+        assert again.run_id == run.run_id  # the same key, the same run
+        done = api.wait(run.run_id, timeout_s=60)
+        assert done.state == "succeeded"
+        assert done.exit_code == 0
+        assert api.logs(run.run_id) == "hi two\n"
+        states = [t.state for t in api.events(run.run_id)]
+        assert states[0] == "due"
+        assert states[-1] == "succeeded"
+        assert "running" in states
+        assert run.run_id in {r.run_id for r in api.runs(job_id="cl-hello")}
+        assert [r.run_id for r in api.runs(job_id="cl-hello", state="succeeded")] == [run.run_id]
+
+        api.pause("cl-hello")
+        eventually(lambda: api.job("cl-hello").paused, "the pause")
+        api.resume("cl-hello")
+        eventually(lambda: not api.job("cl-hello").paused, "the resume")
+        assert "cl-hello" in {j.job_id for j in api.jobs()}
+
+
+def test_waiting_gives_up_with_the_run_as_it_was_and_a_cancel_ends_it(url: str) -> None:
+    with Client(url, TOKEN_A) as api:
+        api.put_job({"job_id": "cl-slow", "schedule": LATER, "command": ["sleep", "60"]})
+        eventually(lambda: _exists(api, "cl-slow"), "the job registered")
+        run = api.run_now("cl-slow")
+        eventually(lambda: api.run(run.run_id).state == "running", "the run started", 60)
+        with pytest.raises(WaitTimeout) as waited:
+            api.wait(run.run_id, timeout_s=1, poll_s=0.2)
+        assert waited.value.run.state == "running"
+        api.cancel(run.run_id)
+        assert api.wait(run.run_id, timeout_s=60).state == "cancelled"
+        api.delete("cl-slow")
+        eventually(lambda: not _exists(api, "cl-slow"), "the delete")
+
+
+def test_every_refusal_is_a_typed_error_with_the_apis_words(url: str) -> None:
+    with Client(url, TOKEN_A) as api:
+        with pytest.raises(NotFound) as missing:
+            api.job("cl-ghost")
+        assert missing.value.message == "job 'cl-ghost' not found"
+        with pytest.raises(Invalid) as bad:
+            api.put_job(
+                {"job_id": "cl-bad", "schedule": {"cron": "61 * * * *"}, "command": ["true"]}
+            )
+        assert "minute" in bad.value.message
+        assert bad.value.status == 422
+        api.put_job({"job_id": "cl-theirs", "schedule": LATER, "command": ["true"]})
+        eventually(lambda: _exists(api, "cl-theirs"), "the job registered")
+        with pytest.raises(Conflict):
+            api.create_job({"job_id": "cl-theirs", "schedule": LATER, "command": ["true"]})
+    with Client(url, TOKEN_B) as other:
+        with pytest.raises(NotFound):  # another owner's job is not even seen
+            other.pause("cl-theirs")
+        with pytest.raises(Conflict):  # nor replaced
+            other.put_job({"job_id": "cl-theirs", "schedule": LATER, "command": ["false"]})
+    with Client(url, "tok-nobody-0123456789") as stranger, pytest.raises(Unauthorized):
+        stranger.job("cl-theirs")
+
+
+def _exists(api: Client, job_id: str) -> bool:
+    try:
+        api.job(job_id)
+    except NotFound:
+        return False
+    return True
+
+
+# -- the CLI over the API ---------------------------------------------------------------
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`cronlog ...` with only `env` beyond PATH and HOME: no Kafka or database settings."""
+    base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_over_the_api_with_a_token_and_nothing_else(url: str, tmp_path: Path) -> None:
+    env = {"CRONLOG_API_URL": url, "CRONLOG_TOKEN": TOKEN_A}
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "- job_id: cl-cli\n  schedule: {every: 1h}\n  command: [echo, from-cli]\n"
+        "- job_id: cl-cli-bad\n  schedule: {cron: '0 0 31 2 *'}\n  command: [true]\n"
+    )
+    added = cli("jobs", "add", "-f", str(jobs), env=env)
+    assert added.returncode == 1, added.stderr  # one of the two refused
+    assert "cl-cli: registered" in added.stdout
+    assert "cl-cli-bad: rejected" in added.stderr
+    assert "never fires" in added.stderr
+
+    with Client(url, TOKEN_A) as api:
+        eventually(lambda: _exists(api, "cl-cli"), "the job registered")
+    listed = cli("jobs", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    owners = {j["job_id"]: j["owner"] for j in orjson.loads(listed.stdout)}
+    assert owners["cl-cli"] == "team-ca"  # the token's owner, not 'default'
+    assert "cl-ghost" not in owners
+
+    missing = cli("jobs", "show", "cl-ghost", env=env)
+    assert missing.returncode == 1
+    assert "job 'cl-ghost' not found" in missing.stderr
+
+    started = cli("jobs", "run-now", "cl-cli", "--request-id", "k1", "--json", env=env)
+    assert started.returncode == 0, started.stderr
+    run_id = orjson.loads(started.stdout)["run_id"]
+    with Client(url, TOKEN_A) as api:
+        assert api.wait(run_id, timeout_s=60).state == "succeeded"
+    shown = cli("runs", "list", "--job", "cl-cli", env=env)
+    assert run_id in shown.stdout
+    assert "succeeded" in shown.stdout
+    logs = cli("runs", "logs", run_id, env=env)
+    assert logs.stdout == "from-cli\n"
+
+    # Options on the command win over the environment; an API that is not there is exit 2.
+    gone = cli("jobs", "--api", "http://127.0.0.1:9", "list", env=env)
+    assert gone.returncode == 2
+    assert "cannot be reached" in gone.stderr
+    half = cli("jobs", "list", env={"CRONLOG_API_URL": url})
+    assert half.returncode == 2
+    assert "needs a token" in half.stderr
+
+
+def test_login_keeps_a_profile_only_its_owner_reads(url: str, tmp_path: Path) -> None:
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    refused = cli("login", "--api", url, "--token", "tok-wrong-0123456789", env=env)
+    assert refused.returncode == 1
+    assert "refused" in refused.stderr
+    assert not (tmp_path / "config" / "cronlog" / "profile.json").exists()
+    done = cli("login", "--api", url, "--token", TOKEN_B, env=env)
+    assert done.returncode == 0, done.stderr
+    profile = tmp_path / "config" / "cronlog" / "profile.json"
+    assert stat.S_IMODE(profile.stat().st_mode) == 0o600
+    listed = cli("jobs", "list", "--json", env=env)  # no URL or token but the profile's
+    assert listed.returncode == 0, listed.stderr
+    assert all(j["owner"] == "team-cb" for j in orjson.loads(listed.stdout))
+    assert cli("logout", env=env).returncode == 0
+    assert not profile.exists()

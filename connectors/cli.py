@@ -19,7 +19,7 @@ import psycopg
 import typer
 import yaml
 
-from connectors.humans import jobs_app, runs_app
+from connectors.humans import apply_files, diff_files, jobs_app, runs_app
 from connectors.stack import Stack, StackError, StackPaths, StackPorts
 from connectors.stack.kafka import CONTROLLER_PORT
 from connectors.stack.kafka import PORT as KAFKA_PORT
@@ -97,6 +97,8 @@ db_app = typer.Typer(help="The PostgreSQL projections' schema.", no_args_is_help
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
+app.command("apply")(apply_files)
+app.command("diff")(diff_files)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

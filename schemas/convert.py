@@ -151,6 +151,7 @@ def spec_to_avro(s: JobSpec) -> AvroDict:
         "notify": None if s.notify is None else {"url": s.notify.url, "on": list(s.notify.on)},
         "sla_s": s.sla_s,
         "secret_env": dict(s.secret_env),
+        "managed_by": s.managed_by,
     }
 
 
@@ -182,6 +183,7 @@ def spec_from_avro(d: AvroDict) -> JobSpec:
         notify=_notify_from_avro(d.get("notify")),
         sla_s=None if d.get("sla_s") is None else float(d["sla_s"]),
         secret_env=shared(pairs(d.get("secret_env") or {})),
+        managed_by=shared(d.get("managed_by") or ""),
     )
 
 

@@ -105,3 +105,6 @@ class JobSpec:
     # Env vars whose value is a secret the worker resolves (sorted (env name, secret
     # name) pairs): only the name travels on topics and sits in projections.
     secret_env: tuple[tuple[str, str], ...] = ()
+    # Who keeps this job's definition ("" : by hand): `cronlog apply` writes its name, and
+    # its --prune deletes only jobs that carry that name and its files no longer list.
+    managed_by: str = ""

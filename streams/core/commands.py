@@ -111,7 +111,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UPSERT_FIELDS = (
     "type", "job_id", "owner", "schedule", "command", "env", "resources", "timeout_s",
     "retry", "idempotent", "depends_on", "misfire", "concurrency", "dst", "jitter_s",
-    "priority", "notify", "sla_s",
+    "priority", "notify", "sla_s", "managed_by",
 )  # fmt: skip
 _NOTIFY_FIELDS = ("url", "on")
 _RESOURCE_FIELDS = ("cpu", "memory_mb", "gpu", "labels")
@@ -253,6 +253,8 @@ def upsert_document(spec: JobSpec) -> dict[str, Any]:
         else {"url": spec.notify.url, "on": list(spec.notify.on)},
         "sla_s": spec.sla_s,
     }
+    if spec.managed_by:
+        doc["managed_by"] = spec.managed_by
     return doc
 
 
@@ -415,7 +417,14 @@ def _job_spec(doc: _Doc) -> JobSpec:
         priority=_int(doc, "priority", 0, MIN_PRIORITY, MAX_PRIORITY),
         notify=_notify(doc.get("notify"), sla_s),
         sla_s=sla_s,
+        managed_by=_managed_by(doc.get("managed_by")),
     )
+
+
+def _managed_by(value: object) -> str:
+    if value is None or value == "":
+        return ""
+    return _identifier(value, "managed_by", MAX_OWNER_CHARS, "managed_by")
 
 
 def _schedule(value: object) -> Schedule:

@@ -229,3 +229,72 @@ def test_login_keeps_a_profile_only_its_owner_reads(url: str, tmp_path: Path) ->
     assert all(j["owner"] == "team-cb" for j in orjson.loads(listed.stdout))
     assert cli("logout", env=env).returncode == 0
     assert not profile.exists()
+
+
+def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path) -> None:
+    """A team member's CI: apply a folder of jobs, see drift, change a job, remove one and
+    prune it; a job made by hand is never pruned."""
+    env = {"CRONLOG_API_URL": url, "CRONLOG_TOKEN": TOKEN_A}
+    repo = tmp_path / "jobs"
+    repo.mkdir()
+    (repo / "etl.yaml").write_text(
+        "- job_id: ac-extract\n  schedule: {every: 1h}\n  command: [echo, extract]\n"
+        "- job_id: ac-load\n  command: [echo, load]\n  depends_on: [ac-extract]\n"
+    )
+    (repo / "report.json").write_text(
+        '{"job_id": "ac-report", "schedule": {"cron": "0 6 * * *"}, "command": ["echo"]}'
+    )
+    with Client(url, TOKEN_A) as api:
+        api.put_job({"job_id": "ac-by-hand", "schedule": LATER, "command": ["true"]})
+        eventually(lambda: _exists(api, "ac-by-hand"), "the hand-made job")
+
+        dry = cli("apply", "-f", str(repo), "--dry-run", env=env)
+        assert dry.returncode == 0, dry.stderr
+        assert "+ ac-extract (create)" in dry.stdout
+        assert "3 to create, 0 to change, 0 unchanged, 0 to delete (dry run" in dry.stdout
+        assert not _exists(api, "ac-extract")
+
+        applied = cli("apply", "-f", str(repo), env=env)
+        assert applied.returncode == 0, applied.stderr
+        eventually(lambda: all(_exists(api, j) for j in ("ac-extract", "ac-load", "ac-report")),
+                   "the applied jobs")  # fmt: skip
+        assert api.job("ac-load").spec["managed_by"] == "cronlog-apply"
+        clean = cli("diff", "-f", str(repo), env=env)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+
+        (repo / "report.json").write_text(
+            '{"job_id": "ac-report", "schedule": {"cron": "0 7 * * *"}, "command": ["echo"]}'
+        )
+        (repo / "etl.yaml").write_text(
+            "- job_id: ac-extract\n  schedule: {every: 60m}\n  command: [echo, extract]\n"
+        )
+        drift = cli("diff", "-f", str(repo), "--prune", env=env)
+        assert drift.returncode == 1
+        assert "~ ac-report (change)" in drift.stdout
+        assert '    schedule: {"cron":"0 6 * * *"' in drift.stdout
+        assert "- ac-load (delete)" in drift.stdout
+        assert "ac-extract" not in drift.stdout  # every 60m is every 1h: no change
+        assert "ac-by-hand" not in drift.stdout
+
+        # Another owner's token prunes nothing of this owner's.
+        theirs = cli("apply", "-f", str(repo / "report.json"), "--prune", "--dry-run",
+                     env={**env, "CRONLOG_TOKEN": TOKEN_B})  # fmt: skip
+        assert "- ac-" not in theirs.stdout
+
+        pruned = cli("apply", "-f", str(repo), "--prune", env=env)
+        assert pruned.returncode == 0, pruned.stderr
+        eventually(lambda: not _exists(api, "ac-load"), "the pruned job deleted")
+        eventually(lambda: "0 7" in api.job("ac-report").spec["schedule"]["cron"], "the change")
+        assert _exists(api, "ac-by-hand")
+        assert cli("diff", "-f", str(repo), "--prune", env=env).returncode == 0
+
+        exported = tmp_path / "export.yaml"
+        out = cli("jobs", "export", "-o", str(exported), env=env)
+        assert out.returncode == 0, out.stderr
+        assert cli("diff", "-f", str(exported), env=env).returncode == 0
+
+        broken = repo / "broken.yaml"
+        broken.write_text("- job_id: ac-broken\n  schedule: {every: 1h}\n  command: []\n")
+        refused = cli("apply", "-f", str(repo), env=env)
+        assert refused.returncode == 1
+        assert f"{broken}:1: job ac-broken: command" in refused.stderr

@@ -1,0 +1,219 @@
+"""Jobs as code: job files, what applying them would change, and applying it.
+
+`cronlog apply -f PATH...` reads YAML or JSON files (or directories of them) of jobs,
+each the fields of a `job.upsert` command, validates every job with the one command
+parser (an error names the file and the line), compares them with what is registered
+and prints the difference: created, changed field by field, unchanged, deleted. It then
+registers what changed (`--dry-run`: only prints). Every job it writes carries
+`managed_by` (its name, `cronlog-apply` unless `--managed-by` says otherwise), and
+`--prune` deletes the jobs that carry that name and the files no longer list: a job made
+by hand, or by another repository's apply, is never pruned. `cronlog diff -f` prints the
+same difference and exits 1 when there is one (for CI). `cronlog jobs export` writes the
+registered jobs as a file `apply` reads back unchanged.
+
+The comparison is of normalised specs: each side parsed to a JobSpec and written back as
+its command (`upsert_document`), so `every: 60s` and `every: 1m` are the same job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import yaml
+
+from schemas.json import from_plain
+from schemas.spec import JobSpec
+from streams.core.commands import Rejection, UpsertJob, parse_command, upsert_document
+
+MANAGED_BY = "cronlog-apply"
+SUFFIXES = (".yaml", ".yml", ".json")
+PLACEHOLDER_OWNER = "owner-of-the-token"  # validation only: the API fills the real one
+
+ChangeKind = Literal["create", "change", "same", "delete"]
+
+
+class JobFileError(ValueError):
+    """A file that cannot be applied: the message names the file and the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """One job as a file gives it."""
+
+    doc: dict[str, Any]  # the job.upsert fields as written, managed_by set
+    spec: JobSpec  # as the command parser reads it
+    where: str  # "FILE:LINE"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    job_id: str
+    kind: ChangeKind
+    fields: tuple[tuple[str, Any, Any], ...] = ()  # (field, registered, in the files)
+    doc: dict[str, Any] | None = None  # what to register (create, change)
+
+
+def job_files(paths: Iterable[Path]) -> list[Path]:
+    """The files named, and the job files under the directories named, in path order."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise JobFileError(f"{path}: no such file or directory")
+    return found
+
+
+def _nodes(path: Path) -> list[tuple[Any, int]]:
+    """Each job of a file with its 1-based line: a file holds one job, a list of jobs, or
+    several YAML documents of either."""
+    text = path.read_text()
+    loader = yaml.SafeLoader(text)
+    out: list[tuple[Any, int]] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+            for item in items:
+                out.append((loader.construct_document(item), item.start_mark.line + 1))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise JobFileError(f"{path}{line}: not valid YAML or JSON: {exc}") from exc
+    finally:
+        loader.dispose()
+    return out
+
+
+def load(
+    paths: Iterable[Path], managed_by: str = MANAGED_BY, owner: str | None = None
+) -> list[Desired]:
+    """Every job of the files, validated; JobFileError on the first that is not valid
+    (its file and line, and the parser's reason) or on a job id given twice."""
+    desired: list[Desired] = []
+    seen: dict[str, str] = {}
+    for path in job_files(paths):
+        for value, line in _nodes(path):
+            where = f"{path}:{line}"
+            if not isinstance(value, dict):
+                raise JobFileError(f"{where}: a job must be a mapping of job.upsert fields")
+            doc = {k: v for k, v in value.items() if k != "type"}
+            if owner and "owner" not in doc:
+                doc["owner"] = owner
+            doc["managed_by"] = managed_by
+            spec = _parsed(doc, where)
+            if spec.job_id in seen:
+                raise JobFileError(f"{where}: job {spec.job_id} is also at {seen[spec.job_id]}")
+            seen[spec.job_id] = where
+            desired.append(Desired(doc, spec, where))
+    return desired
+
+
+def _parsed(doc: Mapping[str, Any], where: str) -> JobSpec:
+    command = {"type": "job.upsert", "owner": PLACEHOLDER_OWNER, **doc}
+    try:
+        raw = orjson.dumps(command)
+    except TypeError as exc:  # a YAML value JSON has not (a date, a set)
+        raise JobFileError(f"{where}: {exc}") from exc
+    parsed = parse_command(raw)
+    if isinstance(parsed, Rejection):
+        job = doc.get("job_id", "?")
+        raise JobFileError(f"{where}: job {job}: {parsed.reason}")
+    assert isinstance(parsed, UpsertJob)
+    return parsed.spec
+
+
+def _normal(spec: JobSpec, with_owner: bool) -> dict[str, Any]:
+    doc = upsert_document(spec)
+    doc.pop("type", None)
+    if not with_owner:
+        doc.pop("owner", None)
+    return doc
+
+
+def plan(
+    desired: Sequence[Desired],
+    registered: Iterable[Mapping[str, Any]],
+    managed_by: str = MANAGED_BY,
+    prune: bool = False,
+) -> list[Change]:
+    """What applying `desired` changes, given the registered jobs (rows with job_id,
+    owner and spec, as the API lists them). Deletes only with `prune`, and only of jobs
+    marked `managed_by` whose owner is one the files' jobs have."""
+    current = {row["job_id"]: row for row in registered}
+    changes: list[Change] = []
+    owners: set[str] = set()
+    for job in desired:
+        row = current.get(job.spec.job_id)
+        named = "owner" in job.doc
+        if named:
+            owners.add(job.spec.owner)
+        if row is None:
+            changes.append(Change(job.spec.job_id, "create", doc=job.doc))
+            continue
+        if not named:
+            owners.add(row["owner"])
+        now = _normal(from_plain(row["spec"], JobSpec), named)
+        want = _normal(job.spec, named)
+        fields = tuple(
+            (key, now.get(key), want.get(key))
+            for key in sorted(now.keys() | want.keys())
+            if now.get(key) != want.get(key)
+        )
+        kind: ChangeKind = "change" if fields else "same"
+        changes.append(Change(job.spec.job_id, kind, fields, job.doc if fields else None))
+    if prune:
+        listed = {job.spec.job_id for job in desired}
+        for job_id, row in sorted(current.items()):
+            spec = row["spec"]
+            if (
+                job_id not in listed
+                and spec.get("managed_by") == managed_by
+                and (not owners or row["owner"] in owners)
+            ):
+                changes.append(Change(job_id, "delete"))
+    return changes
+
+
+def describe(change: Change) -> list[str]:
+    """The lines that say a change, as `apply` and `diff` print them."""
+    if change.kind == "create":
+        return [f"+ {change.job_id} (create)"]
+    if change.kind == "delete":
+        return [f"- {change.job_id} (delete)"]
+    if change.kind == "same":
+        return [f"= {change.job_id} (unchanged)"]
+    lines = [f"~ {change.job_id} (change)"]
+    for key, old, new in change.fields:
+        lines.append(f"    {key}: {_show(old)} -> {_show(new)}")
+    return lines
+
+
+def summary(changes: Sequence[Change]) -> str:
+    count = {k: sum(c.kind == k for c in changes) for k in ("create", "change", "same", "delete")}
+    return (
+        f"{count['create']} to create, {count['change']} to change, "
+        f"{count['same']} unchanged, {count['delete']} to delete"
+    )
+
+
+def _show(value: Any) -> str:
+    return "(none)" if value is None else orjson.dumps(value).decode()
+
+
+def export_documents(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The registered jobs as `apply` reads them (and writes them back unchanged)."""
+    docs = []
+    for row in rows:
+        doc = upsert_document(from_plain(row["spec"], JobSpec))
+        doc.pop("type", None)
+        docs.append(doc)
+    return docs

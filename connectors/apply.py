@@ -71,9 +71,15 @@ def job_files(paths: Iterable[Path]) -> list[Path]:
 
 
 def _nodes(path: Path) -> list[tuple[Any, int]]:
-    """Each job of a file with its 1-based line: a file holds one job, a list of jobs, or
-    several YAML documents of either."""
-    text = path.read_text()
+    """Each job of a file with its 1-based line: a file holds one job, a list of jobs,
+    `{jobs: [...]}` (with `owner:` beside it: the owner of its jobs that name none), or
+    several YAML documents of these."""
+    return read_jobs(path.read_text(), str(path))
+
+
+def read_jobs(text: str, name: str) -> list[tuple[Any, int]]:
+    """The jobs of one file's text (see `_nodes`), each with its line; JobFileError
+    names the file and line of YAML that cannot be read."""
     loader = yaml.SafeLoader(text)
     out: list[tuple[Any, int]] = []
     try:
@@ -81,13 +87,22 @@ def _nodes(path: Path) -> list[tuple[Any, int]]:
             node = loader.get_node()
             if node is None:
                 continue
+            owner = None
+            if isinstance(node, yaml.MappingNode):
+                keys = {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+                if "jobs" in keys and "job_id" not in keys:
+                    owner = loader.construct_document(keys["owner"]) if "owner" in keys else None
+                    node = keys["jobs"]
             items = node.value if isinstance(node, yaml.SequenceNode) else [node]
             for item in items:
-                out.append((loader.construct_document(item), item.start_mark.line + 1))
+                value = loader.construct_document(item)
+                if owner is not None and isinstance(value, dict):
+                    value = {"owner": owner, **value}
+                out.append((value, item.start_mark.line + 1))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise JobFileError(f"{path}{line}: not valid YAML or JSON: {exc}") from exc
+        raise JobFileError(f"{name}{line}: not valid YAML or JSON: {exc}") from exc
     finally:
         loader.dispose()
     return out

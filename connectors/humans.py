@@ -33,6 +33,7 @@ from connectors.apply import (
     export_documents,
     load,
     plan,
+    read_jobs,
     summary,
 )
 from connectors.remote import RemoteService, find_remote
@@ -148,24 +149,18 @@ def _schedule(spec: dict[str, Any]) -> str:
 
 # -- jobs ----------------------------------------------------------------------------------
 def _documents(file: Path) -> list[dict[str, Any]]:
+    """The jobs of a file or stdin ('-'): one job, a list, or {jobs: [...], owner: ...}."""
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
-        docs = list(yaml.safe_load_all(text))  # YAML is a superset of JSON
-    except (OSError, yaml.YAMLError) as exc:
-        typer.secho(f"error: cannot read {file}: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from exc
-    found: list[dict[str, Any]] = []
-    for doc in docs:
-        items = doc.get("jobs", [doc]) if isinstance(doc, dict) else doc
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            typer.secho(
-                f"error: {file}: expected a job object, a list of them, or {{jobs: [...]}}",
-                fg=typer.colors.RED,
-                err=True,
-            )
-            raise typer.Exit(2)
-        found.extend(items)
-    return found
+        found = read_jobs(text, str(file))
+    except OSError as exc:
+        _fail(f"cannot read {file}: {exc}", 2)
+    except JobFileError as exc:
+        _fail(str(exc), 2)
+    for value, line in found:
+        if not isinstance(value, dict):
+            _fail(f"{file}:{line}: expected a job object, a list of them, or {{jobs: [...]}}", 2)
+    return [value for value, _ in found]
 
 
 @jobs_app.command("add")

@@ -101,7 +101,7 @@ def register_demo(settings: Settings, demo: Path, say: Callable[[str], None]) ->
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    service.put_job(ADMIN, {"owner": "demo", **job})
+                    service.put_job(ADMIN, {"owner": docs.get("owner", "demo"), **job})
                     done += 1
                     break
                 except ServiceError as exc:

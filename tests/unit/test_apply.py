@@ -131,3 +131,14 @@ def test_export_reads_back_as_no_change(tmp_path: Path) -> None:
     exported = write(tmp_path, "exported.yaml", yaml.safe_dump(export_documents(rows)))
     again = load([exported])
     assert {c.kind for c in plan(again, rows, prune=True)} == {"same"}
+
+
+def test_the_demo_file_form_gives_its_owner_to_its_jobs(tmp_path: Path) -> None:
+    """`{owner: ..., jobs: [...]}` (examples/demo.yaml): added or applied as a new user
+    would while `cronlog run` runs, its jobs stay the demo owner's."""
+    text = "owner: demo\njobs:\n  - job_id: a\n    schedule: {every: 1h}\n    command: [x]\n"
+    (desired,) = load([write(tmp_path, "demo.yaml", text)])
+    assert desired.spec.owner == "demo"
+    assert desired.where == f"{tmp_path}/demo.yaml:3"
+    shipped = load([Path(__file__).parents[2] / "examples" / "demo.yaml"])
+    assert {d.spec.owner for d in shipped} == {"demo"}

@@ -172,6 +172,7 @@ class Run:
     exit_code: int | None
     error: str | None
     worker_id: str | None
+    params: dict[str, Any] = field(default_factory=dict, compare=False)  # its values
     transitions: tuple[Transition, ...] = ()  # filled by `Client.run` (not by listings)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -193,6 +194,7 @@ class Run:
             exit_code=row.get("exit_code"),
             error=row.get("error"),
             worker_id=row.get("worker_id"),
+            params=dict(row.get("params") or {}),
             transitions=tuple(Transition.of(t) for t in row.get("transitions", ())),
             raw=dict(row),
         )
@@ -314,12 +316,18 @@ class Client:
             if not cursor:
                 return
 
-    def run_now(self, job_id: str, *, request_id: str | None = None) -> Run:
-        """Start a manual run; the same `request_id` starts one run however often it is
-        sent. The run as far as the history shows it (state `requested` until then)."""
-        answer = self._accepted(
-            self.request("POST", f"/jobs/{segment(job_id)}/run-now", json=_keyed(request_id))
-        )
+    def run_now(
+        self,
+        job_id: str,
+        *,
+        request_id: str | None = None,
+        params: Mapping[str, str | int | float | bool] | None = None,
+    ) -> Run:
+        """Start a manual run, with values for the job's parameters; the same
+        `request_id` starts one run however often it is sent. The run as far as the
+        history shows it (state `requested` until then)."""
+        body = {**_keyed(request_id), **({"params": dict(params)} if params else {})}
+        answer = self._accepted(self.request("POST", f"/jobs/{segment(job_id)}/run-now", json=body))
         return self._requested(answer, job_id, "manual")
 
     def backfill(
@@ -329,10 +337,13 @@ class Client:
         until: datetime | str,
         *,
         request_id: str | None = None,
+        params: Mapping[str, str | int | float | bool] | None = None,
     ) -> Accepted:
-        """Create the runs the schedule had in [since, until] before the job existed;
-        `body["runs_at_most"]` says how many."""
+        """Create the runs the schedule had in [since, until] before the job existed,
+        each with `params` over the job's defaults; `body["runs_at_most"]` says how many."""
         body = {"from": _when(since), "to": _when(until), **_keyed(request_id)}
+        if params:
+            body["params"] = dict(params)
         return self._accepted(self.request("POST", f"/jobs/{segment(job_id)}/backfill", json=body))
 
     # -- runs ----------------------------------------------------------------------------

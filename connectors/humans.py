@@ -253,6 +253,9 @@ def jobs_show(job_id: str, as_json: JsonOpt = False) -> None:
         cycle = " -> ".join(job["cycle"])
         console.print(f"[red]refused: depends_on closes the dependency cycle {cycle}[/red]")
     console.print("command: " + " ".join(job["spec"]["command"]))
+    for p in job["spec"].get("params") or []:
+        default = "required" if p["default"] is None else f"default {p['default']}"
+        console.print(f"param {p['name']}: {p['type']}, {default}")
     _table(runs, ["run_id", "state", "attempt", "worker_id", "started_at", "exit_code"])
 
 
@@ -270,16 +273,43 @@ jobs_app.command("resume")(_job_action("resume", "resumed"))
 jobs_app.command("delete")(_job_action("delete", "deleted"))
 
 
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param",
+        "-p",
+        help="NAME=VALUE for one of the job's parameters (VALUE read as JSON when it is: "
+        '5, true, "text"; else as text). Repeatable.',
+    ),
+]
+
+
+def _param_values(given: list[str] | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for item in given or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            _fail(f"--param {item!r}: expected NAME=VALUE", 2)
+        try:
+            values[name] = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            values[name] = text
+    return values
+
+
 @jobs_app.command("run-now")
 def jobs_run_now(
     job_id: str,
     request_id: Annotated[
         str | None, typer.Option(help="Idempotency key: the same key starts one run.")
     ] = None,
+    param: ParamOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start a manual run now."""
-    fields = {"request_id": request_id} if request_id else {}
+    """Start a manual run now (with values for the job's parameters)."""
+    fields: dict[str, Any] = {"request_id": request_id} if request_id else {}
+    if param:
+        fields["params"] = _param_values(param)
     with _service() as service:
         accepted = service.job_command(ADMIN, job_id, "run_now", **fields)
     _done(accepted, as_json, f"run {accepted.body['run_id']} requested")
@@ -294,13 +324,16 @@ def jobs_backfill(
         str | None,
         typer.Option(help="Idempotency key: the same request sent again creates nothing."),
     ] = None,
+    param: ParamOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the runs a job's schedule had between two times before it was registered
     (times an earlier backfill decided are never created twice)."""
-    fields: dict[str, str] = {"from": since, "to": until}
+    fields: dict[str, Any] = {"from": since, "to": until}
     if request_id:
         fields["request_id"] = request_id
+    if param:
+        fields["params"] = _param_values(param)
     with _service() as service:
         accepted = service.job_command(ADMIN, job_id, "backfill", **fields)
     _done(accepted, as_json, f"{job_id}: backfill {since} .. {until} requested")
@@ -337,6 +370,8 @@ def runs_show(run_id: str, as_json: JsonOpt = False) -> None:
     console.print(f"[bold]{run_id}[/bold]  {run['state']}  attempt {run['attempt']}")
     if run["error"]:
         console.print(f"error: {run['error']}")
+    if run.get("params"):
+        console.print("params: " + orjson.dumps(run["params"]).decode())
     _table(run["transitions"], ["attempt", "state", "at", "worker_id"])
     if run["log_tail"]:
         console.print("[bold]log tail[/bold]")

@@ -41,6 +41,7 @@ from schemas.json import to_plain
 from schemas.records import FINAL_STATES, JobEvent, JobState, RunEvent
 from streams import metrics
 from streams.core.clock import SYSTEM_CLOCK, Clock
+from streams.core.params import values_document
 from streams.kafka import KAFKA_CLIENTS, Clients, consumer_config
 from streams.metrics import reason_kind
 from streams.settings import Settings
@@ -116,7 +117,7 @@ def _fold(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
         return old
     merged = dict(new)
     merged["created_at"] = old["created_at"]
-    for column in ("worker_id", "started_at", "exit_code"):
+    for column in ("worker_id", "started_at", "exit_code", "params"):
         if merged[column] is None:
             merged[column] = old[column]
     return merged
@@ -143,7 +144,7 @@ INSERT INTO run_transitions ({TRANSITION_COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING"""
 RUN_COLUMNS = (
     "run_id, job_id, scheduled_at, trigger, state, attempt, worker_id, created_at,"
-    " started_at, finished_at, exit_code, error, updated_at, seq"
+    " started_at, finished_at, exit_code, error, updated_at, seq, params"
 )
 RUN_MERGE = """
 ON CONFLICT (run_id) DO UPDATE SET
@@ -152,13 +153,14 @@ ON CONFLICT (run_id) DO UPDATE SET
     started_at = COALESCE(excluded.started_at, runs.started_at),
     finished_at = excluded.finished_at,
     exit_code = COALESCE(excluded.exit_code, runs.exit_code),
-    error = excluded.error, updated_at = excluded.updated_at, seq = excluded.seq
+    error = excluded.error, updated_at = excluded.updated_at, seq = excluded.seq,
+    params = COALESCE(excluded.params, runs.params)
 WHERE runs.seq < excluded.seq"""
 RUN = f"""
 INSERT INTO runs ({RUN_COLUMNS})
 VALUES (%(run_id)s, %(job_id)s, %(scheduled_at)s, %(trigger)s, %(state)s, %(attempt)s,
         %(worker_id)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(exit_code)s,
-        %(error)s, %(at)s, %(seq)s)
+        %(error)s, %(at)s, %(seq)s, %(params)s)
 {RUN_MERGE}"""
 # The dict keys of a run row, in RUN_COLUMNS order (updated_at is the event time).
 RUN_KEYS = [c.strip() for c in RUN_COLUMNS.replace("updated_at", "at").split(",")]
@@ -546,6 +548,8 @@ class Projector:
             "exit_code": e.exit_code,
             "error": reason or None,
             "seq": seq,
+            # The run's values ride on its first event only; later upserts keep them.
+            "params": Jsonb(values_document(e.params)) if e.params else None,
         }
         rows.append((RUN, run))
 

@@ -16,7 +16,8 @@ Query = tuple[str, tuple[Any, ...]]
 JOB_COLUMNS = "job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at, cycle"
 RUN_COLUMNS = (
     "r.run_id, r.job_id, r.scheduled_at, r.trigger, r.state, r.attempt, r.worker_id,"
-    " r.created_at, r.started_at, r.finished_at, r.exit_code, r.error, r.updated_at"
+    " r.created_at, r.started_at, r.finished_at, r.exit_code, r.error, r.updated_at,"
+    " r.params"
 )
 LOG_COLUMNS = "attempt, stream, seq, data, at"
 

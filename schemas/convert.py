@@ -53,6 +53,7 @@ from schemas.spec import (
     EverySchedule,
     JobSpec,
     Notify,
+    Param,
     Resources,
     RetryPolicy,
     Schedule,
@@ -152,6 +153,8 @@ def spec_to_avro(s: JobSpec) -> AvroDict:
         "sla_s": s.sla_s,
         "secret_env": dict(s.secret_env),
         "managed_by": s.managed_by,
+        "params": [{"name": p.name, "type": p.type, "default": p.default} for p in s.params],
+        "params_in_command": s.params_in_command,
     }
 
 
@@ -184,6 +187,10 @@ def spec_from_avro(d: AvroDict) -> JobSpec:
         sla_s=None if d.get("sla_s") is None else float(d["sla_s"]),
         secret_env=shared(pairs(d.get("secret_env") or {})),
         managed_by=shared(d.get("managed_by") or ""),
+        params=shared(
+            tuple(Param(p["name"], p["type"], p.get("default")) for p in d.get("params") or ())
+        ),
+        params_in_command=bool(d.get("params_in_command", False)),
     )
 
 
@@ -195,14 +202,22 @@ def _notify_from_avro(d: AvroDict | None) -> Notify | None:
 def _flat(
     cls: type[Any], tuples: tuple[str, ...] = ()
 ) -> tuple[Callable[[Any], AvroDict], Callable[[AvroDict], Any]]:
-    """Field for field; the `tuples` fields (Avro arrays) read back as tuples."""
+    """Field for field; the `tuples` fields (Avro arrays) read back as tuples, and a
+    `params` field (an Avro map) is a sorted tuple of (name, value) pairs."""
     names = tuple(f.name for f in fields(cls))
+    maps = ("params",) if "params" in names else ()
 
     def to_avro(record: Any) -> AvroDict:
-        return {n: getattr(record, n) for n in names}
+        d = {n: getattr(record, n) for n in names}
+        for n in maps:
+            d[n] = dict(d[n])
+        return d
 
     def from_avro(d: AvroDict) -> Any:
-        return cls(**{n: tuple(d[n]) if n in tuples else d[n] for n in names})
+        values = {n: tuple(d[n]) if n in tuples else d[n] for n in names}
+        for n in maps:
+            values[n] = tuple(sorted((d.get(n) or {}).items()))
+        return cls(**values)
 
     return to_avro, from_avro
 

@@ -88,6 +88,7 @@ class RunNowRequested:
     job_id: str
     request_id: str
     at_ms: int
+    params: tuple[tuple[str, str], ...] = ()  # given values, (name, JSON text), sorted
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ class BackfillRequested:
     to_ms: int
     at_ms: int
     request_id: str = ""  # "" for requests written before backfills had one
+    params: tuple[tuple[str, str], ...] = ()  # given values for every run it creates
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +357,8 @@ class RunState:
     # never ends it on its own word: the holder's answer (given back, started, finished)
     # or the loss of the worker ends it, and so no execution escapes the record.
     cancelling: str = ""
+    # The values of the job's parameters this run runs with (name, JSON text), sorted.
+    params: tuple[tuple[str, str], ...] = ()
 
     @property
     def final(self) -> bool:
@@ -384,6 +388,8 @@ class RunEvent:
     # start; no later than `at_ms`, when the ledger recorded it. Under load the record can
     # trail the start by seconds; the history shows when the run started.
     reported_ms: int | None = None
+    # The run's parameter values, on its first event only (the history records them once).
+    params: tuple[tuple[str, str], ...] = ()
 
     @property
     def happened_ms(self) -> int:

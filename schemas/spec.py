@@ -83,6 +83,19 @@ class Notify:
     on: tuple[NotifyOn, ...]
 
 
+ParamType: TypeAlias = Literal["string", "integer", "number", "boolean"]
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A run parameter a job declares: its value's type, and its default as JSON text
+    (None: every run must be given it)."""
+
+    name: str
+    type: ParamType
+    default: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     job_id: str
@@ -108,3 +121,7 @@ class JobSpec:
     # Who keeps this job's definition ("" : by hand): `cronlog apply` writes its name, and
     # its --prune deletes only jobs that carry that name and its files no longer list.
     managed_by: str = ""
+    # Declared run parameters (streams/core/params.py), by name; with params_in_command,
+    # `{name}` in the command's arguments is replaced by the run's value.
+    params: tuple[Param, ...] = ()
+    params_in_command: bool = False

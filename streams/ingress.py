@@ -72,10 +72,12 @@ def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
             return JobResumed(job_id, at_ms)
         case DeleteJob(job_id=job_id):
             return JobDeleted(job_id, at_ms)
-        case RunNow(job_id=job_id, request_id=request_id):
-            return RunNowRequested(job_id, request_id, at_ms)
-        case Backfill(job_id=job_id, from_ms=start, to_ms=end, request_id=request_id):
-            return BackfillRequested(job_id, start, end, at_ms, request_id)
+        case RunNow(job_id=job_id, request_id=request_id, params=params):
+            return RunNowRequested(job_id, request_id, at_ms, params)
+        case Backfill(
+            job_id=job_id, from_ms=start, to_ms=end, request_id=request_id, params=params
+        ):
+            return BackfillRequested(job_id, start, end, at_ms, request_id, params)
         case CancelRun(run_id=run_id, job_id=job_id):
             return CancelRequested(job_id, run_id, at_ms)
         case RerunRun(run_id=run_id, job_id=job_id, request_id=request_id):

@@ -88,6 +88,11 @@ async def _body(request: Request) -> dict[str, Any]:
     return parse_body(await read_body(request, MAX_COMMAND_BYTES))
 
 
+def _params(body: dict[str, Any]) -> dict[str, Any]:
+    """A run-now's or backfill's parameter values, when the body gives any."""
+    return {"params": body["params"]} if body.get("params") is not None else {}
+
+
 def _request_id(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     """The idempotency key of a run-now, rerun or backfill: the body's request_id, else the
     Idempotency-Key header, else none (the service makes one up: not idempotent)."""
@@ -261,14 +266,20 @@ def create_app(
 
     @app.post("/jobs/{job_id}/run-now", tags=["jobs"], openapi_extra=OBJECT_BODY)
     async def run_now(job_id: str, request: Request, who: User) -> JSONResponse:
-        fields = _request_id(request, await _body(request))
+        body = await _body(request)
+        fields = {**_request_id(request, body), **_params(body)}
         accepted = await run_in_threadpool(service.job_command, who, job_id, "run_now", **fields)
         return _answer(accepted, f"/runs/{accepted.body['run_id']}")
 
     @app.post("/jobs/{job_id}/backfill", tags=["jobs"], openapi_extra=OBJECT_BODY)
     async def backfill(job_id: str, request: Request, who: User) -> JSONResponse:
         body = await _body(request)
-        fields = {"from": body.get("from"), "to": body.get("to"), **_request_id(request, body)}
+        fields = {
+            "from": body.get("from"),
+            "to": body.get("to"),
+            **_request_id(request, body),
+            **_params(body),
+        }
         accepted = await run_in_threadpool(service.job_command, who, job_id, "backfill", **fields)
         return _answer(accepted, f"/jobs/{job_id}/runs")
 

@@ -36,6 +36,7 @@ from streams.core.commands import (
     Backfill,
     Command,
     Rejection,
+    RunNow,
     UpsertJob,
     command_job_id,
     upsert_document,
@@ -43,6 +44,7 @@ from streams.core.commands import (
 )
 from streams.core.dag import cycle_through
 from streams.core.ids import iso_utc, manual_run_id
+from streams.core.params import ParamError, ParamValues, required, resolve
 from streams.core.schedule import fire_window
 from streams.kafka import producer_config
 from streams.settings import Settings
@@ -140,6 +142,14 @@ def patched_document(stored: dict[str, Any], patch: dict[str, Any]) -> dict[str,
         else:
             merged[key] = value
     return merged
+
+
+def _check_values(row: dict[str, Any], values: ParamValues) -> None:
+    """422 for values the job's declaration refuses (the ledger would dead-letter them)."""
+    try:
+        resolve(from_plain(row["spec"], JobSpec).params, values)
+    except ParamError as exc:
+        raise ServiceError(422, str(exc), exc.field) from None
 
 
 def _backfill_size(row: dict[str, Any], command: Backfill) -> int:
@@ -417,6 +427,11 @@ class Service:
         spec = command.spec
         self._check_upstreams(spec.owner, spec.depends_on)
         warnings = self._check_graph(spec.owner, spec.job_id, spec.depends_on)
+        warnings += [
+            f"params.{name} has no default: runs of the schedule or upstreams are skipped "
+            "without it; give it to run-now"
+            for name in required(spec.params)
+        ]
         self._produce_command(doc, command)
         job_id = spec.job_id
         # As the projection stores it (JSON: tuples become lists).
@@ -434,6 +449,8 @@ class Service:
         if kind in ("run_now", "backfill"):
             doc.setdefault("request_id", uuid.uuid4().hex)
         command = _validated(doc)
+        if isinstance(command, RunNow | Backfill) and command.params:
+            _check_values(row, command.params)
         body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
         if isinstance(command, Backfill):
             body["runs_at_most"] = _backfill_size(row, command)

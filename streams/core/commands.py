@@ -40,11 +40,19 @@ from schemas.spec import (
     JobSpec,
     Notify,
     NotifyOn,
+    Param,
     Resources,
     RetryPolicy,
     Schedule,
 )
 from streams.core.ids import MANUAL, job_of, parse_run_id
+from streams.core.params import (
+    ParamError,
+    ParamValues,
+    declarations_document,
+    parse_declarations,
+    parse_values,
+)
 from streams.core.schedule import ScheduleError, parse_schedule
 
 MAX_COMMAND_BYTES: Final = 64 * 1024  # encoded size of one command (the API should cap bodies)
@@ -111,7 +119,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UPSERT_FIELDS = (
     "type", "job_id", "owner", "schedule", "command", "env", "resources", "timeout_s",
     "retry", "idempotent", "depends_on", "misfire", "concurrency", "dst", "jitter_s",
-    "priority", "notify", "sla_s", "managed_by",
+    "priority", "notify", "sla_s", "managed_by", "params", "params_in_command",
 )  # fmt: skip
 _NOTIFY_FIELDS = ("url", "on")
 _RESOURCE_FIELDS = ("cpu", "memory_mb", "gpu", "labels")
@@ -142,6 +150,7 @@ class DeleteJob:
 class RunNow:
     job_id: str
     request_id: str
+    params: ParamValues = ()  # values given, checked against the job's declaration later
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +159,7 @@ class Backfill:
     from_ms: int  # inclusive lower bound, UTC epoch milliseconds
     to_ms: int  # upper bound, UTC epoch milliseconds; from_ms < to_ms
     request_id: str = ""  # optional: a repeated request is refused, not applied twice
+    params: ParamValues = ()  # values given to every run it creates
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +265,10 @@ def upsert_document(spec: JobSpec) -> dict[str, Any]:
     }
     if spec.managed_by:
         doc["managed_by"] = spec.managed_by
+    if spec.params:
+        doc["params"] = declarations_document(spec.params)
+    if spec.params_in_command:
+        doc["params_in_command"] = True
     return doc
 
 
@@ -317,10 +331,11 @@ def _command(doc: object) -> Command:
 
 def _job_command(doc: _Doc, kind: str) -> Command:
     if kind == "job.run_now":
-        _only(doc, ("type", "job_id", "request_id"), "")
-        return RunNow(_job_id(_required(doc, "job_id"), "job_id"), _request_id(doc))
+        _only(doc, ("type", "job_id", "request_id", "params"), "")
+        job_id = _job_id(_required(doc, "job_id"), "job_id")
+        return RunNow(job_id, _request_id(doc), _param_values(doc))
     if kind == "job.backfill":
-        _only(doc, ("type", "job_id", "from", "to", "request_id"), "")
+        _only(doc, ("type", "job_id", "from", "to", "request_id", "params"), "")
         job_id = _job_id(_required(doc, "job_id"), "job_id")
         from_ms, to_ms = _instant(doc, "from"), _instant(doc, "to")
         if from_ms >= to_ms:
@@ -329,7 +344,7 @@ def _job_command(doc: _Doc, kind: str) -> Command:
             days = MAX_BACKFILL_SPAN_MS // 86_400_000
             raise _Invalid(f"backfill span from 'from' to 'to' must be at most {days} days", "to")
         request_id = _request_id(doc) if "request_id" in doc else ""
-        return Backfill(job_id, from_ms, to_ms, request_id)
+        return Backfill(job_id, from_ms, to_ms, request_id, _param_values(doc))
     _only(doc, ("type", "job_id"), "")
     job_id = _job_id(_required(doc, "job_id"), "job_id")
     if kind == "job.pause":
@@ -418,7 +433,23 @@ def _job_spec(doc: _Doc) -> JobSpec:
         notify=_notify(doc.get("notify"), sla_s),
         sla_s=sla_s,
         managed_by=_managed_by(doc.get("managed_by")),
+        params=_params(doc.get("params")),
+        params_in_command=_bool(doc, "params_in_command", False),
     )
+
+
+def _params(value: object) -> tuple[Param, ...]:
+    try:
+        return parse_declarations(value)
+    except ParamError as exc:
+        raise _Invalid(str(exc), exc.field) from None
+
+
+def _param_values(doc: _Doc) -> ParamValues:
+    try:
+        return parse_values(doc.get("params"))
+    except ParamError as exc:
+        raise _Invalid(str(exc), exc.field) from None
 
 
 def _managed_by(value: object) -> str:

@@ -25,7 +25,8 @@ from connectors.client import (
     WaitTimeout,
 )
 from streams.settings import Settings
-from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc
+from tests.support.kafka import consumer
+from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
 from tests.support.waiting import eventually, free_port
 
 pytestmark = pytest.mark.integration
@@ -298,3 +299,50 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         refused = cli("apply", "-f", str(repo), env=env)
         assert refused.returncode == 1
         assert f"{broken}:1: job ac-broken: command" in refused.stderr
+
+
+def test_run_parameters_from_the_request_to_the_process_and_the_history(
+    url: str, topics: Settings
+) -> None:
+    """A job declares parameters; run-now passes values; the process gets them in
+    CRONLOG_PARAMS and its argv; the run records them. Bad values: 422 from the API, the
+    dead letters on the topic path, nothing run either way."""
+    job = {
+        "job_id": "cl-params",
+        "schedule": LATER,
+        "command": ["sh", "-c", 'echo "$CRONLOG_PARAMS"; echo "$1"', "sh", "day={day}"],
+        "params": {"day": {"type": "string", "default": "today"}, "n": {"type": "integer"}},
+        "params_in_command": True,
+    }
+    with Client(url, TOKEN_A) as api:
+        answer = api.put_job(job)
+        assert any("params.n has no default" in w for w in answer.warnings)
+        eventually(lambda: _exists(api, "cl-params"), "the job registered")
+        run = api.run_now("cl-params", request_id="p1", params={"n": 3, "day": "2026-12-01"})
+        done = api.wait(run.run_id, timeout_s=60)
+        assert done.state == "succeeded"
+        assert done.params == {"day": "2026-12-01", "n": 3}
+        assert api.logs(run.run_id) == '{"day":"2026-12-01","n":3}\nday=2026-12-01\n'
+        with pytest.raises(Invalid) as typed:
+            api.run_now("cl-params", params={"n": "three"})
+        assert typed.value.field == "params.n"
+        assert typed.value.message == "params.n must be an integer"
+        with pytest.raises(Invalid, match="declares no such parameter"):
+            api.run_now("cl-params", params={"n": 1, "user": "root"})
+
+        letters = consumer(topics, "commands.dlq")
+        try:
+            bad = {"type": "job.run_now", "job_id": "cl-params", "request_id": "p-bad"}
+            send_commands(topics, [{**bad, "params": {"n": True}}])
+            reasons: list[str] = []
+
+            def dead_lettered() -> bool:
+                for message in letters.consume(100, timeout=0.5):
+                    reasons.append(orjson.loads(message.value() or b"{}").get("reason", ""))
+                return any("params.n must be an integer" in r for r in reasons)
+
+            eventually(dead_lettered, "the bad values in commands.dlq")
+        finally:
+            letters.close()
+        with pytest.raises(NotFound):
+            api.run("cl-params@manual:p-bad")

@@ -67,6 +67,7 @@ from schemas.spec import (
     EverySchedule,
     JobSpec,
     Notify,
+    Param,
     Resources,
     RetryPolicy,
 )
@@ -121,6 +122,17 @@ specs = st.builds(
     priority=longs,
     notify=st.none() | st.builds(Notify, text, st.lists(st.sampled_from(NOTIFY_ON)).map(tuple)),
     sla_s=st.none() | reals,
+    managed_by=st.just("") | ids,
+    params=st.lists(
+        st.builds(
+            Param,
+            ids,
+            st.sampled_from(("string", "integer", "number", "boolean")),
+            st.none() | text,
+        ),
+        max_size=3,
+    ).map(tuple),
+    params_in_command=st.booleans(),
 )
 
 # Strategy per field name, shared by every record class (overridden where it differs).
@@ -164,6 +176,7 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "finished_ms": maybe_ms,
     "command": st.lists(text, max_size=4).map(tuple),
     "env": pairs,
+    "params": st.dictionaries(ids, text, max_size=3).map(lambda d: tuple(sorted(d.items()))),
     "secret_env": pairs,
     "resources": resources,
     "timeout_s": reals,
@@ -378,15 +391,22 @@ def test_a_release_round_trips_on_the_job_log() -> None:
     assert to_plain(record)["type"] == "RunReleased"
 
 
+def _newest_without(name: str) -> Any:
+    """The newest run_state version written before the field `name` was added."""
+    for version in reversed(RUN_STATE.schema.versions):
+        if name not in [f["name"] for f in version.schema["fields"]]:
+            return version
+    raise AssertionError(f"every run_state version has {name}")
+
+
 def test_a_run_state_keeps_its_start_time_and_old_states_read_without_it() -> None:
     state = dataclasses.replace(RUN_STATE_SAMPLE, not_before_ms=1_500)
     assert RUN_STATE.decode(RUN_STATE.encode(state)) == state
     # A state written by the previous schema version (no not_before_ms) reads as None.
-    previous = RUN_STATE.schema.versions[-3]
-    assert "not_before_ms" not in [f["name"] for f in previous.schema["fields"]]
+    previous = _newest_without("not_before_ms")
     buffer = io.BytesIO()
     buffer.write(previous.header)
-    newer = ("not_before_ms", "cancelling")
+    newer = ("not_before_ms", "cancelling", "params")
     old = {k: v for k, v in RUN_STATE.to_avro(RUN_STATE_SAMPLE).items() if k not in newer}
     schemaless_writer(buffer, previous.parsed, old)
     assert RUN_STATE.decode(buffer.getvalue()) == RUN_STATE_SAMPLE
@@ -395,11 +415,10 @@ def test_a_run_state_keeps_its_start_time_and_old_states_read_without_it() -> No
 def test_a_run_state_keeps_its_pending_cancel_and_older_states_have_none() -> None:
     state = dataclasses.replace(RUN_STATE_SAMPLE, cancelling="job paused before the run was due")
     assert RUN_STATE.decode(RUN_STATE.encode(state)) == state
-    previous = RUN_STATE.schema.versions[-2]
-    assert "cancelling" not in [f["name"] for f in previous.schema["fields"]]
+    previous = _newest_without("cancelling")
     buffer = io.BytesIO()
     buffer.write(previous.header)
-    old = {k: v for k, v in RUN_STATE.to_avro(state).items() if k != "cancelling"}
+    old = {k: v for k, v in RUN_STATE.to_avro(state).items() if k not in ("cancelling", "params")}
     schemaless_writer(buffer, previous.parsed, old)
     assert RUN_STATE.decode(buffer.getvalue()) == dataclasses.replace(state, cancelling="")
 

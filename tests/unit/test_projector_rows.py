@@ -26,7 +26,13 @@ def test_any_other_event_id_is_malformed(event_id: str) -> None:
 
 
 def row(seq: int, at: int, state: str, **columns: Any) -> dict[str, Any]:
-    base = {"worker_id": None, "started_at": None, "exit_code": None, "created_at": at}
+    base = {
+        "worker_id": None,
+        "started_at": None,
+        "exit_code": None,
+        "created_at": at,
+        "params": None,
+    }
     return {**base, "seq": seq, "at": at, "state": state, **columns}
 
 
@@ -38,3 +44,9 @@ def test_the_fold_keeps_the_highest_seq_whatever_the_times() -> None:
     assert (folded["worker_id"], folded["started_at"]) == ("w1", 3_000)  # kept, as COALESCE
     assert _fold(cancel, start) is cancel  # an earlier transition arriving late
     assert _fold(cancel, dict(cancel)) is cancel  # the same one again
+
+
+def test_a_runs_values_from_its_first_event_survive_later_ones_in_the_batch() -> None:
+    first = row(1, 100, "due", params={"day": "2026-12-01"})
+    later = row(2, 200, "dispatched", worker_id="w1")
+    assert _fold(_fold(None, first), later)["params"] == {"day": "2026-12-01"}

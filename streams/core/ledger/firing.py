@@ -29,6 +29,7 @@ from streams.core.ledger.decision import (
     WITHDRAWN_BY_PAUSE,
 )
 from streams.core.ledger.kernel import Kernel, dependency_links, due_after, withdrawn
+from streams.core.params import ParamError, resolve
 from streams.core.schedule import fires_between, newest_fires, next_fire
 
 
@@ -337,8 +338,12 @@ class Firing(Kernel):
         duplicate = self._duplicate(inp.request_id, inp.at_ms)
         if duplicate or self.run(run_id) is not None:
             return self.reject(duplicate or "duplicate request")
+        try:
+            resolve(self.job.spec.params, inp.params)
+        except ParamError as exc:  # written past the API's check: nothing runs
+            return self.reject(f"job {self.job.spec.job_id}: {exc}", dead_letter=True)
         self._remember(inp.request_id, inp.at_ms)
-        self._create(self.at, "manual", run_id, inp.request_id)
+        self._create(self.at, "manual", run_id, inp.request_id, given=inp.params)
         return None
 
     def backfill(self, inp: BackfillRequested) -> None:
@@ -353,6 +358,11 @@ class Firing(Kernel):
             return self.reject("job is deleted")
         request, _, so_far = inp.request_id.partition("+")
         created = int(so_far) if so_far.isdigit() else 0
+        if inp.params:
+            try:
+                resolve(spec.params, inp.params)
+            except ParamError as exc:  # written past the API's check: nothing is created
+                return self.reject(f"job {spec.job_id}: {exc}", dead_letter=True)
         if not so_far:  # a continuation was checked and remembered as its first part
             duplicate = self._duplicate(inp.request_id, inp.at_ms)
             if duplicate:
@@ -372,7 +382,9 @@ class Firing(Kernel):
             if created + len(fresh) < cfg.max_backfill_runs:
                 rest = f"{request}+{created + len(fresh)}"
                 self.notices.append(
-                    BackfillRequested(spec.job_id, times[-1] + 1, inp.to_ms, inp.at_ms, rest)
+                    BackfillRequested(
+                        spec.job_id, times[-1] + 1, inp.to_ms, inp.at_ms, rest, inp.params
+                    )
                 )
             else:
                 self.reject(
@@ -385,7 +397,8 @@ class Firing(Kernel):
             return None
         previous = inp.from_ms - 1
         for t in fresh:
-            self._create(t, "backfill", scheduled_run_id(spec.job_id, t), period_start=previous)
+            run_id = scheduled_run_id(spec.job_id, t)
+            self._create(t, "backfill", run_id, period_start=previous, given=inp.params)
             previous = t
         # Decided: (from - 1, the last time created]; limited runs may end before `upper`.
         self.set_job(backfilled=_merge(spans, Span(inp.from_ms - 1, fresh[-1]), cfg.keep_spans))

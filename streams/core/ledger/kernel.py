@@ -32,6 +32,8 @@ from streams.core.ledger.decision import (
     LedgerConfig,
     RunLookup,
 )
+from streams.core.params import ENV_NAME as PARAMS_ENV
+from streams.core.params import ParamError, ParamValues, as_env, resolve, substitute
 from streams.core.schedule import jitter_ms, next_fire
 
 
@@ -79,6 +81,7 @@ class Kernel:
         self.notices: list[DependencyLinked | UpstreamFinished | BackfillRequested] = []
         self.replies: list[ClaimReply | CancelOrder] = []
         self.rejected = ""
+        self.dead_letter = False  # the rejected input goes to the dead letters (bad values)
         # A withdrawal in this decision moves the watermark back to its time, after it
         # withdrew (see `_retire`).
         self.withdrawn_after = at
@@ -93,10 +96,12 @@ class Kernel:
             notices=tuple(self.notices),
             replies=tuple(self.replies),
             rejected=self.rejected,
+            dead_letter=self.dead_letter,
         )
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str, dead_letter: bool = False) -> None:
         self.rejected = reason
+        self.dead_letter = dead_letter
 
     def run(self, run_id: str) -> RunState | None:
         if run_id in self.runs:
@@ -148,6 +153,7 @@ class Kernel:
         self.events.append(
             RunEvent(
                 event_id=f"{run.run_id}#{moved.seq}",
+                params=run.params if run.seq == 0 else (),
                 job_id=run.job_id,
                 run_id=run.run_id,
                 scheduled_ms=run.scheduled_ms,
@@ -219,11 +225,20 @@ class Kernel:
         run_id: str,
         request_id: str = "",
         period_start: int | None = None,
+        given: ParamValues = (),
     ) -> None:
-        """A new run: `due` at once, or `waiting` on upstreams for (period_start, scheduled]."""
+        """A new run: `due` at once, or `waiting` on upstreams for (period_start, scheduled].
+        Its parameter values are the `given` ones over the job's defaults; a parameter
+        without a default that none gave skips it, naming the parameter."""
         spec = self.job.spec
         run = self._fresh_run(run_id, scheduled, trigger, request_id, period_start)
         self.set_job(live_runs=(*self.job.live_runs, run_id))
+        if spec.params or given:
+            try:
+                run = replace(run, params=resolve(spec.params, given))
+            except ParamError as exc:
+                self._move(run, "skipped", f"{exc}: give it to run-now")
+                return
         if spec.depends_on and period_start is not None:
             wait = scheduled + self.config.dependency_wait_ms
             self._evaluate(self._move(run, "waiting", deadline=(wait, "dependency")))
@@ -290,14 +305,19 @@ class Kernel:
 
     def _dispatch(self, run: RunState, not_before: int) -> None:
         spec = self.job.spec
+        command, env = spec.command, spec.env
+        if run.params:  # the values reach the process in its environment, and its argv
+            env = tuple(sorted((*env, (PARAMS_ENV, as_env(run.params)))))
+            if spec.params_in_command:
+                command = substitute(command, run.params)
         self.dispatch.append(
             DispatchRequest(
                 run_id=run.run_id,
                 job_id=run.job_id,
                 attempt=run.attempt,
                 owner=spec.owner,
-                command=spec.command,
-                env=spec.env,
+                command=command,
+                env=env,
                 secret_env=spec.secret_env,
                 resources=spec.resources,
                 timeout_s=spec.timeout_s,

@@ -284,8 +284,11 @@ class Client:
     def pause(self, job_id: str) -> Accepted:
         return self._accepted(self.request("POST", f"/jobs/{segment(job_id)}/pause"))
 
-    def resume(self, job_id: str) -> Accepted:
-        return self._accepted(self.request("POST", f"/jobs/{segment(job_id)}/resume"))
+    def resume(self, job_id: str, *, missed: str = "skip") -> Accepted:
+        """Resume; `missed` says what becomes of the firings the pause covered: "skip"
+        them, run the "last", or run "all" (within the catch-up window)."""
+        body = {"missed": missed} if missed != "skip" else None
+        return self._accepted(self.request("POST", f"/jobs/{segment(job_id)}/resume", json=body))
 
     def delete(self, job_id: str) -> Accepted:
         return self._accepted(self.request("DELETE", f"/jobs/{segment(job_id)}"))

@@ -253,6 +253,11 @@ def jobs_show(job_id: str, as_json: JsonOpt = False) -> None:
         cycle = " -> ".join(job["cycle"])
         console.print(f"[red]refused: depends_on closes the dependency cycle {cycle}[/red]")
     console.print("command: " + " ".join(job["spec"]["command"]))
+    for e in job["spec"].get("exclude") or []:
+        days = e["first"] if e["first"] == e["last"] else f"{e['first']}..{e['last']}"
+        console.print(f"not on {days} (calendar {e['name']})")
+    if job["spec"].get("max_runs"):
+        console.print(f"at most {job['spec']['max_runs']} runs")
     for p in job["spec"].get("params") or []:
         default = "required" if p["default"] is None else f"default {p['default']}"
         console.print(f"param {p['name']}: {p['type']}, {default}")
@@ -269,7 +274,24 @@ def _job_action(kind: str, done: str) -> Any:
 
 
 jobs_app.command("pause")(_job_action("pause", "paused"))
-jobs_app.command("resume")(_job_action("resume", "resumed"))
+
+
+@jobs_app.command("resume")
+def jobs_resume(
+    job_id: str,
+    missed: Annotated[
+        str,
+        typer.Option(help="The firings the pause covered: skip, last (run it) or all."),
+    ] = "skip",
+    as_json: JsonOpt = False,
+) -> None:
+    """Resume a job."""
+    fields = {"missed": missed} if missed != "skip" else {}
+    with _service() as service:
+        accepted = service.job_command(ADMIN, job_id, "resume", **fields)
+    _done(accepted, as_json, f"{job_id}: resumed")
+
+
 jobs_app.command("delete")(_job_action("delete", "deleted"))
 
 

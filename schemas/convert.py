@@ -51,6 +51,7 @@ from schemas.spec import (
     AtSchedule,
     CronSchedule,
     EverySchedule,
+    Exclusion,
     JobSpec,
     Notify,
     Param,
@@ -78,9 +79,11 @@ def schedule_to_avro(schedule: Schedule) -> Named | None:
     if schedule is None:
         return None
     if isinstance(schedule, CronSchedule):
-        return CRON, {"expr": schedule.expr, "timezone": schedule.timezone}
+        bounds = {"start_ms": schedule.start_ms, "end_ms": schedule.end_ms}
+        return CRON, {"expr": schedule.expr, "timezone": schedule.timezone, **bounds}
     if isinstance(schedule, EverySchedule):
-        return EVERY, {"every_ms": schedule.every_ms}
+        bounds = {"start_ms": schedule.start_ms, "end_ms": schedule.end_ms}
+        return EVERY, {"every_ms": schedule.every_ms, **bounds}
     return AT, {"at_ms": schedule.at_ms}
 
 
@@ -110,9 +113,10 @@ def schedule_from_avro(value: Named | None) -> Schedule:
         return None
     name, d = value
     if name == CRON:
-        return shared(CronSchedule(d["expr"], d["timezone"]))
+        bounds = d.get("start_ms"), d.get("end_ms")
+        return shared(CronSchedule(d["expr"], d["timezone"], *bounds))
     if name == EVERY:
-        return shared(EverySchedule(d["every_ms"]))
+        return shared(EverySchedule(d["every_ms"], d.get("start_ms"), d.get("end_ms")))
     if name == AT:
         return AtSchedule(d["at_ms"])
     raise ValueError(f"unknown schedule type {name!r}")
@@ -155,6 +159,8 @@ def spec_to_avro(s: JobSpec) -> AvroDict:
         "managed_by": s.managed_by,
         "params": [{"name": p.name, "type": p.type, "default": p.default} for p in s.params],
         "params_in_command": s.params_in_command,
+        "exclude": [{"name": e.name, "first": e.first, "last": e.last} for e in s.exclude],
+        "max_runs": s.max_runs,
     }
 
 
@@ -191,6 +197,10 @@ def spec_from_avro(d: AvroDict) -> JobSpec:
             tuple(Param(p["name"], p["type"], p.get("default")) for p in d.get("params") or ())
         ),
         params_in_command=bool(d.get("params_in_command", False)),
+        exclude=shared(
+            tuple(Exclusion(e["name"], e["first"], e["last"]) for e in d.get("exclude") or ())
+        ),
+        max_runs=d.get("max_runs"),
     )
 
 
@@ -256,6 +266,7 @@ def job_state_rest_to_avro(s: JobState) -> AvroDict:
         "dependents": s.dependents,
         "cycle": s.cycle,
         "probes": s.probes,
+        "schedule_runs": s.schedule_runs,
         "upstream_outcomes": [
             {
                 "upstream": o.upstream,
@@ -290,6 +301,7 @@ def job_state_from_avro(d: AvroDict) -> JobState:
         backfilled=tuple(Span(b["after_ms"], b["until_ms"]) for b in d["backfilled"]),
         cycle=tuple(d["cycle"]),
         probes=tuple(d["probes"]),
+        schedule_runs=d["schedule_runs"],
     )
 
 

@@ -23,9 +23,12 @@ def _schedule_to_json(value: Named | None) -> AvroDict | None:
     if value is None:
         return None
     name, d = value
+    bounds = {k: d[k] for k in ("start_ms", "end_ms") if d.get(k) is not None}
     if name == CRON:
-        return {"cron": d["expr"], "timezone": d["timezone"]}
-    return dict(d)  # {"every_ms": n} or {"at_ms": n}
+        return {"cron": d["expr"], "timezone": d["timezone"], **bounds}
+    if name == EVERY:
+        return {"every_ms": d["every_ms"], **bounds}
+    return dict(d)  # {"at_ms": n}
 
 
 def _schedule_from_json(value: Any) -> Named | None:
@@ -33,10 +36,11 @@ def _schedule_from_json(value: Any) -> Named | None:
         return None
     if not isinstance(value, dict):
         raise ValueError(f"schedule must be an object or null, not {value!r}")
+    bounds = {"start_ms": value.get("start_ms"), "end_ms": value.get("end_ms")}
     if "cron" in value:
-        return CRON, {"expr": value["cron"], "timezone": value.get("timezone", "UTC")}
+        return CRON, {"expr": value["cron"], "timezone": value.get("timezone", "UTC"), **bounds}
     if "every_ms" in value:
-        return EVERY, {"every_ms": value["every_ms"]}
+        return EVERY, {"every_ms": value["every_ms"], **bounds}
     if "at_ms" in value:
         return AT, {"at_ms": value["at_ms"]}
     raise ValueError(f"unknown schedule {value!r}")

@@ -65,6 +65,9 @@ class JobPaused:
 class JobResumed:
     job_id: str
     at_ms: int
+    # What becomes of the firings the pause covered: "skip" them, run the "last", or run
+    # "all" (within the catch-up window).
+    missed: str = "skip"
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +328,8 @@ class JobState:
     cycle: tuple[str, ...] = ()
     # The cycle probes this job passed on lately ("origin@at_ms"): each passes a job once.
     probes: tuple[str, ...] = ()
+    # Runs its schedule made (the spec's max_runs counts them).
+    schedule_runs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

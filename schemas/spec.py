@@ -31,6 +31,9 @@ class CronSchedule:
 
     expr: str
     timezone: str = "UTC"
+    # Bounds (epoch ms, inclusive): no fire time before start_ms or after end_ms.
+    start_ms: int | None = None
+    end_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,8 @@ class EverySchedule:
     drifts, and every node computes the same instants."""
 
     every_ms: int
+    start_ms: int | None = None  # bounds, as for CronSchedule
+    end_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,17 @@ class Notify:
     on: tuple[NotifyOn, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """Days a job's schedule does not run: `first` to `last` (YYYY-MM-DD, inclusive) in
+    the schedule's time zone; `name` (a calendar's, "exclude" if none) is the reason its
+    skipped firings give."""
+
+    name: str
+    first: str
+    last: str
+
+
 ParamType: TypeAlias = Literal["string", "integer", "number", "boolean"]
 
 
@@ -125,3 +141,7 @@ class JobSpec:
     # `{name}` in the command's arguments is replaced by the run's value.
     params: tuple[Param, ...] = ()
     params_in_command: bool = False
+    # Calendar rules of the schedule: days it does not run (recorded as skipped, naming
+    # the calendar), and how many runs it makes at most (None: no limit).
+    exclude: tuple[Exclusion, ...] = ()
+    max_runs: int | None = None

@@ -68,8 +68,8 @@ def to_ledger_input(command: Command, at_ms: int) -> LedgerInput:
             return JobUpserted(spec, at_ms)
         case PauseJob(job_id=job_id):
             return JobPaused(job_id, at_ms)
-        case ResumeJob(job_id=job_id):
-            return JobResumed(job_id, at_ms)
+        case ResumeJob(job_id=job_id, missed=missed):
+            return JobResumed(job_id, at_ms, missed)
         case DeleteJob(job_id=job_id):
             return JobDeleted(job_id, at_ms)
         case RunNow(job_id=job_id, request_id=request_id, params=params):

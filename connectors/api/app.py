@@ -260,9 +260,13 @@ def create_app(
     def pause_job(job_id: str, who: User) -> JSONResponse:
         return _answer(service.job_command(who, job_id, "pause"), f"/jobs/{job_id}")
 
-    @app.post("/jobs/{job_id}/resume", tags=["jobs"])
-    def resume_job(job_id: str, who: User) -> JSONResponse:
-        return _answer(service.job_command(who, job_id, "resume"), f"/jobs/{job_id}")
+    @app.post("/jobs/{job_id}/resume", tags=["jobs"], openapi_extra=OBJECT_BODY)
+    async def resume_job(job_id: str, request: Request, who: User) -> JSONResponse:
+        """Resume; `{"missed": "last"}` (or "all") runs the firings the pause covered."""
+        body = await _body(request)
+        fields = {"missed": body["missed"]} if body.get("missed") is not None else {}
+        accepted = await run_in_threadpool(service.job_command, who, job_id, "resume", **fields)
+        return _answer(accepted, f"/jobs/{job_id}")
 
     @app.post("/jobs/{job_id}/run-now", tags=["jobs"], openapi_extra=OBJECT_BODY)
     async def run_now(job_id: str, request: Request, who: User) -> JSONResponse:

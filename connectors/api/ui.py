@@ -27,12 +27,14 @@ from connectors.api import views
 from connectors.api.auth import Tokens
 from connectors.api.limits import read_body
 from connectors.api.service import Principal, Service, ServiceError
+from streams.core.ids import iso_utc
 
 COOKIE = "cronlog_token"
 # The sign-in form's own token (double submit): set with the form, SameSite=strict, and
 # required back with it, so another site cannot sign a browser in under its own token.
 LOGIN_COOKIE = "cronlog_login"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
+TEMPLATES.env.filters["isotime"] = iso_utc  # epoch ms as ISO-8601 UTC
 STATIC_DIR = Path(__file__).with_name("static")
 # What a sign-in form may carry: a token is short; anything longer is not one.
 MAX_FORM_BYTES = 4096

@@ -37,6 +37,7 @@ from schemas.spec import (
     AtSchedule,
     CronSchedule,
     EverySchedule,
+    Exclusion,
     JobSpec,
     Notify,
     NotifyOn,
@@ -119,8 +120,12 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UPSERT_FIELDS = (
     "type", "job_id", "owner", "schedule", "command", "env", "resources", "timeout_s",
     "retry", "idempotent", "depends_on", "misfire", "concurrency", "dst", "jitter_s",
-    "priority", "notify", "sla_s", "managed_by", "params", "params_in_command",
+    "priority", "notify", "sla_s", "managed_by", "params", "params_in_command", "exclude",
+    "max_runs",
 )  # fmt: skip
+RESUME_MISSED: Final = ("skip", "last", "all")
+MAX_EXCLUDED: Final = 400  # day ranges a job's calendars may hold
+MAX_RUNS_LIMIT: Final = 1_000_000_000
 _NOTIFY_FIELDS = ("url", "on")
 _RESOURCE_FIELDS = ("cpu", "memory_mb", "gpu", "labels")
 _RETRY_FIELDS = ("max_attempts", "backoff_s", "backoff_multiplier", "max_backoff_s")
@@ -139,6 +144,7 @@ class PauseJob:
 @dataclass(frozen=True, slots=True)
 class ResumeJob:
     job_id: str
+    missed: str = "skip"  # the firings the pause covered: skip, run the last, or all
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +275,34 @@ def upsert_document(spec: JobSpec) -> dict[str, Any]:
         doc["params"] = declarations_document(spec.params)
     if spec.params_in_command:
         doc["params_in_command"] = True
+    if spec.exclude:
+        by_name: dict[str, list[str]] = {}
+        for e in spec.exclude:
+            by_name.setdefault(e.name, []).append(
+                e.first if e.first == e.last else f"{e.first}..{e.last}"
+            )
+        doc["exclude"] = [{"name": n, "dates": d} for n, d in by_name.items()]
+    if spec.max_runs is not None:
+        doc["max_runs"] = spec.max_runs
     return doc
+
+
+def _iso(ms: int) -> str:
+    try:
+        moment = _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        raise ValueError(f"{ms} ms is outside the years 1 to 9999") from None
+    spec = "milliseconds" if ms % 1000 else "seconds"
+    return moment.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+
+
+def _window(schedule: CronSchedule | EverySchedule) -> dict[str, str]:
+    bounds = {}
+    if schedule.start_ms is not None:
+        bounds["start"] = _iso(schedule.start_ms)
+    if schedule.end_ms is not None:
+        bounds["end"] = _iso(schedule.end_ms)
+    return bounds
 
 
 def schedule_document(schedule: Schedule) -> dict[str, str] | None:
@@ -281,12 +314,12 @@ def schedule_document(schedule: Schedule) -> dict[str, str] | None:
     if schedule is None:
         return None
     if isinstance(schedule, CronSchedule):
-        return {"cron": schedule.expr, "timezone": schedule.timezone}
+        return {"cron": schedule.expr, "timezone": schedule.timezone, **_window(schedule)}
     if isinstance(schedule, EverySchedule):
         every_ms = schedule.every_ms
         for unit, unit_ms in _EVERY_UNITS:
             if every_ms > 0 and every_ms % unit_ms == 0:
-                return {"every": f"{every_ms // unit_ms}{unit}"}
+                return {"every": f"{every_ms // unit_ms}{unit}", **_window(schedule)}
         raise ValueError(f"every_ms {every_ms} is not a positive whole number of seconds")
     if isinstance(schedule, AtSchedule):
         try:
@@ -345,12 +378,14 @@ def _job_command(doc: _Doc, kind: str) -> Command:
             raise _Invalid(f"backfill span from 'from' to 'to' must be at most {days} days", "to")
         request_id = _request_id(doc) if "request_id" in doc else ""
         return Backfill(job_id, from_ms, to_ms, request_id, _param_values(doc))
+    if kind == "job.resume":
+        _only(doc, ("type", "job_id", "missed"), "")
+        job_id = _job_id(_required(doc, "job_id"), "job_id")
+        return ResumeJob(job_id, _choice(doc, "missed", RESUME_MISSED, "skip"))
     _only(doc, ("type", "job_id"), "")
     job_id = _job_id(_required(doc, "job_id"), "job_id")
     if kind == "job.pause":
         return PauseJob(job_id)
-    if kind == "job.resume":
-        return ResumeJob(job_id)
     return DeleteJob(job_id)
 
 
@@ -435,7 +470,56 @@ def _job_spec(doc: _Doc) -> JobSpec:
         managed_by=_managed_by(doc.get("managed_by")),
         params=_params(doc.get("params")),
         params_in_command=_bool(doc, "params_in_command", False),
+        exclude=_exclude(doc.get("exclude")),
+        max_runs=None
+        if doc.get("max_runs") is None
+        else _int(doc, "max_runs", 1, 1, MAX_RUNS_LIMIT),
     )
+
+
+def _exclude(value: object) -> tuple[Exclusion, ...]:
+    """`exclude`: [{"name": calendar, "dates": ["2026-12-25", "2026-12-24..2026-12-26"]}]:
+    days (in the schedule's zone) it does not run."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _Invalid("exclude must be a list of {name, dates}", "exclude")
+    found: list[Exclusion] = []
+    for index, group in enumerate(value):
+        path = f"exclude[{index}]"
+        if not isinstance(group, dict) or not set(group) <= {"name", "dates"}:
+            raise _Invalid(f"{path} must be an object with dates and, optionally, name", path)
+        name = group.get("name", "exclude")
+        name = _identifier(name, f"{path}.name", MAX_OWNER_CHARS, f"{path}.name")
+        dates = group.get("dates")
+        if not isinstance(dates, list) or not dates:
+            raise _Invalid(f"{path}.dates must be a non-empty list of days or day ranges", path)
+        for day in dates:
+            first, last = _day_range(day, f"{path}.dates")
+            found.append(Exclusion(name, first, last))
+    if len(found) > MAX_EXCLUDED:
+        raise _Invalid(f"exclude holds {len(found)} day ranges; at most {MAX_EXCLUDED}", "exclude")
+    return tuple(found)
+
+
+def _day_range(value: object, path: str) -> tuple[str, str]:
+    """'YYYY-MM-DD' or 'YYYY-MM-DD..YYYY-MM-DD' (inclusive, first <= last)."""
+    if not isinstance(value, str):
+        raise _Invalid(f"{path}: a day is 'YYYY-MM-DD' or 'YYYY-MM-DD..YYYY-MM-DD'", path)
+    first, _, last = value.partition("..")
+    last = last or first
+    for day in (first, last):
+        try:
+            parsed = datetime.strptime(day, "%Y-%m-%d")
+        except ValueError:
+            raise _Invalid(
+                f"{path}: {_show(value)} is not a day such as 2026-12-25", path
+            ) from None
+        if parsed.strftime("%Y-%m-%d") != day:
+            raise _Invalid(f"{path}: {_show(value)} is not a day such as 2026-12-25", path)
+    if first > last:
+        raise _Invalid(f"{path}: {_show(value)} ends before it starts", path)
+    return first, last
 
 
 def _params(value: object) -> tuple[Param, ...]:

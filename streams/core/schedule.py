@@ -58,6 +58,7 @@ import math
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Final, NamedTuple, TypeAlias
@@ -93,7 +94,7 @@ class ScheduleError(ValueError):
 # --- parsing ------------------------------------------------------------------------------
 
 _SCHEDULE_KINDS: Final = ("cron", "every", "at")
-_SCHEDULE_KEYS: Final = frozenset({"cron", "timezone", "every", "at"})
+_SCHEDULE_KEYS: Final = frozenset({"cron", "timezone", "every", "at", "start", "end"})
 
 _EVERY_RE: Final = re.compile(r"([0-9]+)([smhd])")
 _UNIT_MS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -120,7 +121,9 @@ def parse_schedule(raw: object) -> Schedule:
     - ``{"every": "30s"}``: a positive integer and a unit s, m, h or d; 1s to 366d;
     - ``{"at": "2026-12-01T10:00:00Z"}``: ISO-8601 with an explicit offset or Z.
 
-    Exactly one of cron/every/at; other keys are an error. Raises ScheduleError.
+    Exactly one of cron/every/at; a cron or every schedule may be bounded by ``"start"``
+    and ``"end"`` (ISO-8601 instants, inclusive): no fire time before or after them.
+    Other keys are an error. Raises ScheduleError.
     """
     if raw is None:
         return None
@@ -143,16 +146,48 @@ def parse_schedule(raw: object) -> Schedule:
     if kind != "cron" and "timezone" in raw:
         raise ScheduleError(f"'timezone' only applies to 'cron' schedules, not to {kind!r}")
     value = raw[kind]
+    if kind == "at":
+        if "start" in raw or "end" in raw:
+            raise ScheduleError("'start' and 'end' bound cron and every schedules, not 'at'")
+        return _parse_at(value)
+    bounded: CronSchedule | EverySchedule
     if kind == "cron":
         timezone = raw.get("timezone", "UTC")
         if not isinstance(timezone, str):
             raise ScheduleError(
                 f"timezone must be a string such as 'Europe/Berlin', got {type(timezone).__name__}"
             )
-        return _parse_cron(value, timezone)
-    if kind == "every":
-        return _parse_every(value)
-    return _parse_at(value)
+        bounded = _parse_cron(value, timezone)
+    else:
+        bounded = _parse_every(value)
+    return _with_bounds(bounded, raw.get("start"), raw.get("end"))
+
+
+def _with_bounds(
+    schedule: CronSchedule | EverySchedule, start: object, end: object
+) -> CronSchedule | EverySchedule:
+    if start is None and end is None:
+        return schedule
+    start_ms = None if start is None else _instant_ms(start, "start")
+    end_ms = None if end is None else _instant_ms(end, "end")
+    if start_ms is not None and end_ms is not None and start_ms > end_ms:
+        raise ScheduleError(f"start {start!r} is after end {end!r}")
+    bounded = replace(schedule, start_ms=start_ms, end_ms=end_ms)
+    if next_fire(bounded, (start_ms or 0) - 1) is None and end_ms is not None:
+        raise ScheduleError(f"the schedule never fires between start {start!r} and end {end!r}")
+    return bounded
+
+
+def _instant_ms(value: object, key: str) -> int:
+    if not isinstance(value, str):
+        raise ScheduleError(f"{key} must be an ISO-8601 string, got {type(value).__name__}")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ScheduleError(f"invalid {key} {value!r}: not an ISO-8601 date-time") from None
+    if moment.utcoffset() is None:
+        raise ScheduleError(f"invalid {key} {value!r}: no UTC offset; add 'Z' or an offset")
+    return (moment - _EPOCH) // _ONE_MS
 
 
 def _parse_cron(value: object, timezone: str) -> CronSchedule:
@@ -502,13 +537,29 @@ def next_fire(schedule: Schedule, after_ms: int, dst: DstPolicy = "auto") -> int
     _check_policy(dst)
     if schedule is None:
         return None
-    if isinstance(schedule, EverySchedule):
-        every = _every_ms(schedule)
-        return (after_ms // every + 1) * every
     if isinstance(schedule, AtSchedule):
         return schedule.at_ms if schedule.at_ms > after_ms else None
-    fire_s = _cron_next_s(schedule, after_ms // 1000, dst)
-    return None if fire_s is None else fire_s * 1000
+    if schedule.start_ms is not None:
+        after_ms = max(after_ms, schedule.start_ms - 1)
+    if isinstance(schedule, EverySchedule):
+        every = _every_ms(schedule)
+        fire: int | None = (after_ms // every + 1) * every
+    else:
+        fire_s = _cron_next_s(schedule, after_ms // 1000, dst)
+        fire = None if fire_s is None else fire_s * 1000
+    if fire is not None and schedule.end_ms is not None and fire > schedule.end_ms:
+        return None
+    return fire
+
+
+def _clamp(schedule: Schedule, after_ms: int, until_ms: int) -> tuple[int, int]:
+    """A window (after, until] cut to the schedule's bounds."""
+    if isinstance(schedule, CronSchedule | EverySchedule):
+        if schedule.start_ms is not None:
+            after_ms = max(after_ms, schedule.start_ms - 1)
+        if schedule.end_ms is not None:
+            until_ms = min(until_ms, schedule.end_ms)
+    return after_ms, until_ms
 
 
 def fires_between(
@@ -521,6 +572,7 @@ def fires_between(
     """All fire times t with after_ms < t <= until_ms, ascending, at most `limit`: the
     list stops at the limit without saying so (`fire_window` says whether it did)."""
     _check_policy(dst)
+    after_ms, until_ms = _clamp(schedule, after_ms, until_ms)
     if schedule is None or limit <= 0 or until_ms <= after_ms:
         return []
     if isinstance(schedule, EverySchedule):
@@ -576,6 +628,7 @@ def newest_fires(
     wants its newest 1,000 times, not the 86,400 before them. Cron times are read back
     in spans that double from a minute, each enumerated forward once."""
     _check_policy(dst)
+    after_ms, until_ms = _clamp(schedule, after_ms, until_ms)
     if schedule is None or count <= 0 or until_ms <= after_ms:
         return []
     if isinstance(schedule, EverySchedule):

@@ -65,6 +65,7 @@ from schemas.spec import (
     AtSchedule,
     CronSchedule,
     EverySchedule,
+    Exclusion,
     JobSpec,
     Notify,
     Param,
@@ -97,8 +98,8 @@ id_tuples = st.lists(ids, max_size=4).map(tuple)
 
 schedules = st.one_of(
     st.none(),
-    st.builds(CronSchedule, text, ids),
-    st.builds(EverySchedule, st.integers(1, 10**12)),
+    st.builds(CronSchedule, text, ids, st.none() | ms, st.none() | ms),
+    st.builds(EverySchedule, st.integers(1, 10**12), st.none() | ms, st.none() | ms),
     st.builds(AtSchedule, ms),
 )
 resources = st.builds(Resources, reals, st.integers(0, 2**40), st.integers(0, 16), pairs)
@@ -133,6 +134,8 @@ specs = st.builds(
         max_size=3,
     ).map(tuple),
     params_in_command=st.booleans(),
+    exclude=st.lists(st.builds(Exclusion, ids, text, text), max_size=2).map(tuple),
+    max_runs=st.none() | st.integers(1, 10**6),
 )
 
 # Strategy per field name, shared by every record class (overridden where it differs).
@@ -160,6 +163,8 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     "final_runs": id_tuples,
     "trail": id_tuples,
     "cycle": id_tuples,
+    "missed": st.sampled_from(("skip", "last", "all")),
+    "schedule_runs": st.integers(0, 10**6),
     "probes": id_tuples,
     "recent_requests": st.lists(
         st.builds(RecentRequest, ids, st.integers(0, 2**45)), max_size=3

@@ -21,6 +21,7 @@ from schemas.records import (
     Span,
 )
 from schemas.spec import AtSchedule
+from streams.core.calendar import excluded_by, skip_reason
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger.decision import (
     WITHDRAWN,
@@ -146,9 +147,13 @@ class Firing(Kernel):
         elif isinstance(inp, JobResumed):
             if not job.paused:
                 return self.reject("not paused")
-            # Firings during the pause are not due: the watermark moves to the resume.
-            fired = max(job.fired_ms, at)
-            self.set_job(paused=False, fired_ms=fired, next_due_ms=due_after(job.spec, fired))
+            self.set_job(paused=False)
+            if inp.missed != "skip":
+                self._run_missed(at, inp.missed == "last")
+            # The other firings during the pause are not due: the watermark moves to the
+            # resume.
+            fired = max(self.job.fired_ms, at)
+            self.set_job(fired_ms=fired, next_due_ms=due_after(job.spec, fired))
             kind = "resumed"
         else:
             self._decide_until(at)
@@ -166,6 +171,20 @@ class Firing(Kernel):
         self.set_job(version=self.job.version + 1)
         self._job_event(kind, at)
         return None
+
+    def _run_missed(self, at: int, last_only: bool) -> None:
+        """On a resume that asks for them: the firings the pause covered, the newest
+        only or every one within the catch-up window, decided now (late, whatever the
+        misfire policy: the operator asked for them)."""
+        spec, cfg = self.job.spec, self.config
+        floor = max(self.job.fired_ms, at - cfg.catchup_window_ms)
+        count = 1 if last_only else cfg.max_catchup_runs
+        previous = self.job.fired_ms
+        for t in newest_fires(spec.schedule, floor, at, spec.dst, count):
+            if spec.max_runs is not None and self.job.schedule_runs >= spec.max_runs:
+                break
+            self._fire_one(t, previous)
+            previous = t
 
     def _fired_back_to(self, at: int) -> int:
         """The watermark after a pause or delete at `at`: back to `at`, so withdrawn
@@ -213,6 +232,10 @@ class Firing(Kernel):
             return self.reject("job is paused or deleted")
         if inp.scheduled_ms <= job.fired_ms:
             return self.reject("already decided")  # the common duplicate: no change
+        if spec.max_runs is not None and job.schedule_runs >= spec.max_runs:
+            if job.next_due_ms is not None:
+                self.set_job(next_due_ms=None)  # the schedule is done: nothing to propose
+            return self.reject(f"the schedule made its {spec.max_runs} runs (max_runs)")
         if inp.scheduled_ms - self.at > cfg.max_lead_ms:
             return self.reject("proposed too early")
         if spec.schedule is None:
@@ -272,6 +295,9 @@ class Firing(Kernel):
             run_late = {late[-1]}
         previous = job.fired_ms
         for t in times:
+            if spec.max_runs is not None and self.job.schedule_runs >= spec.max_runs:
+                next_due = None  # the schedule is done: later times are not due
+                break
             if t in run_late or t in timely:
                 self._fire_one(t, previous)
             elif self.run(scheduled_run_id(spec.job_id, t)) is None:
@@ -300,6 +326,11 @@ class Firing(Kernel):
             return None
         if existing is not None and not withdrawn(existing):
             return None  # decided once already: one run per (job, scheduled time)
+        calendar = excluded_by(spec, scheduled)
+        if calendar is not None:
+            if existing is not None:
+                return None  # stays withdrawn: its record says it did not run
+            return self._skip(scheduled, "schedule", skip_reason(calendar))
         live = [r for r in (self.run(x) for x in self.job.live_runs) if r and not r.final]
         if live and spec.concurrency == "forbid":
             if existing is not None:
@@ -308,6 +339,7 @@ class Firing(Kernel):
         if live and spec.concurrency == "replace":
             for old in live:
                 self._cancel_run(old, f"replaced by {run_id}")
+        self.set_job(schedule_runs=self.job.schedule_runs + 1)
         if existing is not None:
             return self._revive(existing, period_start)
         self._create(scheduled, "schedule", run_id, period_start=period_start)

@@ -70,16 +70,14 @@ def job_files(paths: Iterable[Path]) -> list[Path]:
     return found
 
 
-def _nodes(path: Path) -> list[tuple[Any, int]]:
-    """Each job of a file with its 1-based line: a file holds one job, a list of jobs,
-    `{jobs: [...]}` (with `owner:` beside it: the owner of its jobs that name none), or
-    several YAML documents of these."""
-    return read_jobs(path.read_text(), str(path))
-
-
-def read_jobs(text: str, name: str) -> list[tuple[Any, int]]:
-    """The jobs of one file's text (see `_nodes`), each with its line; JobFileError
-    names the file and line of YAML that cannot be read."""
+def read_jobs(
+    text: str, name: str, calendars: dict[str, Any] | None = None
+) -> list[tuple[Any, int]]:
+    """The jobs of one file's text, each with its 1-based line: a file holds one job, a
+    list of jobs, `{jobs: [...]}` (with `owner:` beside it: the owner of its jobs that
+    name none; with `calendars:`, named lists of days its and other files' jobs name),
+    or several YAML documents of these. Calendars found are added to `calendars`.
+    JobFileError names the file and line of YAML that cannot be read."""
     loader = yaml.SafeLoader(text)
     out: list[tuple[Any, int]] = []
     try:
@@ -90,8 +88,14 @@ def read_jobs(text: str, name: str) -> list[tuple[Any, int]]:
             owner = None
             if isinstance(node, yaml.MappingNode):
                 keys = {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
-                if "jobs" in keys and "job_id" not in keys:
+                if "job_id" not in keys and ("jobs" in keys or "calendars" in keys):
+                    if "calendars" in keys and calendars is not None:
+                        _add_calendars(
+                            calendars, loader.construct_document(keys["calendars"]), name
+                        )
                     owner = loader.construct_document(keys["owner"]) if "owner" in keys else None
+                    if "jobs" not in keys:
+                        continue
                     node = keys["jobs"]
             items = node.value if isinstance(node, yaml.SequenceNode) else [node]
             for item in items:
@@ -108,19 +112,47 @@ def read_jobs(text: str, name: str) -> list[tuple[Any, int]]:
     return out
 
 
+def _add_calendars(calendars: dict[str, Any], found: object, name: str) -> None:
+    if not isinstance(found, dict):
+        raise JobFileError(f"{name}: calendars must map a name to a list of days")
+    for calendar, days in found.items():
+        if calendar in calendars:
+            raise JobFileError(f"{name}: calendar {calendar} is defined twice")
+        calendars[calendar] = days
+
+
+def _with_calendars(doc: dict[str, Any], calendars: dict[str, Any], where: str) -> None:
+    """A job's `calendars: [name, ...]` becomes exclusions named after each calendar."""
+    named = doc.pop("calendars", None)
+    if named is None:
+        return
+    if not isinstance(named, list):
+        raise JobFileError(f"{where}: calendars must be a list of calendar names")
+    for calendar in named:
+        if calendar not in calendars:
+            known = ", ".join(sorted(calendars)) or "none"
+            raise JobFileError(f"{where}: no calendar {calendar!r} in the files (known: {known})")
+        days = calendars[calendar]
+        doc["exclude"] = [*(doc.get("exclude") or []), {"name": calendar, "dates": days}]
+
+
 def load(
     paths: Iterable[Path], managed_by: str = MANAGED_BY, owner: str | None = None
 ) -> list[Desired]:
     """Every job of the files, validated; JobFileError on the first that is not valid
-    (its file and line, and the parser's reason) or on a job id given twice."""
+    (its file and line, and the parser's reason) or on a job id given twice. A job's
+    `calendars` names calendars any of the files defines (`calendars:` at a file's top)."""
     desired: list[Desired] = []
     seen: dict[str, str] = {}
-    for path in job_files(paths):
-        for value, line in _nodes(path):
+    calendars: dict[str, Any] = {}
+    files = [(path, read_jobs(path.read_text(), str(path), calendars)) for path in job_files(paths)]
+    for path, jobs in files:
+        for value, line in jobs:
             where = f"{path}:{line}"
             if not isinstance(value, dict):
                 raise JobFileError(f"{where}: a job must be a mapping of job.upsert fields")
             doc = {k: v for k, v in value.items() if k != "type"}
+            _with_calendars(doc, calendars, where)
             if owner and "owner" not in doc:
                 doc["owner"] = owner
             doc["managed_by"] = managed_by

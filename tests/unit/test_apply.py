@@ -142,3 +142,26 @@ def test_the_demo_file_form_gives_its_owner_to_its_jobs(tmp_path: Path) -> None:
     assert desired.where == f"{tmp_path}/demo.yaml:3"
     shipped = load([Path(__file__).parents[2] / "examples" / "demo.yaml"])
     assert {d.spec.owner for d in shipped} == {"demo"}
+
+
+def test_named_calendars_shared_by_jobs_of_several_files(tmp_path: Path) -> None:
+    """A calendar defined once (holidays) and named by jobs in other files: each job
+    excludes its days, named after the calendar; a name no file defines is refused."""
+    write(tmp_path, "jobs/calendars.yaml", "calendars:\n  holidays: ['2027-12-24..2027-12-26']\n")
+    write(
+        tmp_path,
+        "jobs/etl.yaml",
+        "- job_id: a\n  owner: t\n  schedule: {every: 1h}\n  command: [x]\n"
+        "  calendars: [holidays]\n"
+        "- job_id: b\n  owner: t\n  schedule: {every: 1h}\n  command: [x]\n"
+        "  calendars: [holidays]\n  exclude: [{name: own, dates: ['2027-01-01']}]\n",
+    )
+    desired = {d.spec.job_id: d.spec for d in load([tmp_path / "jobs"])}
+    assert [(e.name, e.first, e.last) for e in desired["a"].exclude] == [
+        ("holidays", "2027-12-24", "2027-12-26")
+    ]
+    assert {e.name for e in desired["b"].exclude} == {"own", "holidays"}
+    write(tmp_path, "other/x.yaml", "job_id: c\nowner: t\nschedule: {every: 1h}\ncommand: [x]\n"
+          "calendars: [holidays]\n")  # fmt: skip
+    with pytest.raises(JobFileError, match=r"x.yaml:1: no calendar 'holidays' in the files"):
+        load([tmp_path / "other"])

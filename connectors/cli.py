@@ -509,50 +509,26 @@ def submit(
 def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading.")] = False,
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    since: Annotated[
+        str | None, typer.Option("--from", help="From this time on (ISO-8601, with an offset).")
+    ] = None,
 ) -> None:
-    """Print run-events (job and run transitions) as JSON lines, oldest first."""
-    import uuid
-
-    from confluent_kafka import Consumer
-
-    from schemas.codec import RUN_EVENTS, CodecError
+    """Print run-events (job and run transitions) as JSON lines, oldest first per job
+    (connectors/events.py reads them as typed records for your own code)."""
+    from connectors.audit.replay import AuditError, parse_time
+    from connectors.events import read_events
     from schemas.json import to_json
-    from streams.kafka import connection_config
 
     settings = _settings()
-    consumer = Consumer(
-        {
-            **connection_config(settings),
-            "group.id": f"cronlog-cli-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.subscribe([settings.topic("run-events")])
-    at_end: set[int] = set()
     try:
-        while True:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                if not follow and at_end and len(at_end) >= settings.partitions:
-                    break
-                continue
-            if msg.error() is not None:
-                at_end.add(msg.partition() or 0)
-                continue
-            try:
-                event = RUN_EVENTS.decode(msg.value() or b"")
-            except CodecError as exc:
-                typer.secho(f"undecodable event at offset {msg.offset()}: {exc}", err=True)
-                continue
-            if job is None or event.job_id == job:
-                sys.stdout.write(to_json(event).decode() + "\n")
+        since_ms = None if since is None else parse_time(since)
+    except AuditError as exc:
+        raise _fail(f"--from: {exc}", 2) from exc
+    try:
+        for event in read_events(settings, since_ms=since_ms, job_id=job, follow=follow):
+            sys.stdout.write(to_json(event).decode() + "\n")
     except KeyboardInterrupt:
         pass
-    finally:
-        consumer.close()
 
 
 @app.command("worker")

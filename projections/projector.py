@@ -120,6 +120,8 @@ def _fold(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     for column in ("worker_id", "started_at", "exit_code", "params"):
         if merged[column] is None:
             merged[column] = old[column]
+    if old["first_started_at"] is not None:  # the first attempt's start stays
+        merged["first_started_at"] = old["first_started_at"]
     return merged
 
 
@@ -144,7 +146,7 @@ INSERT INTO run_transitions ({TRANSITION_COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING"""
 RUN_COLUMNS = (
     "run_id, job_id, scheduled_at, trigger, state, attempt, worker_id, created_at,"
-    " started_at, finished_at, exit_code, error, updated_at, seq, params"
+    " started_at, finished_at, exit_code, error, updated_at, seq, params, first_started_at"
 )
 RUN_MERGE = """
 ON CONFLICT (run_id) DO UPDATE SET
@@ -154,13 +156,14 @@ ON CONFLICT (run_id) DO UPDATE SET
     finished_at = excluded.finished_at,
     exit_code = COALESCE(excluded.exit_code, runs.exit_code),
     error = excluded.error, updated_at = excluded.updated_at, seq = excluded.seq,
-    params = COALESCE(excluded.params, runs.params)
+    params = COALESCE(excluded.params, runs.params),
+    first_started_at = COALESCE(runs.first_started_at, excluded.first_started_at)
 WHERE runs.seq < excluded.seq"""
 RUN = f"""
 INSERT INTO runs ({RUN_COLUMNS})
 VALUES (%(run_id)s, %(job_id)s, %(scheduled_at)s, %(trigger)s, %(state)s, %(attempt)s,
         %(worker_id)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(exit_code)s,
-        %(error)s, %(at)s, %(seq)s, %(params)s)
+        %(error)s, %(at)s, %(seq)s, %(params)s, %(first_started_at)s)
 {RUN_MERGE}"""
 # The dict keys of a run row, in RUN_COLUMNS order (updated_at is the event time).
 RUN_KEYS = [c.strip() for c in RUN_COLUMNS.replace("updated_at", "at").split(",")]
@@ -550,6 +553,10 @@ class Projector:
             "seq": seq,
             # The run's values ride on its first event only; later upserts keep them.
             "params": Jsonb(values_document(e.params)) if e.params else None,
+            # Start lateness is the first attempt's (a retry's start is not lateness).
+            "first_started_at": _ts(e.happened_ms)
+            if e.state == "running" and e.attempt == 1
+            else None,
         }
         rows.append((RUN, run))
 

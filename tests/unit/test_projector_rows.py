@@ -32,6 +32,7 @@ def row(seq: int, at: int, state: str, **columns: Any) -> dict[str, Any]:
         "exit_code": None,
         "created_at": at,
         "params": None,
+        "first_started_at": None,
     }
     return {**base, "seq": seq, "at": at, "state": state, **columns}
 

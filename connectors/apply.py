@@ -155,7 +155,7 @@ def load(
             _with_calendars(doc, calendars, where)
             if owner and "owner" not in doc:
                 doc["owner"] = owner
-            doc["managed_by"] = managed_by
+            doc.setdefault("managed_by", managed_by)  # an export's own marker stays
             spec = _parsed(doc, where)
             if spec.job_id in seen:
                 raise JobFileError(f"{where}: job {spec.job_id} is also at {seen[spec.job_id]}")
@@ -262,5 +262,7 @@ def export_documents(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         doc = upsert_document(from_plain(row["spec"], JobSpec))
         doc.pop("type", None)
+        # Said even when empty: applied back, a job made by hand stays one (never pruned).
+        doc.setdefault("managed_by", "")
         docs.append(doc)
     return docs

@@ -692,8 +692,8 @@ def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(
         lambda: api.get("/jobs/cy-extract", headers=A).json()["cycle"] == refused,
         "the ledger to refuse the cycle",
     )
-    signed_in = {"cronlog_token": A["Authorization"].removeprefix("Bearer ")}
-    page = api.get("/ui/jobs/cy-extract", cookies=signed_in)
+    signed_in = {"Cookie": "cronlog_token=" + A["Authorization"].removeprefix("Bearer ")}
+    page = api.get("/ui/jobs/cy-extract", headers=signed_in)
     assert page.status_code == 200, page.text
     assert "depends_on closes the dependency cycle cy-extract → cy-load" in page.text
     # Changed again without the cycle: accepted, the refusal gone.

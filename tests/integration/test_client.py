@@ -114,7 +114,7 @@ def test_waiting_gives_up_with_the_run_as_it_was_and_a_cancel_ends_it(url: str) 
         api.put_job({"job_id": "cl-slow", "schedule": LATER, "command": ["sleep", "60"]})
         eventually(lambda: _exists(api, "cl-slow"), "the job registered")
         run = api.run_now("cl-slow")
-        eventually(lambda: api.run(run.run_id).state == "running", "the run started", 60)
+        eventually(lambda: _state(api, run.run_id) == "running", "the run started", 60)
         with pytest.raises(WaitTimeout) as waited:
             api.wait(run.run_id, timeout_s=1, poll_s=0.2)
         assert waited.value.run.state == "running"
@@ -148,6 +148,13 @@ def test_every_refusal_is_a_typed_error_with_the_apis_words(url: str) -> None:
         stranger.job("cl-theirs")
 
 
+def _state(api: Client, run_id: str) -> str | None:
+    try:
+        return api.run(run_id).state
+    except NotFound:
+        return None  # not projected yet
+
+
 def _exists(api: Client, job_id: str) -> bool:
     try:
         api.job(job_id)
@@ -175,7 +182,7 @@ def test_the_cli_over_the_api_with_a_token_and_nothing_else(url: str, tmp_path: 
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(
         "- job_id: cl-cli\n  schedule: {every: 1h}\n  command: [echo, from-cli]\n"
-        "- job_id: cl-cli-bad\n  schedule: {cron: '0 0 31 2 *'}\n  command: [true]\n"
+        "- job_id: cl-cli-bad\n  schedule: {cron: '0 0 31 2 *'}\n  command: ['true']\n"
     )
     added = cli("jobs", "add", "-f", str(jobs), env=env)
     assert added.returncode == 1, added.stderr  # one of the two refused

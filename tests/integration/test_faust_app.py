@@ -34,7 +34,7 @@ def test_a_faust_agent_receives_cronlogs_events_typed(topics: Settings, tmp_path
     }
     log = (tmp_path / "faust.log").open("w")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "faust", "-A", "tests.support.faust_app", "worker", "-l", "warning"],
+        [sys.executable, "-m", "faust", "-A", "tests.support.faust_app", "worker", "-l", "warn"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -55,6 +55,7 @@ def test_a_faust_agent_receives_cronlogs_events_typed(topics: Settings, tmp_path
         ]
 
         def received() -> bool:
+            assert worker.poll() is None, (tmp_path / "faust.log").read_text()[-2000:]
             # Sent again until the app's group has its partitions (it reads from the end).
             for event in sent:
                 producer.produce(

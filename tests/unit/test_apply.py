@@ -165,3 +165,12 @@ def test_named_calendars_shared_by_jobs_of_several_files(tmp_path: Path) -> None
           "calendars: [holidays]\n")  # fmt: skip
     with pytest.raises(JobFileError, match=r"x.yaml:1: no calendar 'holidays' in the files"):
         load([tmp_path / "other"])
+
+
+def test_an_exported_hand_made_job_stays_hand_made_when_applied(tmp_path: Path) -> None:
+    rows = [registered({"job_id": "manual", "owner": "t", "schedule": {"every": "1h"},
+                        "command": ["x"]})]  # fmt: skip
+    exported = write(tmp_path, "export.yaml", yaml.safe_dump(export_documents(rows)))
+    (job,) = load([exported])
+    assert job.spec.managed_by == ""
+    assert [c.kind for c in plan([job], rows, prune=True)] == ["same"]

@@ -17,7 +17,6 @@ from typing import Annotated
 import orjson
 import psycopg
 import typer
-import yaml
 
 from connectors.humans import apply_files, diff_files, jobs_app, runs_app
 from connectors.stack import Stack, StackError, StackPaths, StackPorts
@@ -942,13 +941,14 @@ def run_all(
         if not no_demo and demo is not None and demo.exists():
             count = register_demo(settings, demo, _log)
             _log(f"registered {count} demo jobs from {demo}")
-        admin = (yaml.safe_load(tokens.read_text()).get("admin") or ["?"])[0]
         sql = "SELECT run_id, state, exit_code FROM runs ORDER BY scheduled_at DESC LIMIT 10"
+        # The tokens stay in their file (mode 600), never on a terminal or in its scrollback.
         lines = [
             "",
             "cronlog runs. Where to look:",
-            f"  API    http://127.0.0.1:{api_port}/docs  (tokens: {tokens})",
-            f"         export CRONLOG_TOKEN={admin}",
+            f"  API    http://127.0.0.1:{api_port}/docs  (tokens, admin and the demo owner's,"
+            f" in {tokens}, mode 600)",
+            f"         cronlog login --api http://127.0.0.1:{api_port}   (asks for a token)",
             '         curl -H "Authorization: Bearer $CRONLOG_TOKEN" '
             f"http://127.0.0.1:{api_port}/runs",
             "  CLI    cronlog runs list | cronlog jobs list | cronlog runs show RUN_ID",

@@ -18,7 +18,7 @@ import orjson
 import psycopg
 import typer
 
-from connectors.humans import apply_files, diff_files, jobs_app, runs_app
+from connectors.jobs_cli import apply_files, diff_files, jobs_app, runs_app
 from connectors.stack import Stack, StackError, StackPaths, StackPorts
 from connectors.stack.kafka import CONTROLLER_PORT
 from connectors.stack.kafka import PORT as KAFKA_PORT
@@ -791,7 +791,7 @@ def api(
     from connectors.api.auth import AuthConfigError, Tokens
     from connectors.api.limits import RateLimiter
     from connectors.api.service import Service
-    from connectors.api.workers import WorkerGateway
+    from connectors.api.worker_gateway import WorkerGateway
 
     settings = _settings()
     try:
@@ -878,7 +878,7 @@ def run_all(
     supervisor, and
     the demo jobs. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops it all; no
     component outlives it. One per state folder."""
-    from connectors.local import Supervisor, components, register_demo, token_file
+    from connectors.supervisor import Supervisor, components, register_demo, token_file
     from streams.lifecycle import InstanceRunning, hold_instance_lock, stop_timeout_s
 
     settings = _settings()

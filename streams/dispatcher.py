@@ -121,8 +121,8 @@ from streams.kafka import (
     producer_config,
     until_done,
 )
-from streams.keys import placement_key
 from streams.lifecycle import run_steps
+from streams.placement_key import placement_key
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.dispatcher")

@@ -140,8 +140,8 @@ from streams.kafka import (
     consumer_config,
     transactional_producer_config,
 )
-from streams.keys import placement_key
 from streams.lifecycle import run_steps, trim_malloc_once
+from streams.placement_key import placement_key
 from streams.settings import Settings
 from streams.state_store import DiskStore, MemoryStates, Topic
 from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
@@ -433,7 +433,7 @@ class Ledger:
         `run` is `open`, `step` until stopped, `close`; a test drives the steps itself."""
         self._lag = metrics.ConsumerLag("ledger", self.settings.topic_prefix)
         if self.config.placement_key is None:
-            # The seals of claims are checked with the nodes' key (streams/keys.py).
+            # The seals of claims are checked with the nodes' key (streams/placement_key.py).
             try:
                 key = placement_key(self.settings, self._stop, self.clients)
             except KeyError:

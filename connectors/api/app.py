@@ -33,7 +33,7 @@ from connectors.api.service import (
     ServiceError,
     parse_body,
 )
-from connectors.api.workers import WorkerGateway
+from connectors.api.worker_gateway import WorkerGateway
 from streams import metrics
 from streams.core.commands import MAX_COMMAND_BYTES
 
@@ -333,7 +333,7 @@ def create_app(
         accepted = await run_in_threadpool(service.run_command, who, run_id, "rerun", **fields)
         return _answer(accepted, f"/runs/{run_id}")
 
-    # -- workers (connectors/api/workers.py) ------------------------------------------------
+    # -- workers (connectors/api/worker_gateway.py) ------------------------------------------------
     if gateway is None:
         return app
     Caller = Annotated[Principal, Depends(caller)]

@@ -18,7 +18,7 @@ from schemas.codec import DISPATCH, JOB_LOG
 from schemas.records import ClaimRequested, RunFinished, RunStarted
 from streams.core.seals import seal
 from streams.kafka import consumer_config, producer_config
-from streams.keys import placement_key
+from streams.placement_key import placement_key
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from connectors.api.service import Service
-from connectors.api.workers import WorkerGateway, _Mailbox, inbox_partition
+from connectors.api.worker_gateway import WorkerGateway, _Mailbox, inbox_partition
 from schemas.codec import WORKER_INBOX
 from schemas.records import (
     CancelOrder,

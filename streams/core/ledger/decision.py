@@ -54,7 +54,7 @@ class LedgerConfig:
     keep_upstream_outcomes: int = 256
     # The scheduler nodes' key for placement seals (streams/core/seals.py): when set, a
     # claim is granted only with the dispatcher's seal of that attempt on the claiming
-    # worker. The ledger of a node always has it (streams/keys.py); None, no check, is
+    # worker. The ledger of a node always has it (streams/placement_key.py); None, no check, is
     # for the pure tests and benchmarks that play both the dispatcher and the worker.
     placement_key: bytes | None = None
 

@@ -24,6 +24,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from streams.settings import Settings
 
+# The topics the projector reads (and stores offsets of), by their names before the prefix:
+# here, at the bottom of the projections, since the deployment a database belongs to is
+# defined by them and the projector (above migrate, above this module) reads them.
+TOPICS = ("run-events", "jobs", "heartbeats", "run-logs")
+
 
 class DeploymentError(RuntimeError):
     """The database belongs to another deployment (or to several)."""
@@ -36,8 +41,6 @@ class Deployment:
 
     @classmethod
     def of(cls, settings: Settings) -> Deployment:
-        from projections.projector import TOPICS  # here: the projector imports migrate
-
         return cls(settings.topic_prefix, frozenset(settings.topic(t) for t in TOPICS))
 
 

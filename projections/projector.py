@@ -33,6 +33,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
+from projections.deployment import TOPICS
 from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
 from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError
@@ -47,7 +48,6 @@ from streams.metrics import reason_kind
 from streams.settings import Settings
 
 log = logging.getLogger("cronlog.projector")
-TOPICS = ("run-events", "jobs", "heartbeats", "run-logs")
 LIVE_STATES = ("waiting", "due", "dispatched", "running", "retrying")  # runs_live_idx
 LIVE_RUNS = (
     "SELECT state, count(*) FROM runs "

@@ -52,8 +52,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from projections.deployment import Deployment, DeploymentError, refuse_other, where
-from projections.projector import TOPICS, Projector
+from projections.deployment import TOPICS, Deployment, DeploymentError, refuse_other, where
+from projections.projector import Projector
 from projections.retention import RetentionPolicy, prune
 from streams.kafka import consumer_config
 from streams.settings import Settings

@@ -72,3 +72,35 @@ def test_the_loops_never_import_projections_or_connectors(path: Path) -> None:
 def test_the_projections_never_import_connectors(path: Path) -> None:
     upward = {n for n in _imports(path) if _within(n, ("connectors",))}
     assert not upward, f"{path.relative_to(ROOT)} imports {sorted(upward)}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circle_among_the_modules() -> None:
+    """No module reaches itself through the imports of others, function-level imports
+    included (a circle hidden in a function was found in projections/, issue 38)."""
+    ours = {
+        _module_name(p): p
+        for folder in ("streams", "schemas", "projections", "connectors")
+        for p in _modules(folder)
+    }
+    graph = {
+        name: {i for i in _imports(path) if i in ours and i != name} for name, path in ours.items()
+    }
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            circle = [*trail[trail.index(name):], name]
+            raise AssertionError(f"import circle: {' -> '.join(circle)}")
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

@@ -6,6 +6,7 @@
   DISPATCH; HEARTBEAT and WORKER_INBOX on dicts), Avro single-object encoding.
 - `schemas.registry`: the .avsc files under avro/, their versions and fingerprints
   (`python -m schemas.registry snapshot` after changing a schema).
-- `schemas.compat`: the Avro schema-resolution check between two versions.
+- `schemas.compat`: the Avro schema-resolution check between two versions (the `avro`
+  package's compatibility checker).
 - `schemas.json`: JSON views of the records and dead-letter envelopes (orjson).
 """

@@ -173,7 +173,7 @@ def test_current_schema_reads_every_history_version(name: str, version: int) -> 
     old = topic_schema.versions[version - 1]
     current = topic_schema.current
     # Structurally, by the resolution rules...
-    assert problems(old.parsed, current.parsed) == []
+    assert problems(old.schema, current.schema) == []
     # ...and by fastavro: samples written with the old version, read with the codec.
     codec = codec_for(name)
     random.seed(version)
@@ -263,7 +263,7 @@ def test_an_evolved_schema_reads_records_written_with_the_shipped_one(avro_copy:
     old = evolved["run_state"].versions[shipped - 1]
     assert old.fingerprint == RUN_STATE.current.fingerprint
     assert new_runs.current.fingerprint != old.fingerprint
-    assert problems(old.parsed, new_runs.current.parsed) == []
+    assert problems(old.schema, new_runs.current.schema) == []
 
     record = RunState(
         run_id="r@1",
@@ -341,7 +341,7 @@ def test_incompatible_changes_are_caught(avro_copy: Path, change: str) -> None:
     snapshot(avro_copy)
     runs = load_all(avro_copy)["run_state"]
     old, new = runs.versions[-2:]
-    assert problems(old.parsed, new.parsed) != []
+    assert problems(old.schema, new.schema) != []
     # fastavro's resolution agrees: a record written with v1 does not read as v2.
     data = write(old.header, old.parsed, run_state_to_avro(_run()))
     with pytest.raises(CodecError):
@@ -353,7 +353,9 @@ def test_a_removed_enum_symbol_is_caught(avro_copy: Path) -> None:
     snapshot(avro_copy)
     runs = load_all(avro_copy)["run_state"]
     old, new = runs.versions[-2:]
-    assert any("lacks symbols ['dependency']" in p for p in problems(old.parsed, new.parsed))
+    found = problems(old.schema, new.schema)
+    # (the checker reports it where the enum is met: the union of run_state's deadline_kind)
+    assert any("ENUM" in p or "dependency" in p for p in found), found
 
 
 @pytest.mark.parametrize(
@@ -371,10 +373,8 @@ def test_a_removed_enum_symbol_is_caught(avro_copy: Path) -> None:
     ],
 )
 def test_compat_checker_follows_the_promotion_rules(writer: Any, reader: Any, ok: bool) -> None:
-    from fastavro import parse_schema
-
-    w = parse_schema({"type": "record", "name": "R", "fields": [{"name": "x", "type": writer}]})
-    r = parse_schema({"type": "record", "name": "R", "fields": [{"name": "x", "type": reader}]})
+    w = {"type": "record", "name": "R", "fields": [{"name": "x", "type": writer}]}
+    r = {"type": "record", "name": "R", "fields": [{"name": "x", "type": reader}]}
     assert (problems(w, r) == []) is ok
 
 

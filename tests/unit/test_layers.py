@@ -94,7 +94,7 @@ def test_no_import_circle_among_the_modules() -> None:
 
     def visit(name: str, trail: list[str]) -> None:
         if name in trail:
-            circle = [*trail[trail.index(name):], name]
+            circle = [*trail[trail.index(name) :], name]
             raise AssertionError(f"import circle: {' -> '.join(circle)}")
         if name in done:
             return

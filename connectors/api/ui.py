@@ -14,6 +14,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import shlex
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -39,6 +42,7 @@ STATIC_DIR = Path(__file__).with_name("static")
 # What a sign-in form may carry: a token is short; anything longer is not one.
 MAX_FORM_BYTES = 4096
 ACTIONS = {"pause": "pause", "resume": "resume", "run-now": "run_now"}
+RUN_PAGE_LOG_CHUNKS = 256  # a run page shows at most this much output (16 KiB a chunk)
 
 
 def csrf_token(api_token: str) -> str:
@@ -168,9 +172,14 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         runs = service.runs(who, job_id=job_id, limit=100)["items"]
         lateness = service.lateness(who, job_id)
         downstream = service.downstream(who, job_id)
+        now = datetime.now(UTC)
+        for r in runs:
+            r["duration"] = views.duration_text(r.get("started_at"), r.get("finished_at"))
+            r["ahead"] = views.ahead(r, now)
         return {
             "job": job,
             "schedule": views.schedule_text(job["spec"].get("schedule")),
+            "command": shlex.join(job["spec"]["command"]),
             "runs": list(reversed(runs)),  # the grid reads oldest to newest
             "bins": views.lateness_bins(lateness),
             "started": len(lateness),
@@ -181,6 +190,18 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
     @router.get("/jobs/{job_id}")
     async def job(request: Request, job_id: str) -> Response:
         return await render(request, "job.html", job_page, job_id)
+
+    def appeared(who: Principal, run_id: str, wait_s: float = 5.0) -> bool:
+        """Whether a run just requested shows in the history within `wait_s`."""
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                service.run(who, run_id, log_chunks=0)
+                return True
+            except ServiceError as exc:
+                if exc.status != 404 or time.monotonic() > end:
+                    return False
+            time.sleep(0.2)
 
     @router.post("/jobs/{job_id}/{action}")
     async def act(request: Request, job_id: str, action: str) -> Response:
@@ -196,12 +217,36 @@ def create_router(service: Service, tokens: Tokens) -> APIRouter:
         except ServiceError as exc:
             return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
         done = "done" if accepted.applied else "accepted"
+        if action == "run-now":  # to the run it started, once the history has it
+            run_id = accepted.body["run_id"]
+            if await run_in_threadpool(appeared, who, run_id):
+                return RedirectResponse(f"/ui/runs/{quote(run_id, safe='')}?accepted=run-now", 303)
         back = _local(form.get("back", f"/ui/jobs/{quote(job_id)}"))
         sep = "&" if "?" in back else "?"
         return RedirectResponse(f"{back}{sep}{done}={quote(action)}", status_code=303)
 
     def run_page(who: Principal, run_id: str) -> dict[str, Any]:
-        return {"run": service.run(who, run_id, log_chunks=50)}
+        run = service.run(who, run_id, log_chunks=0)
+        for t in run["transitions"]:
+            t["words"] = views.detail_text(t.get("detail"))
+        chunks = service.logs(who, run_id, limit=RUN_PAGE_LOG_CHUNKS)
+        return {"run": run, "logs": views.logs_by_attempt(chunks)}
+
+    @router.post("/runs/{run_id}/{action}")
+    async def act_on_run(request: Request, run_id: str, action: str) -> Response:
+        """Cancel or rerun a run from its page, then back to it."""
+        try:
+            form = await _form(request)
+            who, token = principal(request)
+            _check_form(form, token)
+            if action not in ("cancel", "rerun"):
+                raise ServiceError(404, f"no action {action!r}")
+            await run_in_threadpool(service.run_command, who, run_id, action)
+        except _SignIn:
+            return RedirectResponse("/ui/login", status_code=303)
+        except ServiceError as exc:
+            return page(request, "error.html", exc.status, code=exc.status, message=exc.message)
+        return RedirectResponse(f"/ui/runs/{quote(run_id, safe='')}?accepted={action}", 303)
 
     @router.get("/runs/{run_id}")
     async def run(request: Request, run_id: str) -> Response:

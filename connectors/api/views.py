@@ -133,3 +133,42 @@ def dependency_layout(depends_on: Mapping[str, Sequence[str]]) -> Layout:
         rows=max((len(v) for v in by_layer.values()), default=0),
         cycles=tuple(cycles),
     )
+
+
+def detail_text(detail: Mapping[str, Any] | None) -> str:
+    """A transition's detail as words: its reason and exit code, nothing when neither."""
+    if not detail:
+        return ""
+    words = [str(detail["reason"])] if detail.get("reason") else []
+    if detail.get("exit_code") is not None:
+        words.append(f"exit {detail['exit_code']}")
+    return " · ".join(words)
+
+
+def duration_text(started: str | None, finished: str | None) -> str:
+    """How long a run took, from its ISO start and end ("" unless both are known)."""
+    if not started or not finished:
+        return ""
+    seconds = (datetime.fromisoformat(finished) - datetime.fromisoformat(started)).total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def ahead(run: Mapping[str, Any], now: datetime) -> bool:
+    """A run created before its time (pre-dispatch, the look-ahead) not started yet."""
+    scheduled = run.get("scheduled_at")
+    return (
+        scheduled is not None
+        and run.get("state") in ("waiting", "due", "dispatched")
+        and datetime.fromisoformat(scheduled) > now
+    )
+
+
+def logs_by_attempt(chunks: Iterable[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """A run's log chunks (in order) as one text per attempt, oldest attempt first."""
+    texts: dict[int, list[str]] = {}
+    for chunk in chunks:
+        texts.setdefault(int(chunk["attempt"]), []).append(str(chunk["data"]))
+    return [(attempt, "".join(parts)) for attempt, parts in sorted(texts.items())]

@@ -5,6 +5,7 @@ screenshots go to .state/screens/ for a person to look at."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import time
 from collections.abc import Iterator
@@ -151,6 +152,12 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         started = [r for r in runs if r["started_at"] and r["trigger"] != "manual"]
         assert len(counts) == 10
         assert sum(counts) == len(started) > 0
+        # Finished runs say how long they took; the command is shown quoted as it runs.
+        took = page.eval_on_selector_all("#runs td.duration", "ts => ts.map(t => t.textContent)")
+        assert any(t.endswith(" s") for t in took), took
+        assert page.inner_text("#command") == shlex.join(
+            api.get("/jobs/ui-a", headers=A).json()["spec"]["command"]
+        )
         _shot(page, "job")
 
         # A run: its transitions and its log, as the API has them.
@@ -161,8 +168,24 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         )
         page.goto(f"{stack}/ui/runs/{run_id}")
         assert page.locator("#transitions tr").count() == len(detail["transitions"]) + 1
-        assert page.inner_text("#log").strip() == "hello from ui-a"
+        assert page.inner_text('#log pre[data-attempt="1"]').strip() == "hello from ui-a"
+        words = page.eval_on_selector_all(
+            "#transitions td:last-child", "ts => ts.map(t => t.textContent)"
+        )
+        assert not any("null" in w or "{" in w for w in words), words  # words, not raw JSON
         assert page.inner_text("#state") == "succeeded"
+        # A finished run can be run again, not cancelled; the rerun is its next attempt.
+        assert page.locator("button.cancel").is_disabled()
+        page.click("button.rerun")
+        page.wait_for_selector("#flash")
+        eventually(
+            lambda: api.get(f"/runs/{run_id}", headers=A).json()["attempt"] == 2, "the rerun"
+        )
+        # Run now from the job's page lands on the run it started.
+        page.goto(f"{stack}/ui/jobs/ui-fail")
+        page.click("button.run-now")
+        page.wait_for_selector("#state")
+        assert "/ui/runs/ui-fail%40manual%3A" in page.url
         _shot(page, "run")
 
         page.goto(f"{stack}/ui/workers")

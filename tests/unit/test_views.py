@@ -103,3 +103,36 @@ def test_a_cycle_is_named_and_its_edges_marked() -> None:
     assert layout.on_cycle("transform", "load")
     assert not layout.on_cycle("load", "report")
     assert dependency_layout({"c": ["b"], "b": ["a"], "a": []}).cycles == ()
+
+
+def test_a_transitions_detail_reads_as_words() -> None:
+    from connectors.api.views import detail_text
+
+    assert detail_text({"reason": "exit 1", "exit_code": 1, "trigger": "schedule"}) == (
+        "exit 1 · exit 1"
+    )
+    assert detail_text({"reason": None, "exit_code": None, "trigger": "manual"}) == ""
+    assert detail_text({"reason": "claimed by w1", "exit_code": None}) == "claimed by w1"
+    assert detail_text(None) == ""
+
+
+def test_durations_ahead_runs_and_logs_by_attempt() -> None:
+    from datetime import UTC, datetime
+
+    from connectors.api.views import ahead, duration_text, logs_by_attempt
+
+    assert duration_text("2026-12-05T10:00:00+00:00", "2026-12-05T10:00:01.5+00:00") == "1.5 s"
+    assert duration_text("2026-12-05T10:00:00+00:00", "2026-12-05T10:02:05+00:00") == "2 min 5 s"
+    assert duration_text("2026-12-05T10:00:00+00:00", "2026-12-05T12:30:00+00:00") == "2 h 30 min"
+    assert duration_text("2026-12-05T10:00:00+00:00", None) == ""
+    now = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
+    later = {"scheduled_at": "2026-12-05T10:00:05+00:00", "state": "dispatched"}
+    assert ahead(later, now)
+    assert not ahead({**later, "state": "succeeded"}, now)
+    assert not ahead({**later, "scheduled_at": "2026-12-05T09:59:00+00:00"}, now)
+    chunks = [
+        {"attempt": 2, "data": "b1"},
+        {"attempt": 1, "data": "a1"},
+        {"attempt": 2, "data": "b2"},
+    ]
+    assert logs_by_attempt(chunks) == [(1, "a1"), (2, "b1b2")]

@@ -9,16 +9,18 @@ the schedule's own (streams/core/schedule.py): times outside them are not fire t
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from zoneinfo import ZoneInfo
 
 from schemas.spec import CronSchedule, Exclusion, JobSpec
+from streams.core.zones import load_zone
 
 
 def excluded_by(spec: JobSpec, at_ms: int) -> Exclusion | None:
     """The exclusion whose days hold the firing at `at_ms`, or None."""
     if not spec.exclude:
         return None
-    zone = ZoneInfo(spec.schedule.timezone) if isinstance(spec.schedule, CronSchedule) else UTC
+    # The pinned tzdata's zone, as the schedule's own maths uses (never the host's files).
+    schedule = spec.schedule
+    zone = load_zone(schedule.timezone) if isinstance(schedule, CronSchedule) else UTC
     day = datetime.fromtimestamp(at_ms / 1000, tz=zone).strftime("%Y-%m-%d")
     for exclusion in spec.exclude:
         if exclusion.first <= day <= exclusion.last:

@@ -61,9 +61,11 @@ TRANSACTION_TIMEOUT_MS = int(TIMING.transaction_timeout_s * 1000)
 
 def connection_config(settings: Settings) -> dict[str, Any]:
     """Where the brokers are and how to reach them (the CRONLOG_KAFKA_CONFIG properties:
-    TLS, SASL): the base of every client cronlog builds. Every producer, consumer and
-    admin client is built from this module's functions (a unit test checks), so one
-    file configures them all."""
+    TLS, SASL): the base of every client cronlog builds on the cluster it schedules
+    on. The loops get their clients through `Clients`; some edges (the topics tool, the
+    API, the audit, the rebuild, the events reader) build theirs directly, from these
+    functions too; the local stack's bootstrap admin client is the one built from its
+    own settings (docs/architecture.md's module table)."""
     return {
         "bootstrap.servers": settings.kafka,
         # A request a broker does not answer (paused, hung: its connection stays open)

@@ -1,8 +1,10 @@
 """Typed, frozen configuration, built once at the entry point.
 
-Library code never reads ``os.environ``: entry points call :func:`Settings.from_env`
-and pass the result down. Every variable carries the ``CRONLOG_`` prefix
-(README, "Configuration").
+Entry points call :func:`Settings.from_env` and pass the result down. Every variable
+carries the ``CRONLOG_`` prefix (README, "Configuration"). Not every one is read here
+yet: log format, metrics port, malloc trimming, retention, API tokens and limits, worker
+secrets and the CLI's API mode read theirs where they are used (docs/architecture.md's
+module table names each); moving them here is issue 38's work.
 """
 
 from __future__ import annotations

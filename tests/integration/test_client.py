@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -353,3 +354,45 @@ def test_run_parameters_from_the_request_to_the_process_and_the_history(
             letters.close()
         with pytest.raises(NotFound):
             api.run("cl-params@manual:p-bad")
+
+
+def test_calendars_bounds_and_resume_on_the_real_services(url: str) -> None:
+    """A job whose calendar excludes today: its firings are recorded skipped naming the
+    calendar. Paused and resumed with `missed: last`, the newest firing the pause covered
+    runs (the calendar is gone by then); `max_runs` stops the schedule."""
+    from datetime import UTC, datetime, timedelta
+
+    today = datetime.now(UTC).date()
+    days = f"{today - timedelta(days=1)}..{today + timedelta(days=1)}"
+    job = {
+        "job_id": "cl-cal",
+        "schedule": {"every": "2s"},
+        "command": ["true"],
+        "exclude": [{"name": "freeze", "dates": [days]}],
+    }
+    with Client(url, TOKEN_A) as api:
+        api.put_job(job)
+        eventually(lambda: _exists(api, "cl-cal"), "the job registered")
+        skipped = eventually(
+            lambda: [r for r in api.runs(job_id="cl-cal") if r.state == "skipped"],
+            "a firing skipped by the calendar",
+        )
+        assert skipped[0].error == f"excluded by calendar freeze ({days})"
+        assert not [r for r in api.runs(job_id="cl-cal") if r.state == "succeeded"]
+
+        api.pause("cl-cal")
+        eventually(lambda: api.job("cl-cal").paused, "the pause")
+        api.put_job({**job, "exclude": None, "max_runs": 3})  # the freeze is over
+        eventually(lambda: api.job("cl-cal").spec.get("max_runs") == 3, "the change")
+        time.sleep(5)  # firings the pause covers: `last` runs the newest of them only
+        before = {r.run_id for r in api.runs(job_id="cl-cal")}
+        api.resume("cl-cal", missed="last")
+        ran = eventually(
+            lambda: [r for r in api.runs(job_id="cl-cal") if r.run_id not in before and r.final],
+            "the missed firing run",
+        )
+        assert ran[0].state == "succeeded"
+        # max_runs: the schedule stops after its third run (counted since registration).
+        eventually(lambda: api.job("cl-cal").next_due_at is None, "the schedule done", 60)
+        made = [r for r in api.runs(job_id="cl-cal") if r.state != "skipped"]
+        assert len(made) == 3

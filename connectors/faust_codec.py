@@ -19,6 +19,12 @@ for a run's transition, `JobEvent` for a job change.
 Run it with `faust -A yourmodule worker`. The topic's records are in transactions: give
 the app `consumer_isolation_level` if your Faust has it, or read only final states
 (`succeeded`, `failed`, `cancelled`, `skipped`) which the ledger never takes back.
+
+Faust's own environment: faust-streaming's `mode-streaming` pins croniter below 6, which
+cronlog's schedule maths need, so the two cannot share one environment. The app's has
+`faust-streaming`, `aiokafka[lz4]` (cronlog's batches are lz4), `fastavro` and `orjson`,
+and cronlog itself installed without its dependencies (`pip install --no-deps cronlog`):
+this module imports only `schemas`, never the schedule maths.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import faust
 from schemas.codec import RUN_EVENTS
 
 
-class RunEvents(faust.Codec):
+class RunEvents(faust.Codec):  # type: ignore[misc]  # faust is not in cronlog's environment
     """run-events values: Avro single-object bytes <-> RunEvent / JobEvent."""
 
     def _loads(self, s: bytes) -> Any:

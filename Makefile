@@ -52,20 +52,18 @@ topics: stack
 run: venv
 	$(BIN)/cronlog run
 
-# The whole suite. The pure unit tests (CPU only: no clock, process or broker) run niced
-# in the background on the cycles the integration tests leave idle, the rest in the
-# foreground; either failing fails the target. With PYTEST_ARGS, one plain pytest run.
-TIMED_UNIT := tests/unit/test_clock.py tests/unit/test_compose_file.py \
-	tests/unit/test_executor.py tests/unit/test_kafka_outage.py tests/unit/test_lifecycle.py \
-	tests/unit/test_liveness.py tests/unit/test_systemd_units.py
-PURE_UNIT := $(filter-out $(TIMED_UNIT),$(sort $(wildcard tests/unit/test_*.py)))
+# The whole suite, by tier (a test's folder): tests/unit (pure: CPU only, no clock,
+# process or service) runs niced in the background on the cycles the others leave idle;
+# tests/integration (the real broker and PostgreSQL) and tests/processes (real processes
+# and clocks) in the foreground; either failing fails the target. With PYTEST_ARGS, one
+# plain pytest run.
 
 test: topics nettools
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p .state; \
-	nice -n 19 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_UNIT) \
+	nice -n 19 $(BIN)/python -m pytest -p no:cacheprovider tests/unit \
 		> .state/unit-tests.out 2>&1 & unit=$$!; \
-	$(BIN)/python -m pytest tests/integration $(TIMED_UNIT); fg=$$?; \
+	$(BIN)/python -m pytest tests/integration tests/processes; fg=$$?; \
 	wait $$unit; bg=$$?; \
 	echo "== the pure unit tests (run niced, in the background):"; \
 	cat .state/unit-tests.out; \

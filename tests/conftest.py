@@ -23,15 +23,25 @@ from tests.support.isolation import (
 from tests.support.long import LONG_TESTS
 from tests.support.services import Services, real_services
 
+# The tiers, by folder: a test's folder says what it needs, and sets its marker.
+TIERS = {
+    "unit": None,  # pure: CPU only, no clock, process or service
+    "processes": "processes",  # real processes, clocks and sockets; no broker or database
+    "integration": "integration",  # the real broker and PostgreSQL of the local stack
+}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long fault scenarios (marked `long`) run under `make chaos`; `make test` keeps the
-    suite within its budget with their short versions."""
-    if LONG_TESTS:
-        return
+    """Mark each test by its tier's folder. Long fault scenarios (marked `long`) run under
+    `make chaos`; `make test` keeps the suite within its budget with their short versions."""
     skip = pytest.mark.skip(reason="long fault scenario: `make chaos` runs it")
     for item in items:
-        if "long" in item.keywords:
+        parts = item.path.parts
+        tier = parts[parts.index("tests") + 1] if "tests" in parts else None
+        marker = TIERS.get(tier or "")
+        if marker:
+            item.add_marker(marker)
+        if not LONG_TESTS and "long" in item.keywords:
             item.add_marker(skip)
 
 

@@ -30,7 +30,6 @@ from tests.support.nodes import (
 from tests.support.secure import role_env
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
 TOKENS = {
     "CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a,tok-b-0123456789ab=team-b",
     "CRONLOG_API_ADMIN_TOKENS": "tok-admin-0123456789ab",

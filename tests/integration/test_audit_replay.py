@@ -34,8 +34,6 @@ from streams.settings import Settings
 from streams.topics import CATALOGUE, ensure_topics
 from tests.unit.test_audit import clean_history, clean_ledger, rid
 
-pytestmark = pytest.mark.integration
-
 MIN = 60_000
 # The history ends ~2 h 10 min after its base, before now: timestamps in the past.
 BASE = (int(time.time() * 1000) // (10 * MIN)) * 10 * MIN - 3 * 60 * MIN

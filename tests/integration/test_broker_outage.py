@@ -30,8 +30,6 @@ from tests.support.cluster import on_brokers
 from tests.support.firings import assert_audit_clean
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
-pytestmark = pytest.mark.integration
-
 JOBS = 12
 EVERY_S = 1
 FINALS = ("succeeded", "failed", "cancelled", "skipped")

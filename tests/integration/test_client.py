@@ -30,8 +30,6 @@ from tests.support.kafka import consumer
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
-
 TOKENS = {
     "CRONLOG_API_TOKENS": "tok-ca-0123456789ab=team-ca,tok-cb-0123456789ab=team-cb",
     "CRONLOG_API_ADMIN_TOKENS": "tok-cadmin-0123456789ab",

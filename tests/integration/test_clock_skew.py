@@ -56,8 +56,6 @@ from tests.support.firings import assert_audit_clean
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
-
 NODE_SKEW = ("+10m", 600.0)
 WORKER_SKEWS = {"w-behind": ("-8s", -8.0), "w-ahead": ("+8s", 8.0)}
 FIRING_S = 42  # how long the periodic jobs fire (the kill sequence takes ~25 s of it)

@@ -35,8 +35,6 @@ from tests.support.firings import (
 )
 from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
 
-pytestmark = pytest.mark.integration
-
 JOBS = 8
 EVERY_S = 1
 DOWN_S = 15  # how long a killed broker stays down

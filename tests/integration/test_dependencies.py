@@ -22,8 +22,6 @@ from streams.placement_key import placement_key
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def node(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:

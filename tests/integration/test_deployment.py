@@ -37,8 +37,6 @@ from tests.support.kafka import SYNTHETIC_STATES, produce_runs
 from tests.support.nodes import env_for
 from tests.support.services import Services
 
-pytestmark = pytest.mark.integration
-
 
 def cronlog(
     settings: Settings, *args: str, timeout: float = 120

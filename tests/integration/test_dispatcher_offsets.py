@@ -21,8 +21,6 @@ from streams.inboxes import private_inbox
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
 
-pytestmark = pytest.mark.integration
-
 JOBS = 20  # every 1 s: ~20 dispatch records a second
 
 

@@ -14,8 +14,6 @@ import pytest
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 
-pytestmark = pytest.mark.integration
-
 CASES: dict[str, tuple[str, str, str, str, str, list[str]]] = {
     # job: (cron, zone, dst policy, backfill from, to, expected scheduled instants)
     "berlin-once": (

@@ -20,8 +20,6 @@ from streams.core.schedule import fires_between
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, send_commands
 
-pytestmark = pytest.mark.integration
-
 JOBS = 120
 EVERY_MS = 2000
 # Lateness here is when the run was created against its due time: negative when it was

@@ -15,7 +15,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 
 from schemas.codec import RUN_EVENTS
@@ -23,8 +22,6 @@ from schemas.records import JobEvent, RunEvent, RunStateName
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.waiting import eventually
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".state" / "faust-venv"

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import orjson
 import psycopg
-import pytest
 from confluent_kafka import Producer
 
 from projections.migrate import migrate
@@ -38,8 +37,6 @@ from streams.settings import Settings
 from tests.support.kafka import consumer
 from tests.support.nodes import Node, ProjectorProc
 from tests.support.waiting import eventually
-
-pytestmark = pytest.mark.integration
 
 N = int(os.environ.get("CRONLOG_FUZZ_N", "200"))
 VALID_EVERY = 10

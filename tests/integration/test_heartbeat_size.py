@@ -12,7 +12,6 @@ import dataclasses
 import threading
 from pathlib import Path
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
@@ -26,7 +25,6 @@ from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from streams.topics import HEARTBEAT_MAX_BYTES, delete_topics, ensure_topics
 
-pytestmark = pytest.mark.integration
 HELD = 60_000
 
 

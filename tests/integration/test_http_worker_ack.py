@@ -34,7 +34,6 @@ from streams.settings import Settings
 from tests.support.nodes import CronlogProcess
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
 W = {"Authorization": "Bearer tok-w-0123456789ab"}
 KINDS = ("assignments", "grants", "kills")
 

@@ -15,8 +15,6 @@ from streams.inboxes import MISS_TTL_S, Inboxes, ensure_private_inbox, private_i
 from streams.kafka import admin_config
 from streams.settings import Settings
 
-pytestmark = pytest.mark.integration
-
 
 def test_a_worker_gets_its_own_inbox_once_it_has_made_it(topics: Settings) -> None:
     router = Inboxes(topics)

@@ -21,8 +21,6 @@ from tests.support.kafka import consumer, drain
 from tests.support.nodes import EventReader, Node, send_commands
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
-
 
 def upsert(job_id: str, **extra: object) -> dict[str, object]:
     return {

@@ -32,8 +32,6 @@ from streams.topics import CATALOGUE
 from tests.support.services import Services
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_ASSETS = ("log4j2.properties", "pom.xml", "server.properties.in")
 DEMO = {"demo-cron", "demo-every-10s", "demo-extract", "demo-transform", "demo-load", "demo-flaky"}

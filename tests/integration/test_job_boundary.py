@@ -23,8 +23,6 @@ from streams.kafka import consumer_config
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
 
-pytestmark = pytest.mark.integration
-
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 
 

@@ -42,8 +42,6 @@ from tests.support.nodes import EventReader
 from tests.support.specs import upsert
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
-
 OUTAGE_S = 990  # each late proposal decides this many firings of an `every: 1s` job
 
 

@@ -30,7 +30,6 @@ JOB_MARK = "613"  # `sleep 613`: the long job the demo below runs, found by its 
 # After the supervisor dies: its components at once (SIGKILL from the kernel); the jobs
 # once their worker's lease (7 s) has expired and its executor fenced them.
 GONE_WITHIN_S = 60
-pytestmark = pytest.mark.integration
 
 
 # -- the process tree, from /proc ------------------------------------------------------

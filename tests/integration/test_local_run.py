@@ -14,14 +14,12 @@ from typing import Any
 
 import httpx
 import psycopg
-import pytest
 import yaml
 
 from streams.settings import Settings
 from tests.support.nodes import ROOT, env_for
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "connectors.cli"]
 DEMO = {
     "demo-cron",

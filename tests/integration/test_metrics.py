@@ -30,8 +30,6 @@ from tests.support.nodes import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
-
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -40,7 +40,6 @@ from tests.support.netns import Namespace, available, namespace
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]
 

@@ -19,8 +19,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from schemas.records import RunEvent
 from streams.core.timing import TIMING
 from streams.settings import Settings
@@ -28,8 +26,6 @@ from streams.topics import ensure_topics
 from tests.support.firings import assert_audit_clean
 from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
 from tests.support.waiting import eventually
-
-pytestmark = pytest.mark.integration
 
 NODE_ID = "twin"
 

@@ -34,7 +34,6 @@ from tests.support.nodes import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
 ATTEMPTS = 3
 
 

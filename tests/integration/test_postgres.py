@@ -11,8 +11,6 @@ import pytest
 from projections.migrate import MigrationError, load_migrations, migrate
 from streams.settings import Settings
 
-pytestmark = pytest.mark.integration
-
 CONTRACT_TABLES = {"jobs", "runs", "run_transitions", "workers", "run_logs"}
 
 

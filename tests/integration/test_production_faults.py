@@ -45,8 +45,6 @@ from tests.support.firings import (
 from tests.support.long import LONG_TESTS
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
-pytestmark = pytest.mark.integration
-
 SHORT, SHORT_EVERY_S = 16, 2
 LONG, LONG_EVERY_S, LONG_SLEEP_S = 6, 20, 15
 WATCH_S = 30  # how long each fault is watched before the next

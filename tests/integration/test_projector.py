@@ -45,7 +45,6 @@ from tests.support.nodes import (
 from tests.support.services import Services
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
 TABLES = {
     "jobs": "SELECT job_id, owner, spec, paused, deleted FROM jobs ORDER BY 1",
     "runs": "SELECT run_id, job_id, scheduled_at, trigger, state, attempt, worker_id,"

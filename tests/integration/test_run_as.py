@@ -16,7 +16,6 @@ from streams.settings import Settings
 from tests.support.nodes import ROOT, EventReader, Node, WorkerProc, env_for, job, send_commands
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="changing the jobs' user needs root"),
 ]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from schemas.codec import JOB_STATE, RUN_STATE
@@ -24,7 +23,6 @@ from streams.settings import Settings
 from tests.support.specs import upsert
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
 NOW = 1_800_000_000_000  # the scheduler's clock: before every due time below
 PARTITION = 1
 

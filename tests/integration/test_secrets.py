@@ -28,7 +28,6 @@ from tests.support.nodes import (
 )
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
 CANARY = "canary-7f3a9c1e-do-not-leak"
 A = {"Authorization": "Bearer tok-s-0123456789ab"}
 

@@ -39,7 +39,6 @@ from tests.support.nodes import ROOT, CronlogProcess, Node, ProjectorProc, Worke
 from tests.support.secure import SecureBroker
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
 TOKENS = {"CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a"}
 A = {"Authorization": "Bearer tok-a-0123456789ab"}
 

@@ -23,8 +23,6 @@ from connectors.stack import Stack, StackPaths, StackPorts
 from connectors.stack.process import port_open
 from tests.support.services import Services
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

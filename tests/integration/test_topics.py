@@ -18,8 +18,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from streams.settings import Settings
 from streams.topics import CATALOGUE, TopicError, delete_topics, ensure_topics
 
-pytestmark = pytest.mark.integration
-
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {

@@ -18,8 +18,6 @@ from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 from tests.support.specs import upsert
 
-pytestmark = pytest.mark.integration
-
 
 def _transactional(settings: Settings, txn_id: str) -> Producer:
     producer = Producer(

@@ -21,7 +21,6 @@ from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
 from tests.support.waiting import eventually, free_port
 
-pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENS = Path(__file__).resolve().parents[2] / ".state" / "screens"
 TOKENS = {

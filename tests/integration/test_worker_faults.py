@@ -25,7 +25,6 @@ from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.integration
 REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "worker-faults.json"
 
 

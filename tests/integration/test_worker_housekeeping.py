@@ -7,13 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 from tests.support.waiting import eventually
-
-pytestmark = pytest.mark.integration
 
 
 def succeeded(events: EventReader) -> set[str]:

@@ -23,8 +23,6 @@ from tests.support.nodes import (
     send_commands,
 )
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def cluster(

@@ -1,7 +1,7 @@
 """The pieces that let the node's loops ride out a broker outage (streams/kafka.py): the
 watchdog on client calls that can hang, retry-until-done, and the stuck-group watch.
-A closed loopback port stands for a broker that is down; the shared broker for one that
-answers."""
+A closed loopback port stands for a broker that is down (the watch on a broker that
+answers is in tests/integration/test_kafka_clients.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from confluent_kafka import KafkaError, KafkaException
 
 from streams.kafka import GroupWatch, Hung, bounded, broker_answers, until_done, wait_for_broker
 from streams.settings import Settings
-from tests.support.services import Services
 
 
 def _down() -> Settings:
@@ -103,18 +102,3 @@ def test_group_watch_flags_a_group_left_unjoined_only_while_the_broker_is_down()
     assert watch.since >= before  # the clock restarted: it counts from the broker's return
     stats(_stats("up", "steady"))
     assert watch.since is None
-
-
-@pytest.mark.integration
-def test_group_watch_flags_a_stuck_group_when_the_broker_answers(services: Services) -> None:
-    watch = GroupWatch(
-        Settings(kafka=services.kafka), "scheduler x", stuck_after_s=0.5, check_every_s=0.1
-    )
-    watch.config()["stats_cb"](_stats("query-coord", "init"))
-    time.sleep(3)  # out of the group all along, but nobody watched: counts from now
-    assert not watch.stuck()
-    time.sleep(0.15)
-    assert not watch.stuck()  # the broker answers, but the consumer gets time to rejoin
-    time.sleep(0.5)
-    assert watch.stuck()
-    assert watch.since is None  # replaced: a fresh start for the new consumer

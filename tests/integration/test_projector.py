@@ -43,7 +43,7 @@ from tests.support.nodes import (
     send_commands,
 )
 from tests.support.services import Services
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, until_passes
 
 TABLES = {
     "jobs": "SELECT job_id, owner, spec, paused, deleted FROM jobs ORDER BY 1",
@@ -81,19 +81,16 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def wait_caught_up(url: str, transitions: int, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    count = -1
-    while time.monotonic() < deadline:
+    def caught_up() -> None:
         try:
             with psycopg.connect(url) as conn:
                 row = conn.execute("SELECT count(*) FROM run_transitions").fetchone()
                 count = row[0] if row else 0
-        except psycopg.Error:
-            count = -1
-        if count == transitions:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"projection has {count} transitions, the topic {transitions}")
+        except psycopg.Error as exc:
+            raise AssertionError(f"PostgreSQL: {exc}") from exc
+        assert count == transitions, f"projection has {count} transitions, the topic {transitions}"
+
+    until_passes(caught_up, timeout_s)
 
 
 def equals_a_fresh_replay(
@@ -175,14 +172,14 @@ def test_an_undecodable_event_goes_to_dead_letters(topics: Settings, tmp_path: P
     producer.flush(10)
     projector = ProjectorProc(topics, tmp_path / "poison.log").start()
     try:
-        deadline = time.monotonic() + 60
-        rows: list[tuple[Any, ...]] = []
-        while time.monotonic() < deadline and not rows:
+
+        def dead_letters() -> list[tuple[Any, ...]]:
             with psycopg.connect(topics.database_url) as conn:
-                rows = conn.execute(
+                return conn.execute(
                     'SELECT topic, partition, "offset", reason FROM projector_dead_letters'
                 ).fetchall()
-            time.sleep(0.5)
+
+        rows = eventually(dead_letters, "the poison record in the dead letters")
     finally:
         projector.stop()
     assert [(r[0], r[1], r[2]) for r in rows] == [(topics.topic("run-events"), *delivered[0])]
@@ -321,16 +318,17 @@ def test_a_record_postgres_refuses_is_isolated(topics: Settings, tmp_path: Path)
     projector = ProjectorProc(topics, tmp_path / "refused.log").start()
     try:
         wait_caught_up(topics.database_url, before + good)
-        deadline = time.monotonic() + 30
-        logs: list[tuple[Any, ...]] = []
-        while time.monotonic() < deadline and not logs:
+
+        def log_and_letters() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]] | None:
             with psycopg.connect(topics.database_url) as conn:
                 logs = conn.execute("SELECT data FROM run_logs WHERE run_id = 'job-7@1'").fetchall()
                 dead = conn.execute(
                     'SELECT topic, "offset", reason FROM projector_dead_letters'
                     " WHERE reason LIKE 'refused%'"
                 ).fetchall()
-            time.sleep(0.3)
+            return (logs, dead) if logs else None
+
+        logs, dead = eventually(log_and_letters, "the repaired log chunk", timeout_s=30)
     finally:
         projector.stop()
     assert logs == [("before\ufffdafter",)]
@@ -583,11 +581,10 @@ def test_log_chunks_shown_are_the_holders_and_bounded(topics: Settings, tmp_path
     before = row[0] if row else 0
     good = produce_runs(topics, range(2400, 2401))
     projector = ProjectorProc(topics, tmp_path / "logs.log").start()
-    shown: list[tuple[Any, ...]] = []
     try:
         wait_caught_up(topics.database_url, before + good)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(shown) < 2:
+
+        def shown_and_stored() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]] | None:
             sql, params = logs(run_id, None, None, 1000)
             with psycopg.connect(topics.database_url) as conn:
                 shown = conn.execute(sql, params).fetchall()
@@ -595,7 +592,9 @@ def test_log_chunks_shown_are_the_holders_and_bounded(topics: Settings, tmp_path
                     "SELECT seq, worker_id FROM run_logs WHERE run_id = %s ORDER BY 1, 2",
                     (run_id,),
                 ).fetchall()
-            time.sleep(0.3)
+            return (shown, stored) if len(shown) >= 2 else None
+
+        shown, stored = eventually(shown_and_stored, "both chunks shown", timeout_s=30)
     finally:
         projector.stop()
     texts = [r[3] for r in shown]

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +28,7 @@ from schemas.records import RunEvent, RunLogChunk, RunStateName
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.nodes import env_for
+from tests.support.waiting import until_passes
 
 DAY_MS = 86_400_000
 KEEP = 3  # small, so a job of a dozen runs shows the keep-last-N rule
@@ -137,19 +138,20 @@ def _count(url: str, sql: str, args: tuple[Any, ...]) -> int:
 def wait_projected(url: str, history: History, timeout_s: float = 60) -> None:
     """Until every transition and log chunk of the history is in the tables."""
     like = (history.prefix + "%",)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def projected() -> None:
         try:
             transitions = _count(
                 url, "SELECT count(*) FROM run_transitions WHERE run_id LIKE %s", like
             )
             logs = _count(url, "SELECT count(*) FROM run_logs WHERE run_id LIKE %s", like)
-        except psycopg.Error:
-            transitions = logs = -1
-        if transitions == history.transitions and logs == history.logs:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"projected {transitions}/{history.transitions} transitions, {logs} logs")
+        except psycopg.Error as exc:
+            raise AssertionError(f"PostgreSQL: {exc}") from exc
+        assert (transitions, logs) == (history.transitions, history.logs), (
+            f"projected {transitions}/{history.transitions} transitions, {logs} logs"
+        )
+
+    until_passes(projected, timeout_s)
 
 
 @contextmanager
@@ -234,18 +236,6 @@ def test_db_prune_removes_old_final_runs_and_keeps_the_rest(topics: Settings) ->
     assert '"runs":0,"transitions":0,"log_chunks":0' in again.stdout
 
 
-def eventually(check: Callable[[], None], timeout_s: float = 60) -> None:
-    """Until `check` stops raising AssertionError (then once more, to raise its message)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            check()
-            return
-        except AssertionError:
-            time.sleep(0.3)
-    check()
-
-
 def test_the_projector_prunes_while_it_projects(topics: Settings) -> None:
     """The projector's pruner, in batches of 2 runs every half second, while old history
     and a stream of recent runs are projected: the old runs go (pruned rounds apart as
@@ -271,7 +261,7 @@ def test_the_projector_prunes_while_it_projects(topics: Settings) -> None:
         feeder = threading.Thread(target=feed)
         feeder.start()
         history = produce_history(topics, "live-", now_ms())
-        eventually(lambda: assert_pruned(url, history))
+        until_passes(lambda: assert_pruned(url, history))
         feeder.join()
         assert feeder_done == [40]
         fresh = "SELECT count(*) FROM run_transitions WHERE run_id LIKE 'fresh-job@%%'"
@@ -279,7 +269,7 @@ def test_the_projector_prunes_while_it_projects(topics: Settings) -> None:
         def all_fresh() -> None:
             assert _count(url, fresh, ()) == 160
 
-        eventually(all_fresh)
+        until_passes(all_fresh)
         assert projector.pruner is not None
         assert projector.pruner.total.runs >= len(history.removed)
     assert len(run_ids(url, "fresh-")) == 40

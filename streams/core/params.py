@@ -131,6 +131,15 @@ def parse_values(value: object) -> ParamValues:
     return tuple(sorted(values))
 
 
+def _loaded(text: str, path: str) -> Any:
+    """A value's JSON text read back; text that is not JSON (written to the log past
+    the command parser) is refused, never raised as something else."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ParamError(f"{path} is not a JSON value: {text[:40]!r}", path) from None
+
+
 def resolve(declared: tuple[Param, ...], given: ParamValues) -> ParamValues:
     """A run's values: the given ones, typed as declared, over the defaults. Refused: a
     name the job does not declare, a value of another type, a parameter without a
@@ -144,7 +153,7 @@ def resolve(declared: tuple[Param, ...], given: ParamValues) -> ParamValues:
             raise ParamError(
                 f"params.{name}: the job declares no such parameter ({known})", f"params.{name}"
             )
-        if not _matches(param.type, orjson.loads(text)):
+        if not _matches(param.type, _loaded(text, f"params.{name}")):
             raise ParamError(f"params.{name} must be {_a(param.type)}", f"params.{name}")
     for param in declared:
         if param.name not in values:
@@ -152,6 +161,10 @@ def resolve(declared: tuple[Param, ...], given: ParamValues) -> ParamValues:
                 raise ParamError(
                     f"params.{param.name} is required (it has no default)", f"params.{param.name}"
                 )
+            default = _loaded(param.default, f"params.{param.name}.default")
+            if not _matches(param.type, default):
+                where = f"params.{param.name}"
+                raise ParamError(f"{where}.default must be {_a(param.type)}", where)
             values[param.name] = param.default
     return tuple(sorted(values.items()))
 
@@ -168,7 +181,10 @@ def as_env(values: ParamValues) -> str:
 
 def as_text(text: str) -> str:
     """A value as it goes into argv: a string as itself, anything else as its JSON."""
-    value = orjson.loads(text)
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text  # resolved values are JSON: this is only a guard
     return value if isinstance(value, str) else text
 
 

@@ -157,3 +157,20 @@ def test_a_resume_skips_runs_the_last_or_runs_all_it_missed(missed: str, expecte
     if missed == "last":
         assert missed_runs == [4]
     assert w.jobs["j"].next_due_ms == T0 + 5 * HOUR
+
+
+def test_a_withdrawn_firing_does_not_use_up_max_runs() -> None:
+    """The one run of max_runs=1, created ahead, withdrawn by a pause and revived by the
+    resume: it runs (before, the withdrawal had counted it and the limit refused it)."""
+    w = world(schedule={"every": "1h"}, max_runs=1)
+    t = T0 + HOUR
+    w.apply(FireProposed("j", t, t - 600_000, "n"), now=t - 600_000)  # decided ahead
+    w.apply(JobPaused("j", t - 300_000), now=t - 300_000)
+    assert w.runs[scheduled_run_id("j", t)].state == "cancelled"
+    assert w.jobs["j"].schedule_runs == 0
+    w.apply(JobResumed("j", t - 120_000), now=t - 120_000)
+    fire(w, t)
+    assert w.runs[scheduled_run_id("j", t)].state == "due"  # revived: the one run
+    assert w.jobs["j"].schedule_runs == 1
+    fire(w, t + HOUR)
+    assert scheduled_run_id("j", t + HOUR) not in w.runs

@@ -3,6 +3,7 @@ defaults, given by run-now and backfill, kept by each run, received by its proce
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -213,3 +214,22 @@ def test_run_now_commands_carry_their_values_to_the_ledger_input() -> None:
         {"type": "job.run_now", "job_id": "etl", "request_id": "r1", "params": {"limit": 5}}
     )
     assert parsed == RunNow("etl", "r1", (("limit", "5"),))
+
+
+def test_values_that_are_not_json_written_past_the_parser_are_refused_not_raised() -> None:
+    """A record written to job-log directly (not through the command parser) with value
+    text that is not JSON, or a default that is not: the ledger refuses (dead letter) or
+    skips, naming it; decide never raises (it would stop the ledger on that record)."""
+    w = world(params_in_command=True)
+    for bad in ("not json", "", '"unterminated', "NaN"):
+        decision = w.apply(RunNowRequested("etl", f"r-{len(bad)}", T0 + 1, (("ratio", bad),)))
+        assert decision.dead_letter
+        assert "params.ratio is not a JSON value" in decision.rejected
+    spec = w.jobs["etl"].spec
+    broken = replace(spec, params=(Param("day", "string", "oops"),), schedule=spec.schedule)
+    w.apply(JobUpserted(broken, T0 + 2))
+    t = T0 + 3_600_000
+    w.apply(FireProposed("etl", t, t, "n"))
+    run = w.runs[scheduled_run_id("etl", t)]
+    assert run.state == "skipped"
+    assert "params.day.default is not a JSON value" in run.reason

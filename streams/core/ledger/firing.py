@@ -131,6 +131,9 @@ class Firing(Kernel):
                 run.state == "dispatched" and start is not None and start > self.at
             ):
                 self._cancel_run(run, reason)
+                # A withdrawn firing is not one of the schedule's runs (max_runs) unless
+                # it is fired after all (`_fire_one` counts it again then).
+                self.set_job(schedule_runs=max(0, self.job.schedule_runs - 1))
 
     def job_flag(self, inp: JobPaused | JobResumed | JobDeleted, at: int) -> None:
         job = self.job
@@ -323,6 +326,7 @@ class Firing(Kernel):
             # all, so the run stays. Should the stop order make the holder give the
             # attempt back, it is dispatched again like any attempt given back.
             self.runs[run_id] = replace(existing, cancelling="", updated_ms=self.at)
+            self.set_job(schedule_runs=self.job.schedule_runs + 1)
             return None
         if existing is not None and not withdrawn(existing):
             return None  # decided once already: one run per (job, scheduled time)

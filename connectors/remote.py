@@ -110,10 +110,10 @@ class RemoteService:
         return Accepted(answer.json(), answer.status_code in (200, 201))
 
     def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
-        return self._accepted("PUT", f"/jobs/{_segment(body.get('job_id', ''))}", json=body)
+        return self._accepted("PUT", f"/jobs/{segment(str(body.get('job_id', '')))}", json=body)
 
     def job(self, who: Principal, job_id: str) -> dict[str, Any]:
-        row: dict[str, Any] = self._call("GET", f"/jobs/{_segment(job_id)}").json()
+        row: dict[str, Any] = self._call("GET", f"/jobs/{segment(job_id)}").json()
         return row
 
     def jobs(
@@ -125,12 +125,13 @@ class RemoteService:
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        params = {"owner": owner, "paused": paused, "limit": limit, "cursor": cursor}
-        page: dict[str, Any] = self._call("GET", "/jobs", params=params).json()
-        return page
+        try:
+            return self.client.jobs_page(owner=owner, paused=paused, limit=limit, cursor=cursor)
+        except ApiError as exc:
+            raise _refused(exc) from exc
 
     def job_command(self, who: Principal, job_id: str, kind: str, **fields: Any) -> Accepted:
-        path = f"/jobs/{_segment(job_id)}"
+        path = f"/jobs/{segment(job_id)}"
         if kind == "delete":
             return self._accepted("DELETE", path)
         action = {"run_now": "run-now"}.get(kind, kind)
@@ -146,16 +147,17 @@ class RemoteService:
         limit: int = 100,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        params = {"job_id": job_id, "state": state, "limit": limit, "cursor": cursor}
-        page: dict[str, Any] = self._call("GET", "/runs", params=params).json()
-        return page
+        try:
+            return self.client.runs_page(job_id=job_id, state=state, limit=limit, cursor=cursor)
+        except ApiError as exc:
+            raise _refused(exc) from exc
 
     def run(self, who: Principal, run_id: str) -> dict[str, Any]:
-        row: dict[str, Any] = self._call("GET", f"/runs/{_segment(run_id)}").json()
+        row: dict[str, Any] = self._call("GET", f"/runs/{segment(run_id)}").json()
         return row
 
     def run_command(self, who: Principal, run_id: str, kind: str, **fields: Any) -> Accepted:
-        return self._accepted("POST", f"/runs/{_segment(run_id)}/{kind}", json=fields or None)
+        return self._accepted("POST", f"/runs/{segment(run_id)}/{kind}", json=fields or None)
 
     def logs(
         self,
@@ -165,9 +167,5 @@ class RemoteService:
         stream: str | None = None,
     ) -> list[dict[str, Any]]:
         params = {"attempt": attempt, "stream": stream}
-        text = self._call("GET", f"/runs/{_segment(run_id)}/logs", params=params).text
+        text = self._call("GET", f"/runs/{segment(run_id)}/logs", params=params).text
         return [{"data": text}]
-
-
-def _segment(value: object) -> str:
-    return segment(str(value))

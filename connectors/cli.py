@@ -24,6 +24,7 @@ from connectors.stack.kafka import CONTROLLER_PORT
 from connectors.stack.kafka import PORT as KAFKA_PORT
 from connectors.stack.paths import DEMO
 from connectors.stack.postgres import PORT as POSTGRES_PORT
+from connectors.worker.confine import Confinement, confinement
 from projections.migrate import MigrationError, migrate_for
 from projections.retention import RetentionError, RetentionPolicy
 from projections.retention import prune as prune_history
@@ -530,6 +531,39 @@ def events(
         pass
 
 
+def _confinement(
+    states: tuple[Path, ...], secrets_dir: Path | None, confine: bool
+) -> Confinement | None:
+    """How this worker hides its files from jobs of its own user, or None, said plainly
+    (docs/security.md, "Jobs not as root")."""
+    from connectors.remote import profile_path
+
+    log = logging.getLogger("cronlog.worker")
+    exposed = (
+        "jobs run as this worker's own user and can read its state folder (journal, "
+        "seals), secrets folder and every file of that user"
+    )
+    if not confine:
+        log.warning("--no-confine: %s", exposed)
+        return None
+    hidden = [*states, profile_path().parent]
+    if secrets_dir is not None:
+        hidden.append(secrets_dir)
+    for variable in ("CRONLOG_KAFKA_CONFIG", "CRONLOG_API_TOKENS_FILE"):
+        if os.environ.get(variable):
+            hidden.append(Path(os.environ[variable]))
+    made = confinement(hidden)
+    if isinstance(made, str):
+        log.warning(
+            "%s: %s; install bubblewrap, or start the worker as root with --run-as USER",
+            made,
+            exposed,
+        )
+        return None
+    log.info("jobs run as this worker's own user, with %s hidden", ", ".join(made.hidden))
+    return made
+
+
 @app.command("worker")
 def worker(
     worker_id: Annotated[str, typer.Option("--id", help="Stable id of this worker.")],
@@ -578,6 +612,23 @@ def worker(
             "else CRONLOG_SECRET_<NAME> in this worker's environment.",
         ),
     ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="CRONLOG_WORKER_STATE_DIR",
+            help="The worker's own folder (journal, leases, run directories); "
+            "default: workers/ in CRONLOG_STATE_DIR.",
+        ),
+    ] = None,
+    confine: Annotated[
+        bool,
+        typer.Option(
+            envvar="CRONLOG_WORKER_CONFINE",
+            help="Jobs that run as this worker's own user (no --run-as) get its state "
+            "folder, secrets folder and credential files hidden, with bubblewrap (bwrap) "
+            "where it is installed and allowed.",
+        ),
+    ] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
     log_format: LogFormatOption = None,
     metrics_port: MetricsPortOption = None,
@@ -612,7 +663,8 @@ def worker(
         if not sep or not key:
             raise _fail(f"--label must be k=v, got {item!r}", 2)
         labels.append((key, value))
-    state = Path(os.environ.get("CRONLOG_STATE_DIR") or StackPaths.default().state) / "workers"
+    shared = Path(os.environ.get("CRONLOG_STATE_DIR") or StackPaths.default().state)
+    state = state_dir or shared / "workers"
     _logging(loglevel, "worker", worker_id, log_format)
     from connectors.worker.procs import conceal
 
@@ -621,6 +673,9 @@ def worker(
     problem = conceal()
     if problem:
         logging.getLogger("cronlog.worker").warning("%s: jobs may read its environment", problem)
+    confinement = None
+    if executor == "process" and jobs_as is None and os.geteuid() != 0:
+        confinement = _confinement((shared, state), secrets_dir, confine)
     config = WorkerConfig(
         worker_id,
         Capacity(cpu, memory_mb, gpu),
@@ -631,6 +686,7 @@ def worker(
         keep_s=keep_s,
         secrets_dir=secrets_dir,
         run_as=jobs_as,
+        confinement=confinement,
     )
     running = Worker(settings, config)
     port = _metrics_port(metrics_port)

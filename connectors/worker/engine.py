@@ -74,6 +74,7 @@ from typing import Any, Final
 
 import orjson
 
+from connectors.worker.confine import Confinement
 from connectors.worker.lease import read_lease
 from connectors.worker.procs import (
     become_subreaper,
@@ -132,6 +133,8 @@ class EngineConfig:
     max_gap_s: float = 2.5
     start_wait_s: float = 30.0
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs as (`--run-as`)
+    # The worker's files hidden from jobs of its own user (connectors/worker/confine.py).
+    confinement: Confinement | None = None
 
 
 @dataclass
@@ -366,10 +369,13 @@ class Engine:
             # Its directory and output files, made before the job exists; as another
             # user it owns its working directory only (connectors/worker/rundirs.py).
             made = prepare(job.run_dir, run_as)
+            argv = job.argv
+            if self.config.confinement is not None:
+                argv = self.config.confinement.wrap(argv, made.work, job.env.get("PATH"))
             try:
                 if run_as is not None or job.memory_mb > 0:
                     pid, job.rlimit_error = spawn_limited(
-                        job.argv,
+                        argv,
                         job.env,
                         made.work,
                         made.stdout,
@@ -378,7 +384,7 @@ class Engine:
                         run_as,
                     )
                 else:
-                    pid = spawn(job.argv, job.env, made.work, made.stdout, made.stderr)
+                    pid = spawn(argv, job.env, made.work, made.stdout, made.stderr)
             finally:
                 made.close()
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -566,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-wait-s", type=float, default=30.0)
     parser.add_argument("--run-as-uid", type=int, default=None)
     parser.add_argument("--run-as-gid", type=int, default=None)
+    parser.add_argument("--bwrap", default=None)
+    parser.add_argument("--hide", action="append", default=[])
     args = parser.parse_args(argv)
     run_as = None if args.run_as_uid is None else (args.run_as_uid, args.run_as_gid)
     if os.getsid(0) != os.getpid():
@@ -583,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_gap_s,
             args.start_wait_s,
             run_as,
+            None if args.bwrap is None else Confinement(args.bwrap, tuple(args.hide)),
         )
     )
     engine.install_signals()

@@ -26,6 +26,8 @@ from typing import Protocol
 
 import orjson
 
+from connectors.worker.confine import Confinement
+
 Key = tuple[str, int]
 
 
@@ -201,6 +203,7 @@ class ProcessExecutor:
         silence_s: float = 3.0,
         stderr: Path | None = None,
         run_as: tuple[int, int] | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
         self.log_path = str(log_file)
         self.output = True
@@ -226,6 +229,8 @@ class ProcessExecutor:
         ]
         if run_as is not None:
             argv += ["--run-as-uid", str(run_as[0]), "--run-as-gid", str(run_as[1])]
+        if confinement is not None:
+            argv += confinement.args()
         with open(stderr or os.devnull, "ab") as err:
             self.proc = subprocess.Popen(
                 argv,

@@ -44,6 +44,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from connectors.stack.process import pid_alive
+from connectors.worker.confine import Confinement
 from connectors.worker.engine import read_log
 from connectors.worker.executor import (
     Executor,
@@ -141,6 +142,8 @@ class WorkerConfig:
     keep_s: float = DEFAULT_KEEP_S
     secrets_dir: Path | None = None  # files named after secrets (connectors/worker/secrets.py)
     run_as: RunAs | None = None  # the user every job runs as (connectors/worker/runas.py)
+    # Jobs of the worker's own user: its files hidden (connectors/worker/confine.py).
+    confinement: Confinement | None = None
 
 
 @dataclass
@@ -251,6 +254,7 @@ class Worker:
             max_gap_s=self.config.max_gap_s,
             stderr=self.dir / "executor.stderr",
             run_as=None if self.config.run_as is None else self.config.run_as.ids,
+            confinement=self.config.confinement,
         )
 
     def _now_ms(self) -> int:

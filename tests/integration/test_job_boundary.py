@@ -10,7 +10,10 @@ mapped run ids to directories many-to-one.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,8 @@ from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
 
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
+NOBODY = pwd.getpwnam("nobody")
+AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--")
 
 
 @pytest.fixture
@@ -175,3 +180,67 @@ def test_a_fifo_in_place_of_its_output_does_not_stop_the_worker(
         events.close()
         worker.stop()
         node.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting the worker as another user needs root")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_job_of_the_workers_own_user_sees_none_of_its_files(topics: Settings) -> None:
+    """A worker that cannot change users (here: started as `nobody`, no --run-as) runs
+    its jobs as itself. Its state folder and secrets folder are then readable by the
+    job's user; the job must still find nothing in them but its own working directory,
+    and cannot lift what covers them from a namespace of its own."""
+    home = Path(tempfile.mkdtemp(prefix="cronlog-own-user-"))
+    home.chmod(0o755)
+    state, secrets, logs = home / "state", home / "secrets", home / "logs"
+    for folder in (state, secrets, logs):
+        folder.mkdir()
+    marker = f"MARKER-{uuid.uuid4().hex}"
+    (secrets / "probe").write_text(marker + "\n")
+    for path in (state, secrets, secrets / "probe"):
+        os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    script = f"""
+here=$(pwd)
+echo files=$(find {state} -type f 2>/dev/null | grep -vc "^$here/")
+cat {secrets}/probe 2>/dev/null || echo secret-hidden
+unshare -Urm sh -c 'umount -l {state}; umount -l {secrets}; find {state} {secrets} -type f' \
+  2>/dev/null | grep -vc "^$here/" | sed 's/^/lifted=/'
+echo mine > own && cat own
+echo done
+"""
+    node = Node(topics, "jo-n1", logs).start()
+    worker = WorkerProc(
+        topics,
+        "jo-w1",
+        logs,
+        extra_env={
+            "CRONLOG_STATE_DIR": str(state),
+            "CRONLOG_SECRETS_DIR": str(secrets),
+            "CRONLOG_WORKER_ALLOW_ROOT": "",
+        },
+        prefix=AS_NOBODY,
+    ).start()
+    events = EventReader(topics, "jo-events")
+    try:
+        send_commands(topics, [job("curious", ["sh", "-c", script])])
+        send_commands(topics, [{"type": "job.run_now", "job_id": "curious", "request_id": "c1"}])
+        events.wait_until(lambda: _final(events, "curious") is not None, 90, "the curious run")
+        assert _final(events, "curious") == "succeeded"
+        assert worker.alive
+        # What the job's user could read without the cover: the worker's own files.
+        seen = subprocess.run(
+            [*AS_NOBODY, "sh", "-c", f"find {state} -type f -path '*journal*' | xargs cat"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert seen.returncode == 0, seen.stderr
+        assert "curious" in seen.stdout
+    finally:
+        events.close()
+        worker.stop()
+        node.stop()
+    try:
+        shipped = _run_logs(topics, "curious")
+        assert shipped.split() == ["files=0", "secret-hidden", "lifted=0", "mine", "done"], shipped
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

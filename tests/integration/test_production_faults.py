@@ -11,7 +11,10 @@ and short ones every 2 s (non-idempotent, one attempt: any loss would fail them)
    runs requested (and acknowledged by the cluster) during the failover;
 2. kill -9 of a worker, not restarted;
 3. (the long version, `make chaos`) the dead broker replaced, then the busiest leader
-   paused (SIGSTOP) for 20 s, which is slower to detect than a crash.
+   paused (SIGSTOP) for 20 s, which is slower to detect than a crash;
+4. (the long version) kill -9 of the broker coordinating the ledgers' transactions (found
+   as Kafka finds it: the leader of the `__transaction_state` partition the
+   transactional id hashes to), not restarted.
 
 What the user sees is checked: no job killed by the broker's death (no run `fenced` or
 failed at all but the lost worker's), every firing once, every run final, the audit
@@ -26,6 +29,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +45,7 @@ from tests.support.firings import (
     latest_starts,
     pause_and_settle,
     start_lateness,
+    timeline,
 )
 from tests.support.long import LONG_TESTS
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
@@ -55,6 +60,10 @@ LEASE_BOUND_MS = int((TIMING.lease_s + TIMING.lease_bound_margin_s) * 1000)
 
 
 World = ClusterWorld
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 @pytest.fixture
@@ -102,7 +111,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
         # 1. the broker leading the workers' heartbeats dies for good, long jobs running
         beats = [partition_for(w.worker_id, s.partitions) for w in workers]
         broker = cluster.leader_of(s.topic("heartbeats"), beats)
-        broker_ms = int(time.time() * 1000)
+        broker_ms = now_ms()
         print(f"killing broker {broker} (leads heartbeat partitions {beats}) for good")
         cluster.kill(broker)
         # Manual runs requested mid-failover, each acknowledged by the cluster: none lost.
@@ -118,7 +127,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
 
         # 2. a worker machine is lost for good
         lost = workers[0]
-        worker_ms = int(time.time() * 1000)
+        worker_ms = now_ms()
         print(f"killing worker {lost.worker_id} for good")
         lost.kill()
         events.poll_for(WATCH_S)
@@ -133,12 +142,32 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             paused = cluster.busiest_leader(prefix)
             pid = cluster.pid(paused)
             assert pid is not None
-            faults.append((f"broker {paused} paused 20 s", int(time.time() * 1000)))
+            faults.append((f"broker {paused} paused 20 s", now_ms()))
             os.kill(pid, signal.SIGSTOP)
             try:
                 events.poll_for(20)
             finally:
                 os.kill(pid, signal.SIGCONT)
+            events.poll_for(WATCH_S)
+
+            # 4. the broker coordinating the ledgers' transactions dies for good: their
+            # commits in flight are answered by no one until the coordinator moves.
+            print(f"replicas back in sync after {cluster.wait_in_sync(prefix):.1f} s")
+            group = s.group("ledger")
+            assert cluster.coordinator(group, "__consumer_offsets") == (
+                cluster.group_coordinator(group)
+            ), "the coordinator hash does not match the broker's"
+            txns = Counter(
+                cluster.coordinator(f"{group}-{n.name}", "__transaction_state") for n in nodes
+            )
+            coordinator = max(txns, key=lambda b: (txns[b], -b))
+            print(
+                f"killing broker {coordinator} for good: coordinates {txns[coordinator]} of "
+                f"{len(nodes)} ledgers' transactions (the ledger group's coordinator: "
+                f"{cluster.group_coordinator(group)})"
+            )
+            faults.append((f"transaction coordinator {coordinator} killed", now_ms()))
+            cluster.kill(coordinator)
             events.poll_for(WATCH_S)
 
         alive = {p.name: p.alive for p in (*nodes, *workers[1:])}
@@ -154,6 +183,8 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
         faults, [*faults[1:], ("end", faults[-1][1] + 25_000)], strict=True
     ):
         print(f"{what}: {start_lateness(events, at_ms, next_ms)}")
+        for late_s, run_id in latest_starts(events, at_ms, next_ms, 3):
+            print(f"  {late_s:.2f} s {run_id}: {' '.join(timeline(events, run_id))}")
     latest = latest_starts(events, broker_ms, worker_ms)
     print(f"latest after the broker's death: {latest}")
     assert all(alive.values()), f"a process died on its own: {alive}"

@@ -63,3 +63,20 @@ def test_exec_start_is_a_real_command(unit: Path) -> None:
     assert done.returncode == 0, done.stderr
     for option in options:
         assert option in done.stdout, f"{unit.name}: `cronlog {command}` has no {option}"
+
+
+def test_the_worker_unit_runs_jobs_as_a_user_of_their_own() -> None:
+    """The shipped layout: jobs never run as the worker's user, nor as root, nor as the
+    user of the other units (whose files hold the database's password)."""
+    text = (UNITS / "cronlog-worker@.service").read_text()
+    worker_user = re.search(r"^User=(\S+)$", text, re.MULTILINE)
+    run_as = re.search(r"^ExecStart=.* --run-as (\S+)", text, re.MULTILINE)
+    assert run_as is not None, "the worker unit runs jobs as its own user"
+    others = {
+        m.group(1)
+        for unit in _units()
+        for m in re.finditer(r"^User=(\S+)$", unit.read_text(), re.MULTILINE)
+    }
+    assert run_as.group(1) not in {"root", worker_user.group(1) if worker_user else "root"}
+    assert run_as.group(1) not in others
+    assert "UnsetEnvironment=CRONLOG_DATABASE_URL" in text

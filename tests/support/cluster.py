@@ -40,6 +40,20 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
+def java_hash(text: str) -> int:
+    """Java's String.hashCode: 31-fold over UTF-16 code units, in 32-bit arithmetic."""
+    h = 0
+    units = text.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def java_abs(n: int) -> int:
+    """Kafka's Utils.abs: Math.abs, but 0 for Integer.MIN_VALUE."""
+    return 0 if n == -(1 << 31) else abs(n)
+
+
 class PrivateCluster:
     def __init__(self, state: Path, brokers: int = BROKERS, host: str = "127.0.0.1"):
         shared = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))
@@ -115,6 +129,19 @@ class PrivateCluster:
         metadata = self._admin().list_topics(topic, timeout=15)
         led = Counter(metadata.topics[topic].partitions[p].leader for p in partitions)
         return max(led, key=lambda n: (led[n], -n))
+
+    def coordinator(self, key: str, internal_topic: str) -> int:
+        """The broker coordinating `key` (a transactional id on `__transaction_state`,
+        a group id on `__consumer_offsets`): the leader of the partition the broker
+        hashes it to, as Kafka does (Utils.abs(key.hashCode()) % partitions)."""
+        metadata = self._admin().list_topics(internal_topic, timeout=15)
+        partitions = metadata.topics[internal_topic].partitions
+        return partitions[java_abs(java_hash(key)) % len(partitions)].leader
+
+    def group_coordinator(self, group_id: str) -> int:
+        """The broker coordinating a group, as the broker itself says."""
+        future = self._admin().describe_consumer_groups([group_id])[group_id]
+        return int(future.result(timeout=15).coordinator.id)
 
     def busiest_leader(self, prefix: str, among: list[int] | None = None) -> int:
         """The broker leading the most partitions under the prefix (of `among`)."""

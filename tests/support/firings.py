@@ -175,6 +175,20 @@ def latest_starts(
     return sorted(((s, r) for r, s in late.items()), reverse=True)[:count]
 
 
+def timeline(events: EventReader, run_id: str) -> list[str]:
+    """A run's events, each as state@seconds after its scheduled time (when the ledger
+    wrote it; the worker's time of the fact in brackets where it differs): where a late
+    run's seconds went."""
+    out = []
+    for event, written_ms in events.run_events():
+        if event.run_id == run_id:
+            at = f"{event.state}@{(written_ms - event.scheduled_ms) / 1000:+.2f}"
+            if event.happened_ms and abs(event.happened_ms - written_ms) > 50:
+                at += f"({(event.happened_ms - event.scheduled_ms) / 1000:+.2f})"
+            out.append(at)
+    return out
+
+
 def start_lateness(
     events: EventReader, from_ms: int, to_ms: int, any_attempt: bool = False
 ) -> Lateness:

@@ -18,7 +18,7 @@ help:
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
 	@echo "make chaos  - long fault scenarios (every node down for 20 minutes; 10 minutes of random faults on 3 brokers)"
-	@echo "make fuzz   - 10,000 generated bad records on each topic the system reads"
+	@echo "make fuzz   - 10,000 generated bad records on each topic the system reads, 10,000 requests per API operation"
 	@echo "make clean  - stop the stack, remove the venv and the state folder"
 
 $(STAMP): pyproject.toml
@@ -138,11 +138,13 @@ bench-full: topics
 # the catch-up in bounded transactions without a failure, and the audit must be clean.
 # Then 10 minutes of random faults (brokers, nodes, ledgers, workers, the projector) on a
 # private three-broker cluster: no duplicate, no missed firing, every run final.
-# 10,000 generated bad records on each topic the system reads (the suite runs 200 per
-# topic; the API is fuzzed from its OpenAPI by the suite, tests/integration/test_api.py).
+# 10,000 generated bad records on each topic the system reads, and FUZZ_API_N requests
+# per API operation generated from its OpenAPI (the suite runs 200 per topic and 25 per
+# operation: tests/integration/test_fuzz_topics.py, test_fuzz_api.py).
+FUZZ_API_N ?= 10000
 fuzz: topics
-	CRONLOG_FUZZ_N=10000 $(BIN)/python -m pytest $(PYTEST_ARGS) -s \
-		tests/integration/test_fuzz_topics.py
+	CRONLOG_FUZZ_N=10000 CRONLOG_FUZZ_API_N=$(FUZZ_API_N) $(BIN)/python -m pytest $(PYTEST_ARGS) -s \
+		tests/integration/test_fuzz_topics.py tests/integration/test_fuzz_api.py
 
 chaos: topics nettools
 	CRONLOG_LONG_TESTS=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \

@@ -352,33 +352,6 @@ def test_metrics_count_requests_by_route_template(api: httpx.Client) -> None:
     assert "/metrics" not in api.get("/openapi.json").text
 
 
-def test_fuzzing_the_openapi_spec_finds_no_server_error(api: httpx.Client) -> None:
-    """schemathesis generates requests from /openapi.json (coverage, fuzzing and stateful
-    phases) and checks that none gets a 5xx."""
-    created(api, job_body("fuzz-target"), A)
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("schemathesis")),
-            "run",
-            f"{api.base_url}/openapi.json",
-            "-H",
-            "Authorization: Bearer tok-a-0123456789ab",
-            "--checks",
-            "not_a_server_error",
-            "--max-examples",
-            "25",
-            "--generation-deterministic",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
-    counts = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
-    assert counts is not None, done.stdout[-2000:]
-    assert int(counts.group(1)) == int(counts.group(2)) > 200
-
-
 def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
     """A worker in 'another language': heartbeat, get the assignment, ack, get the grant,
     report started and finished; the run ends succeeded on that worker."""

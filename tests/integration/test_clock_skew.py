@@ -5,43 +5,16 @@ and a worker killed with SIGKILL mid-run. No duplicate run, no two live attempts
 no lost firing, no run started before its time, no healthy worker declared dead, and the
 audit is clean.
 
-How the clocks are skewed: Debian's libfaketime, preloaded into the process (not through
-the `faketime` wrapper, which forks and would take the SIGKILL meant for the worker). Its
-children (the node's ledger, the worker's executor) inherit it; the jobs do not (a worker
-passes them a fixed environment), so their marks are on the machine's true clock, which
-is also the broker's.
-
-What libfaketime 0.9.10 (Debian 12) does to the monotonic clock, and the fix-up here:
-
-- By default it fakes CLOCK_MONOTONIC too, as the faked *wall* clock (about 1.8e9 s).
-  Python's timed lock waits (`sem_clockwait` on CLOCK_MONOTONIC, not intercepted) then
-  wait until the real monotonic clock reaches that: `threading.Event().wait(0.5)` never
-  returns (wolfcw/libfaketime#390). So FAKETIME_DONT_FAKE_MONOTONIC=1: durations stay
-  true, which is also what a machine with a wrong wall clock has.
-- With it, libfaketime still shifts CLOCK_MONOTONIC deadlines by the offset in
-  `clock_nanosleep` (Python's `time.sleep` fails with EINVAL, #426, fixed upstream after
-  0.9.10) and in `pthread_cond_timedwait` on monotonic condition variables, and it does
-  not translate C11 `cnd_timedwait` deadlines, which librdkafka computes from the faked
-  wall clock (so a librdkafka 10 minutes ahead waits 10 minutes longer on every timed
-  wait, and one 8 s behind spins). A small preload shim, compiled here, passes monotonic
-  waits to glibc untouched and translates `cnd_timedwait` deadlines to the real clock.
-  The wall clock (time(), gettimeofday, clock_gettime(CLOCK_REALTIME), timespec_get)
-  stays faked by libfaketime.
+How the clocks are skewed: tests/support/skew.py.
 """
 
 from __future__ import annotations
 
-import glob
 import itertools
-import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -54,6 +27,7 @@ from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.firings import assert_audit_clean
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.skew import Skew, skew_env
 from tests.support.waiting import eventually
 
 NODE_SKEW = ("+10m", 600.0)
@@ -63,135 +37,10 @@ LEAD_MS = 10_000  # the node's pre-dispatch lead (`cronlog scheduler --lead-s`)
 LOOKAHEAD_MS = 45_000  # and its look-ahead (`--lookahead-s`), for a one-off
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 
-SHIM_C = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <pthread.h>
-#include <threads.h>
-#include <time.h>
-
-#define COND_CLOCK_MONOTONIC 2 /* glibc: bit 1 of a condvar's __wrefs is its clock */
-
-static void *libc_symbol(const char *name, const char *version) {
-    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
-    return libc ? dlvsym(libc, name, version) : NULL;
-}
-
-/* A CLOCK_REALTIME deadline computed from the faked clock, on the real clock. */
-static struct timespec real_deadline(const struct timespec *faked) {
-    static int (*real_gettime)(clockid_t, struct timespec *);
-    struct timespec fake_now, real_now, out;
-    if (real_gettime == NULL) real_gettime = libc_symbol("clock_gettime", "GLIBC_2.17");
-    clock_gettime(CLOCK_REALTIME, &fake_now); /* libfaketime's */
-    real_gettime(CLOCK_REALTIME, &real_now);
-    long long ns = (faked->tv_sec - fake_now.tv_sec + real_now.tv_sec) * 1000000000LL
-                 + faked->tv_nsec - fake_now.tv_nsec + real_now.tv_nsec;
-    if (ns < 0) ns = 0;
-    out.tv_sec = ns / 1000000000LL;
-    out.tv_nsec = ns % 1000000000LL;
-    return out;
-}
-
-int cnd_timedwait(cnd_t *cond, mtx_t *mutex, const struct timespec *deadline) {
-    static int (*real)(cnd_t *, mtx_t *, const struct timespec *);
-    if (real == NULL) real = libc_symbol("cnd_timedwait", "GLIBC_2.28");
-    struct timespec at = real_deadline(deadline);
-    return real(cond, mutex, &at);
-}
-
-int pthread_cond_timedwait(pthread_cond_t *cond, pthread_mutex_t *mutex,
-                           const struct timespec *deadline) {
-    static int (*faked)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
-    if (cond->__data.__wrefs & COND_CLOCK_MONOTONIC)
-        return pthread_cond_clockwait(cond, mutex, CLOCK_MONOTONIC, deadline);
-    if (faked == NULL) faked = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
-    return faked(cond, mutex, deadline);
-}
-
-int clock_nanosleep(clockid_t clock, int flags, const struct timespec *request,
-                    struct timespec *remain) {
-    static int (*real)(clockid_t, int, const struct timespec *, struct timespec *);
-    static int (*faked)(clockid_t, int, const struct timespec *, struct timespec *);
-    if (clock == CLOCK_MONOTONIC) {
-        if (real == NULL) real = libc_symbol("clock_nanosleep", "GLIBC_2.17");
-        return real(clock, flags, request, remain);
-    }
-    if (faked == NULL) faked = dlsym(RTLD_NEXT, "clock_nanosleep");
-    return faked(clock, flags, request, remain);
-}
-"""
-
-# Run in a skewed process: its clocks against the parent's, and the waits that broke.
-PROBE = """
-import json, sys, threading, time
-wall, mono = time.time(), time.monotonic()
-started = time.monotonic()
-time.sleep(0.05)
-threading.Event().wait(0.05)
-print(json.dumps([wall - float(sys.argv[1]), mono - float(sys.argv[2]),
-                  time.monotonic() - started]))
-"""
-
-
-def _libfaketime() -> str | None:
-    for pattern in (
-        "/usr/lib/*/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-        "/usr/local/lib/faketime/libfaketimeMT.so.1",
-    ):
-        found = sorted(glob.glob(pattern))
-        if found:
-            return found[0]
-    return None
-
-
-Skew = Callable[[str], dict[str, str]]
-
 
 @pytest.fixture(scope="module")
 def skewed(tmp_path_factory: pytest.TempPathFactory) -> Skew:
-    """The environment that puts a process's wall clock `offset` off (libfaketime)."""
-    lib = _libfaketime()
-    if shutil.which("faketime") is None or lib is None:
-        pytest.skip(
-            "Debian's faketime (libfaketime) is not installed: apt-get install faketime "
-            "(`cronlog stack up` installs it when run as root)"
-        )
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the libfaketime shim: apt-get install gcc libc6-dev")
-    where = tmp_path_factory.mktemp("faketime")
-    (where / "shim.c").write_text(SHIM_C)
-    shim = where / "shim.so"
-    built = subprocess.run(
-        [cc, "-shared", "-fPIC", "-O2", "-o", str(shim), str(where / "shim.c"), "-ldl"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if built.returncode != 0:
-        pytest.skip(f"cannot build the libfaketime shim: {built.stderr.strip()[:800]}")
-
-    def env(offset: str) -> dict[str, str]:
-        return {
-            "LD_PRELOAD": f"{shim} {lib}",
-            "FAKETIME": offset,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        }
-
-    probe = subprocess.run(
-        [sys.executable, "-c", PROBE, repr(time.time()), repr(time.monotonic())],
-        env={**os.environ, **env("+10m")},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    wall, mono, waited = json.loads(probe.stdout)
-    assert 599 < wall < 605, f"the wall clock is not 10 min ahead: {wall}"
-    assert -1 < mono < 5, f"the monotonic clock is faked: {mono}"
-    assert 0.09 < waited < 1, f"waits are distorted: {waited}"
-    return env
+    return skew_env(tmp_path_factory.mktemp("faketime"))
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Network faults: a worker on another host (a network namespace of the test's own,
-tests/support/netns.py) is cut off from the broker while it runs long and short jobs;
+tests/support/netns.py), its wall clock 20 s ahead, is cut off from the broker while it
+runs long and short jobs;
 in the long version (`make chaos`) also one-way loss each way, a
 lossy, a slow (200 ms each way, with jitter) and a flapping link, a cut-off scheduler
-node, and a cut-off worker that is then lost for good.
+node (its wall clock ten minutes behind), and a cut-off worker that is then lost for good.
 
 The private broker serves clients on the root end of the veth pair, so the namespaced
 processes reach it only across the pair, and the faults act on the pair alone. What the
@@ -38,6 +39,7 @@ from tests.support.firings import (
 from tests.support.long import LONG_TESTS
 from tests.support.netns import Namespace, available, namespace
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.skew import Skew, skew_env
 
 pytestmark = [
     pytest.mark.skipif(available() is not None, reason=str(available())),
@@ -47,6 +49,9 @@ SHORT, SHORT_EVERY_S = 8, 2
 LONG, LONG_EVERY_S, LONG_SLEEP_S = 4, 20, 12
 CUT_S = 20  # longer than the lease (7 s) and the dead verdict (10 s)
 AFTER_S = 12  # watched after each fault heals
+# Clock skew combined with the faults: the far worker's wall clock ahead by more than
+# a lease, the cut-off node's ten minutes behind.
+FAR_SKEW, FAR_NODE_SKEW = "+20s", "-10m"
 
 
 @dataclass
@@ -56,7 +61,11 @@ class World:
     ns: Namespace  # the far worker's host
     node_ns: Namespace  # a second scheduler node's host (the long version)
     marks: Path
+    skew: Skew | None  # a process's wall clock put off (tests/support/skew.py)
     faults: list[tuple[str, int, int]] = field(default_factory=list)  # what, from, to (ms)
+
+    def skewed(self, offset: str) -> dict[str, str]:
+        return {} if self.skew is None else self.skew(offset)
 
 
 @pytest.fixture
@@ -72,7 +81,12 @@ def world(settings: Settings, tmp_path: Path) -> Iterator[World]:
         logs.mkdir()
         marks = tmp_path / "marks"
         marks.mkdir(mode=0o777)
-        yield World(private, logs, ns, node_ns, marks)
+        try:
+            skew: Skew | None = skew_env(tmp_path)
+        except pytest.skip.Exception as why:
+            print(f"clocks not skewed: {why}")
+            skew = None
+        yield World(private, logs, ns, node_ns, marks, skew)
 
 
 def _command(marks: Path, sleep_s: int) -> list[str]:
@@ -140,7 +154,11 @@ def _fault(world: World, what: str, start: object, stop: object, seconds: float)
 def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World) -> None:
     s, ns = world.settings, world.ns
     node = Node(s, "nf-n1", world.logs).start()
-    far = WorkerProc(s, "nf-far", world.logs, cpu=16, prefix=ns.prefix).start()
+    # The far worker's wall clock is off as well: a cut-off worker cannot sample the
+    # broker's time, and its lease and reports must not lean on its own clock.
+    far = WorkerProc(
+        s, "nf-far", world.logs, cpu=16, prefix=ns.prefix, extra_env=world.skewed(FAR_SKEW)
+    ).start()
     near = WorkerProc(s, "nf-near", world.logs, cpu=16)
     events = EventReader(s, "network-faults-check")
     others: list[Node] = []
@@ -199,7 +217,13 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
             events.poll_for(AFTER_S)
             # A second node on a host of its own, cut off once it holds partitions: it
             # stops deciding (its transactions are fenced) before the other takes over.
-            far_node = Node(s, "nf-n2", world.logs, prefix=world.node_ns.prefix).start()
+            far_node = Node(
+                s,
+                "nf-n2",
+                world.logs,
+                prefix=world.node_ns.prefix,
+                extra_env=world.skewed(FAR_NODE_SKEW),
+            ).start()
             others.append(far_node)
             events.poll_for(20)
             _fault(world, "a scheduler node cut off", world.node_ns.cut, world.node_ns.heal, CUT_S)

@@ -1,0 +1,125 @@
+"""/jobs: register, list, read, replace, patch and delete jobs; pause, resume, run now and
+backfill them (their runs are in connectors/api/routes/runs.py)."""
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from connectors.api.routes.common import (
+    OBJECT_BODY,
+    Limit,
+    ServiceDep,
+    User,
+    answer,
+    body_of,
+    params,
+    request_id,
+)
+from connectors.api.service import ServiceError
+
+JOB_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "A job.upsert command without its type",
+                    "properties": {
+                        "job_id": {"type": "string"},
+                        "owner": {"type": "string"},
+                        "schedule": {"type": "object"},
+                        "command": {"type": "array", "items": {"type": "string"}},
+                    },
+                }
+            }
+        },
+    }
+}
+
+router = APIRouter(tags=["jobs"])
+
+
+@router.post("/jobs", status_code=201, openapi_extra=JOB_BODY)
+async def create_job(request: Request, who: User, service: ServiceDep) -> JSONResponse:
+    body = await body_of(request)
+    accepted = await run_in_threadpool(service.create_job, who, body)
+    job_id = accepted.body["job_id"]
+    return answer(accepted, f"/jobs/{job_id}", created=True)
+
+
+@router.get("/jobs")
+def list_jobs(
+    who: User,
+    service: ServiceDep,
+    owner: str | None = None,
+    paused: bool | None = None,
+    limit: Limit = 100,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    return service.jobs(who, owner=owner, paused=paused, limit=limit, cursor=cursor)
+
+
+@router.get("/jobs/{job_id}")
+def get_job(job_id: str, who: User, service: ServiceDep) -> dict[str, Any]:
+    return service.job(who, job_id)
+
+
+@router.put("/jobs/{job_id}", openapi_extra=JOB_BODY)
+async def put_job(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+    """Register the job, or replace the caller's job of that id with this spec
+    (what `cronlog jobs add` and `cronlog apply` do)."""
+    body = await body_of(request)
+    if body.get("job_id", job_id) != job_id:
+        raise ServiceError(422, "job_id differs from the path's", "job_id")
+    accepted = await run_in_threadpool(service.put_job, who, {**body, "job_id": job_id})
+    return answer(accepted, f"/jobs/{job_id}")
+
+
+@router.patch("/jobs/{job_id}", openapi_extra=OBJECT_BODY)
+async def patch_job(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+    body = await body_of(request)
+    accepted = await run_in_threadpool(service.patch_job, who, job_id, body)
+    return answer(accepted, f"/jobs/{job_id}")
+
+
+@router.delete("/jobs/{job_id}")
+def delete_job(job_id: str, who: User, service: ServiceDep) -> JSONResponse:
+    return answer(service.job_command(who, job_id, "delete"), f"/jobs/{job_id}")
+
+
+@router.post("/jobs/{job_id}/pause")
+def pause_job(job_id: str, who: User, service: ServiceDep) -> JSONResponse:
+    return answer(service.job_command(who, job_id, "pause"), f"/jobs/{job_id}")
+
+
+@router.post("/jobs/{job_id}/resume", openapi_extra=OBJECT_BODY)
+async def resume_job(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+    """Resume; `{"missed": "last"}` (or "all") runs the firings the pause covered."""
+    body = await body_of(request)
+    fields = {"missed": body["missed"]} if body.get("missed") is not None else {}
+    accepted = await run_in_threadpool(service.job_command, who, job_id, "resume", **fields)
+    return answer(accepted, f"/jobs/{job_id}")
+
+
+@router.post("/jobs/{job_id}/run-now", openapi_extra=OBJECT_BODY)
+async def run_now(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+    body = await body_of(request)
+    fields = {**request_id(request, body), **params(body)}
+    accepted = await run_in_threadpool(service.job_command, who, job_id, "run_now", **fields)
+    return answer(accepted, f"/runs/{accepted.body['run_id']}")
+
+
+@router.post("/jobs/{job_id}/backfill", openapi_extra=OBJECT_BODY)
+async def backfill(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+    body = await body_of(request)
+    fields = {
+        "from": body.get("from"),
+        "to": body.get("to"),
+        **request_id(request, body),
+        **params(body),
+    }
+    accepted = await run_in_threadpool(service.job_command, who, job_id, "backfill", **fields)
+    return answer(accepted, f"/jobs/{job_id}/runs")

@@ -13,6 +13,8 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from schemas.codec import RUN_LOG
 from streams.kafka import consumer_config
 from streams.settings import Settings
-from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
+from tests.support.nodes import ROOT, EventReader, Node, WorkerProc, job, send_commands
 
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 NOBODY = pwd.getpwnam("nobody")
@@ -182,6 +184,20 @@ def test_a_fifo_in_place_of_its_output_does_not_stop_the_worker(
         node.stop()
 
 
+def _python_for_nobody() -> list[str]:
+    """How `nobody` runs this checkout: this interpreter where it may execute it, else
+    the system's interpreter of the same version (this suite's may live in root's home)
+    on this environment's packages."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    path = os.pathsep.join([sysconfig.get_paths()["purelib"], str(ROOT)])
+    for interpreter in (sys.executable, f"/usr/bin/{version}"):
+        command = ["env", f"PYTHONPATH={path}", interpreter]
+        probe = [*AS_NOBODY, *command, "-c", "import confluent_kafka, connectors.cli"]
+        if subprocess.run(probe, capture_output=True, check=False, cwd="/").returncode == 0:
+            return command
+    pytest.skip(f"no {version} that nobody may run with this checkout's packages")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting the worker as another user needs root")
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 def test_a_job_of_the_workers_own_user_sees_none_of_its_files(topics: Settings) -> None:
@@ -207,6 +223,7 @@ unshare -Urm sh -c 'umount -l {state}; umount -l {secrets}; find {state} {secret
 echo mine > own && cat own
 echo done
 """
+    python = _python_for_nobody()
     node = Node(topics, "jo-n1", logs).start()
     worker = WorkerProc(
         topics,
@@ -217,8 +234,9 @@ echo done
             "CRONLOG_SECRETS_DIR": str(secrets),
             "CRONLOG_WORKER_ALLOW_ROOT": "",
         },
-        prefix=AS_NOBODY,
-    ).start()
+    )
+    worker.argv = [*AS_NOBODY, *python, "-m", "connectors.cli", *worker.args]
+    worker.start()
     events = EventReader(topics, "jo-events")
     try:
         send_commands(topics, [job("curious", ["sh", "-c", script])])

@@ -11,7 +11,7 @@ HANG is what its stop then does:
             ignores its timeout
   held      blocks in a C call that holds the GIL: no Python thread runs again
 
-The watchdog is installed first, as connectors/cli.py does; it prints "ready" once its
+The watchdog is installed first, as connectors/cli/common.py does; it prints "ready" once its
 handlers are in place.
 """
 

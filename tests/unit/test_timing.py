@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors import cli
+from connectors.cli import processes
 from connectors.worker.worker import WorkerConfig
 from streams import kafka
 from streams.core.ledger import LedgerConfig
@@ -82,9 +82,9 @@ def test_the_clients_the_ledger_and_the_cli_take_the_budget() -> None:
     assert 1000 * TIMING.consumer_heartbeat_s == kafka.HEARTBEAT_INTERVAL_MS
     assert 1000 * TIMING.transaction_timeout_s == kafka.TRANSACTION_TIMEOUT_MS
     assert LedgerConfig().claim_timeout_ms == 1000 * TIMING.claim_timeout_s
-    scheduler = inspect.signature(cli.scheduler).parameters
+    scheduler = inspect.signature(processes.scheduler).parameters
     assert scheduler["lead_s"].default == TIMING.lead_s
-    worker = inspect.signature(cli.worker).parameters
+    worker = inspect.signature(processes.worker).parameters
     assert worker["heartbeat_s"].default == TIMING.heartbeat_s
 
 

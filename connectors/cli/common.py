@@ -1,0 +1,85 @@
+"""What every `cronlog` command shares: the error exit, Settings from the environment,
+logging, the metrics port, the stop watchdog, notes on stderr, the retention policy, and
+the options several commands take."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from projections.retention import RetentionError, RetentionPolicy
+from streams.logs import LogFormat, LogFormatError
+from streams.logs import configure as configure_logging
+from streams.settings import Settings, SettingsError
+
+LogFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        help="text, or json: one JSON object per line (CRONLOG_LOG_FORMAT; default text).",
+    ),
+]
+
+
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Serve /metrics, /healthz and /readyz on this port (CRONLOG_METRICS_PORT; "
+        "default none). A scheduler node's ledger process serves on the port + 1.",
+    ),
+]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print the error; the exit to raise."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code)
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from exc
+
+
+def start_logging(level: str, component: str, instance: str | None, fmt: str | None) -> LogFormat:
+    try:
+        return configure_logging(level, component, instance, fmt)
+    except LogFormatError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def chosen_metrics_port(option: int | None) -> int | None:
+    """--metrics-port, else CRONLOG_METRICS_PORT, else None."""
+    from streams.metrics import metrics_port
+
+    try:
+        return metrics_port(option)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def stop_watchdog(extra_s: float = 0.0) -> float:
+    """Bound this command's stop: exit hard if it has not stopped within
+    CRONLOG_STOP_TIMEOUT_S (default 20) + `extra_s` of the first stop signal, even when
+    a client call hangs. Before the command installs its own handlers (they get wrapped)."""
+    from streams.lifecycle import install_stop_watchdog, stop_timeout_s
+
+    try:
+        return install_stop_watchdog(stop_timeout_s() + extra_s)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from exc
+
+
+def say(message: str) -> None:
+    typer.echo(f"cronlog: {message}", err=True)
+
+
+def retention_policy() -> RetentionPolicy:
+    try:
+        return RetentionPolicy.from_env()
+    except RetentionError as exc:
+        raise fail(str(exc), 2) from exc

@@ -1,0 +1,146 @@
+"""Jobs as code (connectors/apply.py) on the command line: `cronlog apply` makes the
+registered jobs what the files say, `cronlog diff` tells how they differ, `cronlog jobs
+export` writes them as a file `apply` reads back unchanged."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from connectors.api.service import ADMIN, Service, ServiceError
+from connectors.apply import (
+    MANAGED_BY,
+    Desired,
+    JobFileError,
+    describe,
+    export_documents,
+    load,
+    plan,
+    summary,
+)
+from connectors.cli.access import ApiOpt, DirectOpt, TokenOpt, open_service, use_mode
+from connectors.cli.common import fail
+from connectors.remote import RemoteService
+
+FilesOpt = Annotated[
+    list[Path],
+    typer.Option("-f", "--file", help="A YAML/JSON file of jobs, or a directory of them."),
+]
+ManagedOpt = Annotated[
+    str, typer.Option("--managed-by", help="The name apply marks its jobs with, and prunes by.")
+]
+PruneOpt = Annotated[
+    bool, typer.Option("--prune", help="Delete the jobs of that name the files no longer list.")
+]
+
+
+def _registered(service: Service | RemoteService) -> list[dict[str, Any]]:
+    """Every job the caller may see (all of them for an admin)."""
+    rows: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = service.jobs(ADMIN, limit=1000, cursor=cursor)
+        rows.extend(page["items"])
+        cursor = page["next"]
+        if not cursor:
+            return rows
+
+
+def _default_owner(service: Service | RemoteService) -> str | None:
+    """Over the API a job naming no owner is the token's; directly, 'default'."""
+    return "default" if isinstance(service, Service) else None
+
+
+def _load(files: list[Path], managed_by: str, owner: str | None) -> list[Desired]:
+    try:
+        return load(files, managed_by, owner)
+    except JobFileError as exc:
+        raise fail(str(exc), 1) from exc
+    except OSError as exc:
+        raise fail(f"cannot read the job files: {exc}", 2) from exc
+
+
+def apply_files(
+    files: FilesOpt,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the changes only.")] = False,
+    prune: PruneOpt = False,
+    managed_by: ManagedOpt = MANAGED_BY,
+    owner: Annotated[str | None, typer.Option(help="Owner of jobs that name none.")] = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+    direct: DirectOpt = False,
+) -> None:
+    """Make the registered jobs what the files say: print the difference (created,
+    changed field by field, unchanged, deleted with --prune), then apply it."""
+    use_mode(api, token, direct)
+    with open_service() as service:
+        desired = _load(files, managed_by, owner or _default_owner(service))
+        changes = plan(desired, _registered(service), managed_by, prune)
+        for change in changes:
+            for line in describe(change):
+                typer.echo(line)
+        typer.echo(summary(changes) + (" (dry run: nothing applied)" if dry_run else ""))
+        failed = 0
+        if dry_run:
+            return
+        for change in changes:
+            try:
+                if change.doc is not None:
+                    service.put_job(ADMIN, change.doc)
+                elif change.kind == "delete":
+                    service.job_command(ADMIN, change.job_id, "delete")
+            except ServiceError as exc:
+                if exc.status >= 500:
+                    raise
+                where = f" ({exc.field})" if exc.field else ""
+                typer.secho(
+                    f"{change.job_id}: refused{where}: {exc.message}", fg=typer.colors.RED, err=True
+                )
+                failed += 1
+    if failed:
+        raise typer.Exit(1)
+
+
+def diff_files(
+    files: FilesOpt,
+    prune: PruneOpt = False,
+    managed_by: ManagedOpt = MANAGED_BY,
+    owner: Annotated[str | None, typer.Option(help="Owner of jobs that name none.")] = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+    direct: DirectOpt = False,
+) -> None:
+    """Print how the registered jobs differ from the files; exit 1 when they do (drift),
+    0 when they do not, 2 when cronlog cannot be reached."""
+    use_mode(api, token, direct)
+    with open_service() as service:
+        desired = _load(files, managed_by, owner or _default_owner(service))
+        changes = plan(desired, _registered(service), managed_by, prune)
+    drift = [c for c in changes if c.kind != "same"]
+    for change in drift:
+        for line in describe(change):
+            typer.echo(line)
+    typer.echo(summary(changes))
+    if drift:
+        raise typer.Exit(1)
+
+
+def jobs_export(
+    owner: Annotated[str | None, typer.Option(help="Only this owner's jobs.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write to this file (default: stdout).")
+    ] = None,
+) -> None:
+    """The registered jobs as a YAML file that `cronlog apply` reads back unchanged."""
+    with open_service() as service:
+        rows = [r for r in _registered(service) if owner is None or r["owner"] == owner]
+    text = yaml.safe_dump(export_documents(rows), sort_keys=False, allow_unicode=True)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        typer.echo(f"{len(rows)} jobs written to {output}")

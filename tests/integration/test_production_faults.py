@@ -105,6 +105,12 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             ) and {e.job_id for e, _ in events.run_events() if e.state == "succeeded"} >= set(short)
 
         events.wait_until(long_running, 180, "every long job running, every short one done")
+        # Coordinators are found as Kafka finds them (a hash of the id): checked here
+        # against the group coordinator the brokers name, while the cluster is calm.
+        group = s.group("ledger")
+        assert cluster.coordinator(group, "__consumer_offsets") == (
+            cluster.group_coordinator(group)
+        ), "the coordinator hash does not match the brokers'"
         # Runs due from here on were decided a full lead ahead: the calm baseline.
         events.poll_for(CALM_S)
 
@@ -153,10 +159,6 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             # 4. the broker coordinating the ledgers' transactions dies for good: their
             # commits in flight are answered by no one until the coordinator moves.
             print(f"replicas back in sync after {cluster.wait_in_sync(prefix):.1f} s")
-            group = s.group("ledger")
-            assert cluster.coordinator(group, "__consumer_offsets") == (
-                cluster.group_coordinator(group)
-            ), "the coordinator hash does not match the broker's"
             txns = Counter(
                 cluster.coordinator(f"{group}-{n.name}", "__transaction_state") for n in nodes
             )
@@ -164,7 +166,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             print(
                 f"killing broker {coordinator} for good: coordinates {txns[coordinator]} of "
                 f"{len(nodes)} ledgers' transactions (the ledger group's coordinator: "
-                f"{cluster.group_coordinator(group)})"
+                f"{cluster.coordinator(group, '__consumer_offsets')})"
             )
             faults.append((f"transaction coordinator {coordinator} killed", now_ms()))
             cluster.kill(coordinator)

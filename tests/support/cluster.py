@@ -138,10 +138,19 @@ class PrivateCluster:
         partitions = metadata.topics[internal_topic].partitions
         return partitions[java_abs(java_hash(key)) % len(partitions)].leader
 
-    def group_coordinator(self, group_id: str) -> int:
-        """The broker coordinating a group, as the broker itself says."""
-        future = self._admin().describe_consumer_groups([group_id])[group_id]
-        return int(future.result(timeout=15).coordinator.id)
+    def group_coordinator(self, group_id: str, timeout_s: float = 60) -> int:
+        """The broker coordinating a group, as the brokers say (asked again while a
+        coordinator that just moved is loading the group)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            admin = self._admin()  # held: a client collected early never completes its futures
+            future = admin.describe_consumer_groups([group_id], request_timeout=5)
+            try:
+                return int(future[group_id].result(timeout=10).coordinator.id)
+            except Exception:  # a coordinator moving or loading: ask again
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
     def busiest_leader(self, prefix: str, among: list[int] | None = None) -> int:
         """The broker leading the most partitions under the prefix (of `among`)."""

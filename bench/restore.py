@@ -4,10 +4,10 @@ whether that grows with the history still in them (superseded values not yet com
 J jobs, each with V successive job states on `jobs`, and R live runs with V successive run
 states each on `runs` (real encodings, as the ledger writes them; min.compaction.lag keeps
 them all in the log). Then a real `Ledger` restores every partition with the code of a
-takeover (`_restore_all`), timed, with the number of jobs and runs it ends up holding
-checked against what was written, and the process's peak resident memory. Then a real
-`Scheduler` takes the same partitions over: the time until it holds every job's timer
-with its newest due time (its catch-up).
+takeover (`Takeover.restore_all`, streams/ledger_takeover.py), timed, with the number of
+jobs and runs it ends up holding checked against what was written, and the process's peak
+resident memory. Then a real `Scheduler` takes the same partitions over: the time until it
+holds every job's timer with its newest due time (its catch-up).
 `python -m bench.restore --jobs 20000 --versions 1,10` (`--quick`: the same).
 """
 
@@ -139,7 +139,7 @@ def main() -> None:
             ledger = Ledger(settings, node_id=f"bench-restore-{versions}")
             try:
                 started = time.monotonic()
-                states = ledger._restore_all(list(range(settings.partitions)))
+                states = ledger.takeover.restore_all(list(range(settings.partitions)))
                 restore_s = time.monotonic() - started
             finally:
                 ledger.consumer.close()

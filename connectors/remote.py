@@ -3,7 +3,8 @@ and a token, and the Service calls those commands make, answered over the API.
 
 A team member given a token needs nothing else: no Kafka or database credentials. The
 API is found, first match wins, from `--api URL` / `--token T` on `cronlog jobs` or
-`cronlog runs`, the environment (`CRONLOG_API_URL`, `CRONLOG_TOKEN`), or the profile
+`cronlog runs`, the environment (`CRONLOG_API_URL`, `CRONLOG_TOKEN`, read by the CLI,
+connectors/cli/access.py, and passed in with the options), or the profile
 `cronlog login` wrote (`$XDG_CONFIG_HOME/cronlog/profile.json`, else
 `~/.config/cronlog/profile.json`, mode 600). Without any, the commands work directly on
 Kafka and PostgreSQL as admin (the operators' mode, `--direct` forces it).
@@ -34,6 +35,8 @@ class Remote:
 
 
 def profile_path() -> Path:
+    # Not a cronlog setting: where the platform keeps a user's configuration files (the
+    # XDG base directory convention, looked up like Path.home()'s HOME beside it).
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "cronlog" / PROFILE_NAME
 
@@ -66,11 +69,12 @@ def load_profile(path: Path | None = None) -> Remote | None:
 
 
 def find_remote(url: str | None, token: str | None, direct: bool) -> Remote | None:
-    """The API to use, or None for the direct mode."""
+    """The API to use, or None for the direct mode. `url` and `token`: the options, else
+    CRONLOG_API_URL and CRONLOG_TOKEN (the CLI chooses, connectors/cli/access.py)."""
     if direct:
         return None
-    url = url or os.environ.get("CRONLOG_API_URL") or None
-    token = token or os.environ.get("CRONLOG_TOKEN") or None
+    url = url or None
+    token = token or None
     if url or token:
         if not (url and token):
             missing = (

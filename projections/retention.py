@@ -46,7 +46,6 @@ background pruner sleeps between batches so it uses at most a share of the datab
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -82,8 +81,9 @@ class RetentionPolicy:
     duty: float = 0.5
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
-        env = os.environ if environ is None else environ
+    def from_env(cls, env: Mapping[str, str]) -> RetentionPolicy:
+        """The policy the CRONLOG_RETENTION_* variables of `env` describe; the entry point
+        (connectors/cli/common.py) passes its environment in."""
 
         def number(name: str, default: float) -> float:
             raw = env.get(name, "").strip()

@@ -41,18 +41,19 @@ Fencing. A zombie - a member that lost its partitions without noticing - cannot 
 its TxnOffsetCommit carries its group generation (consumer_group_metadata()), which the
 rebalance made stale, so `send_offsets_to_transaction` fails and the transaction can only
 abort. The new owner fetches the committed offsets *before* it restores state (see
-`_take_over`): that fetch waits for pending transactional offsets (require_stable, the
-read_committed consumer's default), so after it no transaction can add offsets for the
-partition; the state then read to the log's real end contains every batch whose offsets
-are committed. On any error in 2-6 the in-memory changes are thrown away with the whole
-state: abort if possible, recreate the producer, and take the partitions over again.
+`Takeover.take_over`, streams/ledger_takeover.py): that fetch waits for pending
+transactional offsets (require_stable, the read_committed consumer's default), so after
+it no transaction can add offsets for the partition; the state then read to the log's
+real end contains every batch whose offsets are committed. On any error in 2-6 the
+in-memory changes are thrown away with the whole state: abort if possible, recreate the
+producer, and take the partitions over again.
 
 A broker outage, and client calls that hang. Every loop step retries while the broker is
 down: the producer's `init_transactions`, the offset fetch and the restore of a takeover
-(`_take_over`), and a failed transaction goes through `_recover` as always. One call can
-block for ever whatever timeout it is given: `send_offsets_to_transaction` when the
-group coordinator is lost, as after a broker restart (confluentinc/librdkafka#5456 and
-#5511). So every transactional call runs under a watchdog (`bounded`, streams/kafka.py:
+(`Takeover.take_over`), and a failed transaction goes through `_recover` as always. One
+call can block for ever whatever timeout it is given: `send_offsets_to_transaction` when
+the group coordinator is lost, as after a broker restart (confluentinc/librdkafka#5456
+and #5511). So every transactional call runs under a watchdog (`bounded`, streams/kafka.py:
 `TXN_CALL_S` for the call, `TXN_WATCHDOG_S` before it is abandoned). A call that
 outlives its watchdog is abandoned with its producer, which is never touched again, and
 the ledger recovers through the fenced path, exactly as if this process had crashed there
@@ -63,11 +64,11 @@ and been restarted:
    first: InitProducerId waits for a pending commit to finish), and fences every later
    request of the old epoch. If the abandoned call returns one day, nothing it does can
    commit: its TxnOffsetCommit and EndTxn carry the old epoch.
- - Then `_take_over` fetches the committed offsets (require_stable: they wait for any
-   transaction still pending on them) and restores the state to the log's real end, so
-   the state holds exactly the batches whose offsets are committed, whichever way the
-   abandoned transaction ended; the consumer is sought back to those offsets and the
-   uncommitted inputs are decided again.
+ - Then the takeover (`Takeover.take_over`) fetches the committed offsets
+   (require_stable: they wait for any transaction still pending on them) and restores
+   the state to the log's real end, so the state holds exactly the batches whose offsets
+   are committed, whichever way the abandoned transaction ended; the consumer is sought
+   back to those offsets and the uncommitted inputs are decided again.
 A watchdog that fires on a slow but healthy call (a saturated machine) costs a recovery,
 never correctness: the abandoned transaction is committed or aborted as a whole, and the
 takeover reads back whichever it was.
@@ -84,13 +85,12 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
@@ -113,7 +113,6 @@ from schemas.codec import (
 from schemas.json import dlq_record
 from schemas.records import JobState, RunState
 from streams import metrics
-from streams.core import partition as core
 from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.core.ledger import Decision, LedgerConfig
 from streams.core.timing import TIMING
@@ -136,15 +135,21 @@ from streams.kafka import (
     abandon_consumer,
     admin_config,
     bounded,
-    committed_or,
     consumer_config,
     transactional_producer_config,
 )
+from streams.ledger_takeover import (
+    RESTORE_STALL_S,
+    PartitionState,
+    TakenOver,
+    Takeover,
+)
+from streams.ledger_takeover import range_share as range_share  # re-exported: it was here
 from streams.lifecycle import run_steps, trim_malloc_once
 from streams.placement_key import placement_key
 from streams.settings import Settings
-from streams.state_store import DiskStore, MemoryStates, Topic
-from streams.state_table import COLD_AFTER_MS, Encoded, StateTable
+from streams.state_store import DiskStore
+from streams.state_table import COLD_AFTER_MS
 
 log = logging.getLogger("cronlog.ledger")
 _APPLIED = metrics.DECISIONS.labels("applied")
@@ -154,12 +159,6 @@ _DLQ = metrics.LEDGER_DLQ.labels("ledger")
 # The work of one transaction (module docstring, step 4).
 TXN_MAX_RECORDS = 20_000
 TXN_MAX_S = 2.5
-# A restore fails only when it made no progress for this long. Longer than the
-# transaction timeout: a dead owner's open transaction holds the restore back that long.
-RESTORE_STALL_S = 30.0
-# Reading ahead before the first assignment (`_ReadAhead`) stops at this many records:
-# a node of a large cluster holds other owners' states only briefly and within a bound.
-AHEAD_MAX_RECORDS = 2_000_000
 # A transactional call's own timeout, and its watchdog's (module docstring: a call that
 # can ignore its timeout). About the transaction timeout: a transaction not committed by
 # then is aborted by the broker anyway.
@@ -190,45 +189,6 @@ def _cold(job: JobState) -> bool:
     firing within `COLD_AFTER_MS` of its last decision."""
     due = job.next_due_ms
     return not job.live_runs and (due is None or due - job.updated_ms > COLD_AFTER_MS)
-
-
-def _jobs() -> StateTable[JobState]:
-    return StateTable(JOB_STATE.decode)
-
-
-def _runs() -> StateTable[RunState]:
-    return StateTable(RUN_STATE.decode)
-
-
-def range_share(partitions: int, index: int, members: int) -> range:
-    """The partitions the range assignor gives member `index` of `members` (librdkafka's
-    RangeAssignor: consecutive ranges, the first `partitions % members` one larger)."""
-    if not 0 <= index < members:
-        raise ValueError(f"ledger index {index} out of {members}")
-    size, extra = divmod(partitions, members)
-    start = index * size + min(index, extra)
-    return range(start, start + size + (index < extra))
-
-
-@dataclass
-class _ReadAhead:
-    """From a ledger's start to its first assignment, every partition's state records
-    read into tables of their own (those of its share: `range_share`), by a consumer
-    outside the group (`Ledger.run`)."""
-
-    reader: Consumer
-    sinks: dict[tuple[str, int], Encoded]
-    read: int = 0
-    full: bool = False  # AHEAD_MAX_RECORDS read: what it holds is kept, no more is read
-
-
-@dataclass
-class PartitionState(core.PartitionState):
-    """One job-log partition's jobs and runs, held decoded or encoded (`StateTable`):
-    decided and applied by the core's rules (streams/core/partition.py)."""
-
-    jobs: StateTable[JobState] = field(default_factory=_jobs)
-    runs: StateTable[RunState] = field(default_factory=_runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +242,6 @@ class Ledger:
         self.batch_size = batch_size
         self.txn_max_records = txn_max_records
         self.txn_max_s = txn_max_s
-        self.restore_stall_s = restore_stall_s
         self.producer_overrides = producer_overrides or {}
         # (index, count) of the node's ledger processes: what this one reads ahead.
         self.share = share
@@ -313,9 +272,18 @@ class Ledger:
         self._dirty_jobs: dict[tuple[int, str], JobState] = {}
         self._dirty_runs: dict[tuple[int, str], RunState | None] = {}
         self._abandoned = 0  # producers left inside a hung call (module docstring)
-        self._restored_records = 0  # read by the newest restore (its log line)
-        self._ahead: _ReadAhead | None = None
-        self._read_before = 0  # records of the takeover's restore read ahead
+        # The takeovers: the read-ahead, then the committed offsets and the state of the
+        # partitions it gets (streams/ledger_takeover.py).
+        self.takeover = Takeover(
+            settings,
+            clients,
+            clock,
+            self._stop,
+            self.node_id,
+            share,
+            self.store,
+            restore_stall_s,
+        )
         self._txn_rejected = self._txn_dlq = 0
         self.assigned = False  # a first assignment came and was restored (readiness)
         self._warned_create_time = False
@@ -440,7 +408,7 @@ class Ledger:
                 return False  # stopped while waiting for the broker
             self.config = replace(self.config, placement_key=key)
         self._subscribe()
-        self._start_read_ahead()
+        self.takeover.start_read_ahead()
         return True
 
     def step(self) -> None:
@@ -448,10 +416,10 @@ class Ledger:
         it in transactions."""
         if self.watch.stuck():
             self._replace_consumer()
-        ahead = self._ahead is not None and not self._ahead.full
+        ahead = self.takeover.reading_ahead
         messages = self.consumer.consume(self.batch_size, timeout=0 if ahead else 0.2)
-        if self._ahead is not None and not self._ahead.full:  # not yet assigned
-            self._read_ahead()
+        if self.takeover.reading_ahead:  # not yet assigned
+            self.takeover.read_ahead()
         if self._identity_due:  # assigned: a frozen ledger woken beside its replacement?
             self._check_node_id()
         records = [m for m in messages if self._usable(m)]
@@ -460,81 +428,10 @@ class Ledger:
         self._lag.report(self.consumer)
 
     def close(self) -> None:
-        self._end_read_ahead()
+        self.takeover.end_read_ahead()
         self.consumer.close()
         if self.store is not None:
             self.store.close()
-
-    # -- reading ahead while the group decides ------------------------------------------
-    def _start_read_ahead(self) -> None:
-        """A node taking over from a dead one waits out the dead member's session (6 s)
-        before anything is assigned, then restored every partition it got. So from its
-        start it already reads the state of the partitions it will likely get (its
-        `range_share`; read_committed, outside the group); the first assignment's
-        restore goes on from there (`_take_ahead`), and restores what it got beyond
-        them from the start. The
-        fencing argument of `_take_over` is untouched: what is read before the offset
-        fetch is a prefix of each topic-partition, and the rest, to the real end as it
-        stands after the fetch, is still read after it, so the state holds exactly
-        the same records as a restore from the start."""
-        partitions = range_share(self.settings.partitions, *self.share)
-        sinks = {
-            (self.topics[topic], p): self._encoded(p, topic)
-            for topic in ("jobs", "runs")
-            for p in partitions
-        }
-        reader = self.clients.consumer(
-            consumer_config(self.settings, None, **{"fetch.wait.max.ms": 100})
-        )
-        reader.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in sinks])
-        self._ahead = _ReadAhead(reader, sinks)
-
-    def _read_ahead(self) -> None:
-        ahead = self._ahead
-        assert ahead is not None
-        for msg in ahead.reader.consume(10_000, timeout=0.1):
-            if msg.error() is None:
-                ahead.read += 1
-                ahead.sinks[(msg.topic() or "", msg.partition() or 0)].stage(
-                    (msg.key() or b"").decode(), msg.value()
-                )
-        if ahead.read >= AHEAD_MAX_RECORDS:
-            ahead.full = True
-            log.info(
-                "ledger %s: read %d state records ahead; the rest after assignment",
-                self.node_id,
-                ahead.read,
-            )
-
-    def _take_ahead(self, partitions: list[int]) -> dict[tuple[str, int], tuple[Encoded, int]]:
-        """End the read-ahead: (topic, partition) -> its table and the offset to read on
-        from, for these partitions and the topic-partitions it read anything of; the
-        rest is dropped."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return {}
-        kept: dict[tuple[str, int], tuple[Encoded, int]] = {}
-        try:
-            wanted = [TopicPartition(t, p) for t, p in ahead.sinks if p in partitions]
-            for tp in ahead.reader.position(wanted) if wanted else []:
-                if tp.offset >= 0:
-                    sink = ahead.sinks[(tp.topic, tp.partition)]
-                    sink.flush()
-                    kept[(tp.topic, tp.partition)] = (sink, tp.offset)
-        except KafkaException as exc:  # read from the start instead: slower, as correct
-            log.warning("ledger %s: read-ahead position unknown (%s)", self.node_id, exc)
-            kept = {}
-        finally:
-            ahead.reader.close()
-        if self.store is not None:
-            for p in range(self.settings.partitions):
-                if p not in partitions:
-                    self.store.drop(p)
-        self._read_before = ahead.read
-        return kept
-
-    def _end_read_ahead(self) -> None:
-        self._take_ahead([])
 
     def _usable(self, msg: Message) -> bool:
         error = msg.error()
@@ -550,9 +447,11 @@ class Ledger:
         if consumer is not self.consumer:  # a replaced consumer, closing late
             return
         started = self.clock.monotonic()
-        positions = self._take_over(partitions)
+        taken = self._take_over(partitions)
+        positions = taken.positions
         # Assigned here, with the offsets the state was restored for: librdkafka must
-        # not look the committed offsets up again after the restore (see _take_over).
+        # not look the committed offsets up again after the restore (see
+        # `Takeover.take_over`).
         consumer.assign(positions)
         self.watch.reset()  # in the group (the statistics said otherwise while it restored)
         self.assigned = True
@@ -564,7 +463,7 @@ class Ledger:
             "ledger %s owns job-log partitions %s: restored from %d state records in %.2f s",
             self.node_id,
             sorted(tp.partition for tp in positions),
-            self._restored_records,
+            taken.records,
             self.clock.monotonic() - started,
         )
         trim_malloc_once(f"ledger {self.node_id} restored", log.info)
@@ -585,183 +484,14 @@ class Ledger:
         if self.store is not None:
             self.store.drop(partition)
 
-    def _take_over(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Committed offsets first, then the state, then the positions to resume from
-        (returned; the caller assigns or seeks them). Used on assignment and recovery.
-
-        Why this order. The committed offsets say which inputs are decided; the state
-        must contain exactly those decisions. The offset fetch is made with
-        require_stable (librdkafka sets it for a read_committed consumer): the group
-        coordinator answers only once no transaction with offsets for these partitions
-        is pending, so a zombie's batch whose offsets were sent before the rebalance is
-        either committed (and its offsets are in the answer) or aborted. After the
-        fetch no transaction can add offsets any more (the generation moved on, so a
-        zombie's send_offsets is fenced). The state, read next to the log's real end,
-        then holds every batch whose offsets were fetched, and no batch whose offsets
-        were not: a committed batch wrote its state before its commit marker, which
-        came before the fetch. In the other order - state first, offsets afterwards (as
-        librdkafka does by itself after on_assign returns) - a zombie's batch whose
-        offsets committed late, after the state was read, is missing from the state
-        while its offsets say it is decided: its job's watermark stays behind, and a
-        repeated proposal for the same time is decided a second time.
-        """
-        wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-        failures = 0
-        ahead_of = self._ahead is not None
-        while True:
-            committed = committed_or(self.consumer, wanted, OFFSET_BEGINNING, self._stop)
-            # Only now, after the fetch, is what was read ahead taken (and only by the
-            # first attempt: a retry reads from the start).
-            taken = [tp.partition for tp in committed]
-            ahead = self._take_ahead(taken) if ahead_of and not failures else {}
-            try:
-                restored = self._restore_all(taken, ahead)
-                break
-            except KafkaException as exc:
-                # The broker down, or a restore that stalled: both steps again, in order.
-                failures += 1
-                if failures == 1 or failures % 10 == 0:
-                    log.warning(
-                        "ledger %s: takeover of %s failed (%s); retrying",
-                        self.node_id,
-                        sorted(tp.partition for tp in wanted),
-                        exc,
-                    )
-                if self._stop.wait(RETRY_SLEEP_S):
-                    return committed
-        if not self._stop.is_set():  # a restore cut short by stop() is never used
-            self.state.update(restored)
-        return committed
-
-    def _restore(self, partition: int) -> PartitionState:
-        return self._restore_all([partition])[partition]
-
-    def _restore_all(
-        self,
-        partitions: list[int],
-        ahead: dict[tuple[str, int], tuple[Encoded, int]] | None = None,
-    ) -> dict[int, PartitionState]:
-        """Read these partitions of `jobs` and `runs` to their end (read_committed), all
-        at once with one consumer: a failover restores every partition it takes over.
-
-        The end to read to is the log's real end (read_uncommitted), not the last stable
-        offset a read_committed consumer reports: the previous owner's last transaction
-        may be committed (its offsets about to become visible) while its markers are
-        still being written, and stopping at the LSO would restore state without that
-        batch and resume after it: duplicate runs. So wait for every transaction below
-        the real end to be resolved (a dead ledger's is aborted within
-        transaction.timeout.ms).
-
-        No limit on the total time (a large partition takes as long as it takes, and a
-        fixed limit would make every rebalance start it over): it fails only when no
-        record arrived and no position moved for `restore_stall_s`.
-
-        Nothing is decoded here: the newest value's bytes of each key are kept (a
-        tombstone drops the key) and a state is decoded when the ledger first decides
-        about it (`StateTable`). The compacted topics still hold every value written
-        since their last compaction (the active segment is never compacted), so decoding
-        each record as it came made the restore grow with the history rather than with
-        the state (`bench.restore`: 10 values per key took 5.2 times as long as one), and
-        decoding every newest value made it grow with the registry, though few of its
-        jobs are due in the next minutes.
-
-        `ahead`: (topic, partition) -> a table already holding what the read-ahead read
-        of it (`_start_read_ahead`) and the offset it stopped at, to read on from there.
-        """
-        ahead = ahead or {}
-        read_before, self._read_before = self._read_before if ahead else 0, 0
-        states: dict[int, PartitionState] = {}
-        sinks: dict[tuple[str, int], Encoded] = {}
-        starts: dict[tuple[str, int], int] = {}
-        for p in partitions:
-            for topic in ("jobs", "runs"):
-                where = (self.topics[topic], p)
-                if where in ahead:
-                    sinks[where], starts[where] = ahead[where]
-                else:
-                    sinks[where] = self._encoded(p, topic)
-            states[p] = PartitionState(
-                StateTable(JOB_STATE.decode, sinks[(self.topics["jobs"], p)]),
-                StateTable(RUN_STATE.decode, sinks[(self.topics["runs"], p)]),
-            )
-        read = self._read_state_topics(sinks, starts)
-        for sink in sinks.values():
-            sink.flush()
-        self._restored_records = read_before + read
-        return states
-
-    def _encoded(self, partition: int, topic: Topic) -> Encoded:
-        """A new, empty holder for the encoded states of `topic` in `partition`."""
-        return MemoryStates() if self.store is None else self.store.table(partition, topic)
-
-    def _read_state_topics(
-        self, sinks: dict[tuple[str, int], Encoded], starts: dict[tuple[str, int], int]
-    ) -> int:
-        """Stage into each (topic, partition)'s sink the newest value of each key of the
-        `jobs` and `runs` partitions, from `starts` (else the beginning) to the log's
-        real end (`_restore_all` says why and how long). Returns the records read."""
-        probe = self.clients.consumer(
-            consumer_config(self.settings, None, **{"isolation.level": "read_uncommitted"})
-        )
-        try:
-            targets = {
-                (topic, p): probe.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[
-                    1
-                ]
-                for topic, p in sinks
-            }
-        finally:
-            probe.close()
-        pending = {key: high for key, high in targets.items() if high > starts.get(key, 0)}
-        if not pending:
-            return 0
-        reader = self.clients.consumer(
-            consumer_config(
-                self.settings,
-                None,
-                **{"enable.partition.eof": True, "fetch.wait.max.ms": 20},
-            )
-        )
-        try:
-            reader.assign(
-                [TopicPartition(t, p, starts.get((t, p), OFFSET_BEGINNING)) for t, p in pending]
-            )
-            progress_at = self.clock.monotonic()
-            positions: dict[tuple[str, int], int] = {}
-            read = 0
-            while pending:
-                if self._stop.is_set():
-                    break
-                if self.clock.monotonic() - progress_at > self.restore_stall_s:
-                    raise KafkaException(
-                        KafkaError(
-                            KafkaError._TIMED_OUT,
-                            f"restore of {sorted(pending)} made no progress for "
-                            f"{self.restore_stall_s:.0f} s (at {positions})",
-                        )
-                    )
-                messages = reader.consume(10_000, timeout=0.1)
-                if messages:
-                    progress_at = self.clock.monotonic()
-                for msg in messages:
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            raise KafkaException(error)
-                        continue
-                    read += 1
-                    sink = sinks[(msg.topic() or "", msg.partition() or 0)]
-                    sink.stage((msg.key() or b"").decode(), msg.value())
-                for tp in reader.position([TopicPartition(t, p) for t, p in pending]):
-                    where = (tp.topic, tp.partition)
-                    if tp.offset > positions.get(where, -1):
-                        positions[where] = tp.offset
-                        progress_at = self.clock.monotonic()
-                    if tp.offset >= pending[where]:
-                        del pending[where]
-        finally:
-            reader.close()
-        return read
+    def _take_over(self, partitions: list[TopicPartition]) -> TakenOver:
+        """Committed offsets first, then the state (held from here on), then the
+        positions to resume from (returned; the caller assigns or seeks them). Used on
+        assignment and recovery. `Takeover.take_over` (streams/ledger_takeover.py) says
+        why in that order."""
+        taken = self.takeover.take_over(self.consumer, partitions)
+        self.state.update(taken.states)  # none when stop() cut the restore short
+        return taken
 
     # -- processing ---------------------------------------------------------------------
     def _process_batch(self, records: list[Message]) -> None:
@@ -997,8 +727,8 @@ class Ledger:
     def _recover(self, abort: bool = True) -> None:
         """Abort (unless the producer is abandoned), recreate the producer, and take the
         assigned partitions over again: committed offsets, then state, then seek
-        (`_take_over` says why that order). The new producer's init_transactions fences
-        the old one and aborts its open transaction either way."""
+        (`Takeover.take_over` says why that order). The new producer's init_transactions
+        fences the old one and aborts its open transaction either way."""
         self._recoveries += 1
         if abort:
             producer = self.producer
@@ -1007,5 +737,5 @@ class Ledger:
             except (KafkaException, Hung) as exc:
                 log.warning("abort failed (%s); the producer is replaced anyway", exc)
         self.producer = self._new_producer()
-        for tp in self._take_over(self.consumer.assignment()):
+        for tp in self._take_over(self.consumer.assignment()).positions:
             self.consumer.seek(tp)

@@ -83,9 +83,10 @@ def die_with_parent_preexec() -> Callable[[], None]:
     return preexec
 
 
-def stop_timeout_s(default: float = DEFAULT_STOP_TIMEOUT_S) -> float:
-    """The bound on a stop, from CRONLOG_STOP_TIMEOUT_S (seconds) or `default`."""
-    raw = os.environ.get(STOP_TIMEOUT_ENV, "").strip()
+def stop_timeout_s(setting: str | None, default: float = DEFAULT_STOP_TIMEOUT_S) -> float:
+    """The bound on a stop, from `setting` (CRONLOG_STOP_TIMEOUT_S's value, seconds, which
+    the entry point reads and passes in) or `default`."""
+    raw = (setting or "").strip()
     if not raw:
         return default
     try:
@@ -149,8 +150,9 @@ class _Watchdog:
 _installed: _Watchdog | None = None
 
 
-def install_stop_watchdog(bound_s: float | None = None) -> float:
-    """Exit hard `bound_s` after the first SIGTERM/SIGINT/SIGHUP that has a handler.
+def install_stop_watchdog(bound_s: float) -> float:
+    """Exit hard `bound_s` after the first SIGTERM/SIGINT/SIGHUP that has a handler (the
+    entry point's bound: `stop_timeout_s` of CRONLOG_STOP_TIMEOUT_S, connectors/cli/common.py).
 
     Whoever handles the signal: the handlers in place now and every handler installed
     later through `signal.signal` (asyncio's `add_signal_handler`, which uvicorn uses,
@@ -165,7 +167,7 @@ def install_stop_watchdog(bound_s: float | None = None) -> float:
     global _installed
     if _installed is not None:
         return _installed.bound_s
-    watchdog = _Watchdog(stop_timeout_s() if bound_s is None else bound_s)
+    watchdog = _Watchdog(bound_s)
     _installed = watchdog
     original = signal.signal
 
@@ -247,6 +249,8 @@ def limit_malloc_arenas() -> None:
     """Cap glibc's malloc arenas for this process (mallopt M_ARENA_MAX, before its loops'
     threads start) and for its children (MALLOC_ARENA_MAX, read at their start). An
     operator's own MALLOC_ARENA_MAX wins. Best effort: glibc only, never fatal."""
+    # Not configuration read here: glibc's own variable, set in the environment the
+    # children inherit (glibc reads it at their start), kept if the operator set it.
     chosen = os.environ.setdefault("MALLOC_ARENA_MAX", str(MALLOC_ARENAS))
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -308,16 +312,20 @@ def trim_malloc_once(what: str, log: Callable[..., None] | None = None) -> None:
     threading.Thread(target=run, name="malloc-trim-once", daemon=True).start()
 
 
-def trim_malloc_every(every_s: float | None = None) -> None:
-    """Hand the free memory of every malloc arena back to the OS every `every_s` (default
-    CRONLOG_MALLOC_TRIM_S; none or 0: never), with glibc's malloc_trim on a daemon thread.
-    Safe beside allocating threads, which it locks out of one arena at a time: they
-    wait meanwhile (above). A no-op where glibc is not."""
-    if every_s is None:
-        try:
-            every_s = float(os.environ.get(TRIM_ENV, "0") or 0)
-        except ValueError:
-            every_s = 0.0
+def malloc_trim_s(setting: str | None) -> float:
+    """The trimming period from `setting` (CRONLOG_MALLOC_TRIM_S's value, which the entry
+    point reads and passes in); unset, empty or not a number: 0, never."""
+    try:
+        return float(setting or 0)
+    except ValueError:
+        return 0.0
+
+
+def trim_malloc_every(every_s: float) -> None:
+    """Hand the free memory of every malloc arena back to the OS every `every_s` (0 or
+    less: never; `malloc_trim_s` of CRONLOG_MALLOC_TRIM_S), with glibc's malloc_trim on a
+    daemon thread. Safe beside allocating threads, which it locks out of one arena at a
+    time: they wait meanwhile (above). A no-op where glibc is not."""
     if every_s <= 0:
         return
     trim = _malloc_trim()

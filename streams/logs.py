@@ -13,7 +13,6 @@ so they come out as JSON lines too.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -57,8 +56,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def log_format(chosen: str | None) -> LogFormat:
-    """The format asked for (an option, else CRONLOG_LOG_FORMAT, else text)."""
-    value = (chosen or os.environ.get("CRONLOG_LOG_FORMAT") or "text").strip().lower()
+    """The format asked for, else text. The entry point chooses between its option and
+    CRONLOG_LOG_FORMAT (connectors/cli/common.py): this module reads no environment."""
+    value = (chosen or "text").strip().lower()
     for known in FORMATS:
         if value == known:
             return known

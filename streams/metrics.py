@@ -18,7 +18,6 @@ against one list.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -333,10 +332,11 @@ class BoundedLabels:
         return value
 
 
-def metrics_port(option: int | None) -> int | None:
-    """The port to serve on (an option, else CRONLOG_METRICS_PORT), None for none."""
+def metrics_port(option: int | None, setting: str | None = None) -> int | None:
+    """The port to serve on (an option, else `setting`: CRONLOG_METRICS_PORT's value,
+    which the entry point reads and passes in), None for none."""
     if option is None:
-        raw = os.environ.get("CRONLOG_METRICS_PORT", "").strip()
+        raw = (setting or "").strip()
         if not raw:
             return None
         try:

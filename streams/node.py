@@ -92,9 +92,10 @@ def _ledger_main(
     log_format: LogFormat = "text",
     metrics_port: int | None = None,
     share: tuple[int, int] = (0, 1),
+    malloc_trim_s: float = 0.0,
 ) -> None:
     _die_with_parent()
-    trim_malloc_every()  # if CRONLOG_MALLOC_TRIM_S asks; MALLOC_ARENA_MAX came with the env
+    trim_malloc_every(malloc_trim_s)  # the node's CRONLOG_MALLOC_TRIM_S; MALLOC_ARENA_MAX: the env
     _dump_stacks_on_sigusr1()
     configure_logging(loglevel, "ledger", node_id, log_format)
     try:
@@ -137,16 +138,19 @@ def run_node(
     log_format: LogFormat = "text",
     metrics_port: int | None = None,
     ledgers: int = 1,
+    malloc_trim_s: float = 0.0,
 ) -> None:
     """Run a node until stopped. `store_dir`: where the ledger keeps the states it holds
     encoded (a RocksDB scratch store, streams/state_store.py); None keeps them on the heap.
     `ledgers`: ledger processes (members of the one ledger group, so they split the node's
-    share of the partitions); more than one uses more cores for the decisions."""
+    share of the partitions); more than one uses more cores for the decisions.
+    `malloc_trim_s`: trim malloc's free memory this often, in the node and its ledger
+    processes (CRONLOG_MALLOC_TRIM_S, read by the command; 0: never)."""
     if ledgers < 1 or (ledgers > 1 and not ledger_process):
         raise ValueError(f"ledgers must be >= 1, and 1 in the node's own process ({ledgers})")
     node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
     limit_malloc_arenas()
-    trim_malloc_every()
+    trim_malloc_every(malloc_trim_s)
     _dump_stacks_on_sigusr1()
     if lookahead_ms >= ledger_config.max_lead_ms:
         raise ValueError(
@@ -185,6 +189,7 @@ def run_node(
                     log_format,
                     port,
                     (index, ledgers),
+                    malloc_trim_s,
                 ),
                 name="ledger" if index == 0 else f"ledger{index}",
             )

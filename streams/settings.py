@@ -1,10 +1,12 @@
 """Typed, frozen configuration, built once at the entry point.
 
 Entry points call :func:`Settings.from_env` and pass the result down. Every variable
-carries the ``CRONLOG_`` prefix (README, "Configuration"). Not every one is read here
-yet: log format, metrics port, malloc trimming, retention, API tokens and limits, worker
-secrets and the CLI's API mode read theirs where they are used (docs/architecture.md's
-module table names each); moving them here is issue 38's work.
+carries the ``CRONLOG_`` prefix (README, "Configuration"). The environment is read at
+the edges only: here, and by the command line (connectors/cli/), which reads the rest (log
+format, metrics port, stop bound, malloc trimming, retention, API tokens and limits, the
+API mode's URL and token, the stack's ports and folders) and passes the values to the
+modules that use them; those read no environment (tests/unit/test_config_edges.py, which
+also lists the few reads that are process plumbing, not configuration).
 """
 
 from __future__ import annotations

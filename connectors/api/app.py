@@ -122,7 +122,9 @@ def create_app(
     app.state.service = service
     app.state.tokens = tokens
     app.state.gateway = gateway
-    app.state.limiter = limiter or RateLimiter.from_env()
+    # The configured limits come from `cronlog api` (CRONLOG_API_RATE/_BURST); else the
+    # documented defaults.
+    app.state.limiter = limiter or RateLimiter()
 
     app.exception_handler(ServiceError)(service_error)
     app.exception_handler(HTTPException)(http_error)

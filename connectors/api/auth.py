@@ -16,7 +16,6 @@ to start: an open scheduler that runs argv for anyone is not a default we ship.
 from __future__ import annotations
 
 import hmac
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +71,9 @@ class Tokens:
     workers: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Tokens:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> Tokens:
+        """From the variables of `env` (the entry point's environment, passed in by
+        `cronlog api`) and the file CRONLOG_API_TOKENS_FILE names."""
         admin = {t for t in env.get("CRONLOG_API_ADMIN_TOKENS", "").split(",") if t.strip()}
         owners = _pairs(env.get("CRONLOG_API_TOKENS", ""), "CRONLOG_API_TOKENS")
         workers = _pairs(env.get("CRONLOG_WORKER_TOKENS", ""), "CRONLOG_WORKER_TOKENS")

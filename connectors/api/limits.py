@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -63,8 +62,9 @@ class RateLimiter:
         self._swept = clock()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RateLimiter:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> RateLimiter:
+        """From CRONLOG_API_RATE and CRONLOG_API_BURST in `env` (the entry point's
+        environment, passed in by `cronlog api`)."""
         try:
             rate = float(env.get("CRONLOG_API_RATE", DEFAULT_RATE))
             burst = float(env.get("CRONLOG_API_BURST", DEFAULT_BURST))

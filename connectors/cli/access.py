@@ -8,6 +8,7 @@ reached. `cronlog login` and `cronlog logout` keep and forget the profile of the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import typer
 
 from connectors.api.service import Service, ServiceError
 from connectors.cli.common import fail, load_settings
-from connectors.remote import RemoteService, find_remote
+from connectors.remote import Remote, RemoteService, find_remote
 from projections.migrate import MigrationError, migrate_for
 
 
@@ -52,10 +53,20 @@ def use_mode(api: ApiOpt = None, token: TokenOpt = None, direct: DirectOpt = Fal
     MODE.api, MODE.token, MODE.direct = api, token, direct
 
 
+def remote_for(api: str | None, token: str | None, direct: bool) -> Remote | None:
+    """The API the options name, else CRONLOG_API_URL and CRONLOG_TOKEN, else the profile
+    (connectors/remote.py); None for the direct mode."""
+    return find_remote(
+        api or os.environ.get("CRONLOG_API_URL"),
+        token or os.environ.get("CRONLOG_TOKEN"),
+        direct,
+    )
+
+
 @contextmanager
 def open_service(wait_s: float = 5.0) -> Iterator[Service | RemoteService]:
     try:
-        remote = find_remote(MODE.api, MODE.token, MODE.direct)
+        remote = remote_for(MODE.api, MODE.token, MODE.direct)
     except ServiceError as exc:
         raise fail(exc.message, 2) from exc
     service: Service | RemoteService

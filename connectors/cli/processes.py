@@ -85,6 +85,7 @@ def scheduler(
     metrics_port: MetricsPortOption = None,
 ) -> None:
     """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
+    from streams.lifecycle import TRIM_ENV, malloc_trim_s
     from streams.node import run_node  # imported late: the loops' imports are heavy
 
     settings = load_settings()
@@ -108,6 +109,7 @@ def scheduler(
         log_format=chosen,
         metrics_port=chosen_metrics_port(metrics_port),
         ledgers=ledgers,
+        malloc_trim_s=malloc_trim_s(os.environ.get(TRIM_ENV)),
     )
 
 
@@ -435,8 +437,8 @@ def api(
 
     settings = load_settings()
     try:
-        tokens = Tokens.from_env()
-        limiter = RateLimiter.from_env()
+        tokens = Tokens.from_env(os.environ)
+        limiter = RateLimiter.from_env(os.environ)
     except (AuthConfigError, ValueError) as exc:
         raise fail(str(exc), 2) from exc
     try:

@@ -16,7 +16,9 @@ from connectors.cli.common import (
     chosen_metrics_port,
     fail,
     load_settings,
+    log_format_setting,
     say,
+    stop_bound_s,
     stop_watchdog,
 )
 from connectors.cli.stack import local_stack
@@ -60,11 +62,11 @@ def run_all(
     the demo jobs. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops it all; no
     component outlives it. One per state folder."""
     from connectors.cli.supervisor import Supervisor, components, register_demo, token_file
-    from streams.lifecycle import InstanceRunning, hold_instance_lock, stop_timeout_s
+    from streams.lifecycle import InstanceRunning, hold_instance_lock
 
     settings = load_settings()
     try:  # the components' logs (each child reads it)
-        os.environ["CRONLOG_LOG_FORMAT"] = chosen_log_format(log_format)
+        os.environ["CRONLOG_LOG_FORMAT"] = chosen_log_format(log_format_setting(log_format))
     except LogFormatError as exc:
         raise fail(str(exc), 2) from None
     state = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR")).state
@@ -79,10 +81,7 @@ def run_all(
             f"stop it first: Ctrl-C in its terminal, or `kill {pid}` (it stops every "
             "component), or use another CRONLOG_STATE_DIR"
         ) from exc
-    try:
-        component_bound_s = stop_timeout_s()
-    except ValueError as exc:
-        raise fail(str(exc), 2) from exc
+    component_bound_s = stop_bound_s()
     if not no_stack:
         try:
             local_stack().up(say)

@@ -142,6 +142,7 @@ class PostgresStack:
             conf.parent.mkdir(parents=True, exist_ok=True)
             conf.write_text("create_main_cluster = false\n")
         log("installing PostgreSQL from Debian's packages (first run only)")
+        # Not configuration: this process's environment handed on to apt-get.
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         run([apt, "update", "-qq"], "apt-get update", env=env, timeout_s=600)
         run(

@@ -43,6 +43,7 @@ def ensure_test_tools(log: Log) -> None:
         )
         return
     log(f"installing {', '.join(missing)} from Debian's packages (for the tests)")
+    # Not configuration: this process's environment handed on to apt-get.
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = [apt, "install", "-y", "-qq", "--no-install-recommends", *missing]
     try:

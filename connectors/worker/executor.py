@@ -238,6 +238,7 @@ class ProcessExecutor:
                 stdout=subprocess.PIPE,
                 stderr=err,
                 start_new_session=True,
+                # Not configuration: the worker's environment handed on to its child.
                 env={**os.environ, "PYTHONPATH": _pythonpath()},
             )
         self.pid = self.proc.pid
@@ -363,5 +364,6 @@ def _pythonpath() -> str:
     holding ``connectors/``: site-packages for a wheel, the checkout for an editable
     install or a bench's copy of the sources), not the repository."""
     root = str(Path(__file__).resolve().parents[2])
+    # Not configuration: the interpreter's own search path, extended for the child.
     existing = os.environ.get("PYTHONPATH", "")
     return f"{root}{os.pathsep}{existing}" if existing else root

@@ -32,6 +32,8 @@ def env_name(secret: str) -> str:
 class Secrets:
     def __init__(self, directory: Path | None, environ: Mapping[str, str] | None = None):
         self.directory = directory
+        # Not configuration: CRONLOG_SECRET_<NAME> is a lookup of runtime values (the
+        # secrets jobs name), looked up per run in the worker's own environment.
         self.environ = os.environ if environ is None else environ
 
     def resolve(self, refs: tuple[tuple[str, str], ...]) -> dict[str, str]:

@@ -233,6 +233,7 @@ class Worker:
         ):
             metrics.WORKER_CAPACITY.labels(resource).set(offered)
         # What of the worker's own environment every job gets (taken once, not per run).
+        # Not configuration: the process environment handed on to the jobs' processes.
         self.base_env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
         self.secrets = Secrets(config.secrets_dir)
         self.tailed = 0.0

@@ -35,7 +35,8 @@ from streams.kafka import (
     producer_config,
     transactional_producer_config,
 )
-from streams.ledger import Ledger, LedgerStats, range_share
+from streams.ledger import Ledger, LedgerStats
+from streams.ledger_takeover import TakenOver, range_share
 from streams.settings import Settings
 from streams.topics import delete_topics, ensure_topics
 from tests.support.nodes import EventReader
@@ -228,9 +229,11 @@ def test_offsets_are_fetched_before_state_is_restored(fresh: Settings) -> None:
         member.close()
 
     ledger = Ledger(fresh, node_id=f"order-{uuid.uuid4().hex[:6]}")
-    taken: list[list[TopicPartition]] = []
+    taken: list[TakenOver] = []
     thread = threading.Thread(
-        target=lambda: taken.append(ledger._take_over([TopicPartition(job_log, 0)])),
+        target=lambda: taken.append(
+            ledger.takeover.take_over(ledger.consumer, [TopicPartition(job_log, 0)])
+        ),
         daemon=True,
     )
     thread.start()
@@ -245,8 +248,8 @@ def test_offsets_are_fetched_before_state_is_restored(fresh: Settings) -> None:
     zombie.commit_transaction(30)
     thread.join(60)
     assert not thread.is_alive()
-    assert [(tp.partition, tp.offset) for tp in taken[0]] == [(0, 1)]
-    assert ledger.state[0].jobs["job-a"].fired_ms == 123_000
+    assert [(tp.partition, tp.offset) for tp in taken[0].positions] == [(0, 1)]
+    assert taken[0].states[0].jobs["job-a"].fired_ms == 123_000
 
 
 class _SlowConsumer(Consumer):
@@ -302,7 +305,7 @@ def test_a_long_restore_that_progresses_is_not_cut_off(fresh: Settings) -> None:
         clients=_SlowClients(),
     )
     started = time.monotonic()
-    state = ledger._restore(0)
+    state = ledger.takeover.restore(0)
     assert len(state.runs) == 4000
     assert time.monotonic() - started > 2.0  # longer than the stall limit, by far
 
@@ -325,7 +328,7 @@ def test_a_restore_that_stops_progressing_fails(fresh: Settings) -> None:
     started = time.monotonic()
     try:
         with pytest.raises(KafkaException, match="no progress"):
-            ledger._restore(0)
+            ledger.takeover.restore(0)
         assert time.monotonic() - started < 6.0  # before the broker's 7 s abort
     finally:
         holder.abort_transaction(30)
@@ -336,7 +339,7 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
     fresh: Settings, store: str, tmp_path: Path
 ) -> None:
     """From its start to its first assignment a ledger reads every partition's state
-    (`_start_read_ahead`, the one ledger process of its node); the takeover's restore,
+    (`Takeover.start_read_ahead`, the one ledger process of its node); the takeover's restore,
     after the offset fetch, goes on from where that stopped to the real end. The records
     written in between - newer values, a tombstone, a transaction whose commit marker is
     all that is left after the read-ahead's position - are all in the state, and the
@@ -360,14 +363,16 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
         restore_stall_s=3.0,
         store_dir=tmp_path if store == "disk" else None,
     )
+    takeover = ledger.takeover
     try:
-        ledger._start_read_ahead()
-        ahead = ledger._ahead
-        assert ahead is not None
+        takeover.start_read_ahead()
+        assert takeover.ahead is not None
 
         def read(records: int) -> Callable[[], bool]:
             def step() -> bool:
-                ledger._read_ahead()
+                takeover.read_ahead()
+                ahead = takeover.ahead
+                assert ahead is not None
                 return ahead.read >= records
 
             return step
@@ -385,8 +390,8 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
         txn.commit_transaction(30)
         eventually(read(7), "the new records", 30)
         # Read ahead past job-c: only its commit marker is left after the position.
-        state = ledger._restore_all([0], ledger._take_ahead([0]))[0]
-        assert ledger._ahead is None
+        state = takeover.restore_all([0], takeover.take_ahead([0]))[0]
+        assert takeover.ahead is None
         assert {k: state.jobs[k].fired_ms for k in ("job-a", "job-b", "job-c")} == {
             "job-a": 2,
             "job-b": 1,
@@ -399,11 +404,11 @@ def test_a_takeover_goes_on_from_what_was_read_ahead(
             jobs, key=b"job-d", value=JOB_STATE.encode(_job_state("job-d", 4)), partition=0
         )
         assert plain.flush(30) == 0
-        again = ledger._restore_all([0])[0]
+        again = takeover.restore_all([0])[0]
         assert again.jobs["job-d"].fired_ms == 4
         assert again.jobs["job-a"].fired_ms == 2
     finally:
-        ledger._end_read_ahead()
+        takeover.end_read_ahead()
         ledger.consumer.close()
         if ledger.store is not None:
             ledger.store.close()
@@ -427,30 +432,32 @@ def test_a_second_ledger_process_reads_ahead_only_its_share(fresh: Settings) -> 
         )
     assert plain.flush(30) == 0
     second = Ledger(fresh, node_id=f"share-{uuid.uuid4().hex[:6]}", share=(1, 2))
+    takeover = second.takeover
     try:
-        second._start_read_ahead()
-        ahead = second._ahead
+        takeover.start_read_ahead()
+        ahead = takeover.ahead
         assert ahead is not None
-        assert {p for _, p in ahead.sinks} == set(range_share(fresh.partitions, 1, 2))
-        assert 0 not in {p for _, p in ahead.sinks}
-        assert last in {p for _, p in ahead.sinks}
+        assert {p for _, p in ahead.topic_partitions} == set(range_share(fresh.partitions, 1, 2))
+        assert 0 not in {p for _, p in ahead.topic_partitions}
+        assert last in {p for _, p in ahead.topic_partitions}
 
-        def read_one() -> bool:
-            second._read_ahead()
-            return ahead.read >= 1
+        def read() -> int:
+            takeover.read_ahead()
+            ahead = takeover.ahead
+            assert ahead is not None
+            return ahead.read
 
-        eventually(read_one, "the read-ahead of the last partition", 30)
+        eventually(lambda: read() >= 1, "the read-ahead of the last partition", 30)
         time.sleep(1.0)
-        second._read_ahead()
-        assert ahead.read == 1  # job-first's partition is not its share
-        states = second._restore_all([0, last], second._take_ahead([0, last]))
+        assert read() == 1  # job-first's partition is not its share
+        states = takeover.restore_all([0, last], takeover.take_ahead([0, last]))
         # Restored from the start, and from the read-ahead.
         assert states[0].jobs["job-first"].fired_ms == 1
         assert len(states[0].jobs) == 1
         assert states[last].jobs["job-last"].fired_ms == 1
         assert len(states[last].jobs) == 1
     finally:
-        second._end_read_ahead()
+        takeover.end_read_ahead()
         second.consumer.close()
     # In the group, numbered processes get the ranges their read-aheads guessed.
     node = f"share-{uuid.uuid4().hex[:6]}"

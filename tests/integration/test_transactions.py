@@ -13,7 +13,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from schemas.codec import JOB_STATE, RUN_STATE
 from schemas.records import JobState, RunState
-from streams.ledger import Ledger, PartitionState
+from streams.ledger import Ledger
+from streams.ledger_takeover import PartitionState
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 from tests.support.specs import upsert
@@ -140,7 +141,7 @@ def test_ledger_restore_waits_for_a_transaction_still_open(topics: Settings) -> 
     assert producer.flush(30) == 0
     ledger = Ledger(topics, node_id="restore-test")
     restored: list[PartitionState] = []
-    thread = threading.Thread(target=lambda: restored.append(ledger._restore(0)))
+    thread = threading.Thread(target=lambda: restored.append(ledger.takeover.restore(0)))
     thread.start()
     thread.join(3)
     assert thread.is_alive(), "the restore returned while a transaction was still open"
@@ -182,9 +183,9 @@ def test_a_restore_holds_the_newest_value_of_each_key(
         topics, node_id="restore-newest", store_dir=tmp_path if store == "disk" else None
     )
     try:
-        _assert_newest(ledger._restore(mine))
-        older = ledger._restore(mine)
-        newer = ledger._restore(mine)  # a recovery's restore: a new table
+        _assert_newest(ledger.takeover.restore(mine))
+        older = ledger.takeover.restore(mine)
+        newer = ledger.takeover.restore(mine)  # a recovery's restore: a new table
         _assert_newest(newer)
         # On disk the older table's range is deleted with it: nothing stale is read.
         assert len(older.jobs) == (2 if ledger.store is None else 0)

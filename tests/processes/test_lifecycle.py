@@ -71,7 +71,7 @@ def test_the_lock_dies_with_a_killed_holder(tmp_path: Path) -> None:
 def test_the_stop_bound_comes_from_the_environment(seconds: float) -> None:
     os.environ[STOP_TIMEOUT_ENV] = repr(seconds)
     try:
-        assert stop_timeout_s() == seconds
+        assert stop_timeout_s(os.environ.get(STOP_TIMEOUT_ENV)) == seconds
     finally:
         del os.environ[STOP_TIMEOUT_ENV]
 
@@ -80,12 +80,12 @@ def test_the_stop_bound_comes_from_the_environment(seconds: float) -> None:
 def test_a_wrong_stop_bound_is_an_error(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(STOP_TIMEOUT_ENV, raw)
     with pytest.raises(ValueError, match=STOP_TIMEOUT_ENV):
-        stop_timeout_s()
+        stop_timeout_s(os.environ.get(STOP_TIMEOUT_ENV))
 
 
 def test_without_a_setting_the_default_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(STOP_TIMEOUT_ENV, raising=False)
-    assert stop_timeout_s() == DEFAULT_STOP_TIMEOUT_S
+    assert stop_timeout_s(os.environ.get(STOP_TIMEOUT_ENV)) == DEFAULT_STOP_TIMEOUT_S
 
 
 def test_a_process_whose_parent_is_already_gone_exits(tmp_path: Path) -> None:

@@ -18,12 +18,13 @@ handlers are in place.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
 import threading
 import time
 
-from streams.lifecycle import install_stop_watchdog
+from streams.lifecycle import STOP_TIMEOUT_ENV, install_stop_watchdog, stop_timeout_s
 
 
 def hang(how: str) -> None:
@@ -40,7 +41,7 @@ def ready() -> None:
 
 def main() -> None:
     mode, how = sys.argv[1], sys.argv[2]
-    install_stop_watchdog()  # its bound: CRONLOG_STOP_TIMEOUT_S
+    install_stop_watchdog(stop_timeout_s(os.environ.get(STOP_TIMEOUT_ENV)))
     if mode == "plain":
         stopping = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())

@@ -8,6 +8,7 @@ import sys
 import orjson
 import pytest
 
+from connectors.cli.common import log_format_setting
 from streams.logs import (
     JsonFormatter,
     LogFormatError,
@@ -58,11 +59,15 @@ def test_a_traceback_stays_inside_its_one_line() -> None:
 def test_the_format_comes_from_the_option_then_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The CLI reads CRONLOG_LOG_FORMAT (connectors/cli/common.py); streams/logs.py is
+    given the value and reads no environment."""
     monkeypatch.delenv("CRONLOG_LOG_FORMAT", raising=False)
-    assert log_format(None) == "text"
+    assert log_format(log_format_setting(None)) == "text"
     monkeypatch.setenv("CRONLOG_LOG_FORMAT", "JSON")
-    assert log_format(None) == "json"
-    assert log_format("text") == "text"
+    assert log_format(log_format_setting(None)) == "json"
+    assert log_format(log_format_setting("text")) == "text"
+    assert log_format(None) == "text"  # not given the environment's value: the default
+    assert log_format("JSON") == "json"
     with pytest.raises(LogFormatError, match="text, json"):
         log_format("xml")
 

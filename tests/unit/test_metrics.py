@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import typer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connectors.cli.common import chosen_metrics_port
 from streams import metrics
 from streams.metrics import BoundedLabels, metrics_port, reason_kind
 
@@ -46,17 +48,26 @@ def test_reasons_of_one_kind_share_a_label() -> None:
 def test_the_port_comes_from_the_option_then_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("CRONLOG_METRICS_PORT", raising=False)
+    """streams/metrics.py is given CRONLOG_METRICS_PORT's value; the CLI reads it
+    (connectors/cli/common.py)."""
     assert metrics_port(None) is None
     assert metrics_port(9100) == 9100
     assert metrics_port(0) is None  # 0: none
-    monkeypatch.setenv("CRONLOG_METRICS_PORT", "9200")
-    assert metrics_port(None) == 9200
-    monkeypatch.setenv("CRONLOG_METRICS_PORT", "nine")
-    with pytest.raises(ValueError, match="port number"):
-        metrics_port(None)
+    assert metrics_port(None, "9200") == 9200
+    assert metrics_port(9100, "9200") == 9100
+    assert metrics_port(None, " ") is None
+    with pytest.raises(ValueError, match="CRONLOG_METRICS_PORT must be a port number"):
+        metrics_port(None, "nine")
     with pytest.raises(ValueError, match=r"0\.\.65535"):
         metrics_port(70000)
+    monkeypatch.delenv("CRONLOG_METRICS_PORT", raising=False)
+    assert chosen_metrics_port(None) is None
+    monkeypatch.setenv("CRONLOG_METRICS_PORT", "9200")
+    assert chosen_metrics_port(None) == 9200
+    assert chosen_metrics_port(9100) == 9100
+    monkeypatch.setenv("CRONLOG_METRICS_PORT", "nine")
+    with pytest.raises(typer.Exit):
+        chosen_metrics_port(None)
 
 
 def test_no_metric_is_defined_twice_in_one_module_name_or_one_metric_name() -> None:

@@ -1,5 +1,6 @@
 """Where the CLI's API mode finds the API and its token (connectors/remote.py): options
-first, then the environment, then the profile; the profile is its owner's alone."""
+first, then the environment (read by the CLI, connectors/cli/access.py), then the profile;
+the profile is its owner's alone."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from connectors.api.service import ServiceError
+from connectors.cli.access import remote_for
 from connectors.remote import Remote, find_remote, load_profile, profile_path, save_profile
 
 
@@ -21,24 +23,29 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_no_api_anywhere_is_the_direct_mode() -> None:
     assert find_remote(None, None, direct=False) is None
+    assert remote_for(None, None, direct=False) is None
 
 
 def test_options_win_over_the_environment_which_wins_over_the_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     save_profile("http://profile", "tok-profile")
-    assert find_remote(None, None, False) == Remote(
+    assert remote_for(None, None, False) == Remote(
         "http://profile", "tok-profile", str(profile_path())
     )
     monkeypatch.setenv("CRONLOG_API_URL", "http://env")
     monkeypatch.setenv("CRONLOG_TOKEN", "tok-env")
-    assert find_remote(None, None, False) == Remote(
+    assert remote_for(None, None, False) == Remote(
         "http://env", "tok-env", "options or environment"
     )
-    chosen = find_remote("http://option", "tok-option", False)
+    # connectors/remote.py is given the values: it reads no CRONLOG_API_URL itself.
+    assert find_remote(None, None, False) == Remote(
+        "http://profile", "tok-profile", str(profile_path())
+    )
+    chosen = remote_for("http://option", "tok-option", False)
     assert chosen is not None
     assert (chosen.url, chosen.token) == ("http://option", "tok-option")
-    assert find_remote("http://option", "tok-option", direct=True) is None
+    assert remote_for("http://option", "tok-option", direct=True) is None
 
 
 def test_a_url_without_a_token_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +53,9 @@ def test_a_url_without_a_token_is_refused_by_name(monkeypatch: pytest.MonkeyPatc
         find_remote("http://api", None, False)
     monkeypatch.setenv("CRONLOG_TOKEN", "tok")
     with pytest.raises(ServiceError, match="needs a URL"):
-        find_remote(None, None, False)
+        remote_for(None, None, False)
+    with pytest.raises(ServiceError, match=r"needs a URL \(--api or CRONLOG_API_URL\)"):
+        find_remote(None, "tok", False)
 
 
 def test_the_profile_is_written_mode_600_and_replaced_whole(tmp_path: Path) -> None:

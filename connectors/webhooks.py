@@ -135,7 +135,7 @@ def guarded_client(
     transport = httpx.HTTPTransport(trust_env=False)
     # httpx has no parameter for the network backend: the transport's pool is rebuilt
     # with the guarded one (the same pool httpx builds, for direct connections).
-    transport._pool = httpcore.ConnectionPool(
+    transport._pool = httpcore.ConnectionPool(  # noqa: SLF001 (httpx: no public way, above)
         ssl_context=httpx.create_ssl_context(),
         network_backend=GuardedBackend(destinations, resolve),
     )

@@ -290,7 +290,11 @@ class Projector:
             log.warning("Kafka unreachable (%s); waiting for it, nothing is lost", error)
 
     # -- database -------------------------------------------------------------------------
-    def _connect(self) -> psycopg.Connection[Any]:
+    def connect(self) -> psycopg.Connection[Any]:
+        """A connection to the projection's database (migrated, its staging table made),
+        retried until PostgreSQL answers or the projector stops; `run` and the reconnect
+        after a failed batch use it, and tests/integration/test_projector.py to set
+        `conn` when it drives the writes itself."""
         while not self._stop.is_set():
             try:
                 migrate_for(self.settings)  # and refuse another deployment's database
@@ -375,7 +379,7 @@ class Projector:
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> None:
-        self.conn = self._connect()
+        self.conn = self.connect()
         if self.pruner is not None:
             self.pruner.start()  # after the migrations: its index exists
         self.consumer.subscribe(list(self.topic_names), on_assign=self._on_assign)
@@ -388,7 +392,7 @@ class Projector:
                     else:
                         self._kafka_error(m.error())
                 if messages:
-                    self._write(messages)
+                    self.write(messages)
                 else:
                     self.caught_up = self.assigned
                     self._lag({})
@@ -403,7 +407,11 @@ class Projector:
             if self.conn is not None:
                 self.conn.close()
 
-    def _write(self, messages: list[Message]) -> None:
+    def write(self, messages: list[Message]) -> None:
+        """Project `messages` and write them in one transaction with their offsets: in bulk,
+        or record by record (refused records dead-lettered) when PostgreSQL refuses the
+        batch. The consume loop (`run`) calls it for each batch it reads, and
+        tests/integration/test_projector.py to compare the write paths."""
         batch = Batch()
         self._entered.clear()
         for msg in messages:
@@ -419,9 +427,7 @@ class Projector:
             except psycopg.Error as exc:
                 # The data, not the connection: find the records PostgreSQL refuses.
                 log.warning("projection batch refused (%s); isolating the records", exc)
-                with self.conn.transaction(), self.conn.cursor() as cur:
-                    self._fence(cur, batch)
-                    self._write_one_by_one(cur, batch)
+                self._write_isolated(batch)
             self.projected += len(messages)
             self._count(messages)
         except StalePosition:
@@ -476,6 +482,22 @@ class Projector:
                 cur.executemany(sql, by_sql[sql])
         self._write_offsets(cur, batch)
 
+    def write_record_by_record(self, messages: list[Message]) -> None:
+        """Project `messages` and write them record by record (a savepoint each, a refused
+        record dead-lettered) in one transaction with their offsets: the path `write`
+        takes for a batch PostgreSQL refused, on its own for
+        tests/integration/test_projector.py (the three write paths must agree)."""
+        batch = Batch()
+        for msg in messages:
+            self._project(msg, batch.record(msg))
+        self._write_isolated(batch)
+
+    def _write_isolated(self, batch: Batch) -> None:
+        assert self.conn is not None
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            self._fence(cur, batch)
+            self._write_one_by_one(cur, batch)
+
     def _write_one_by_one(self, cur: psycopg.Cursor[Any], batch: Batch) -> None:
         for msg, rows in batch.items:
             try:
@@ -501,7 +523,7 @@ class Projector:
             with contextlib.suppress(psycopg.Error):
                 self.conn.close()
         self._stop.wait(self.retry_s)
-        self.conn = self._connect()
+        self.conn = self.connect()
         self._rewind(self.conn)
 
     # -- one record ---------------------------------------------------------------------------

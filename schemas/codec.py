@@ -222,6 +222,11 @@ class JobStateCodec(Codec[JobState]):
             == to_parsing_canonical_form(self._spec_writer)
         )
 
+    def cached_specs(self) -> list[JobSpec]:
+        """The specs whose bytes are kept, oldest first (the unit tests of the cache's
+        bound and of which registrations hand their bytes over read it)."""
+        return [spec for spec, _ in list(self._specs.values())]
+
     def remember(self, spec: JobSpec, data: bytes) -> None:
         """Keep `data` as the bytes of `spec` (its encoding, or read from a record that
         holds it encoded the same way: `JobLogCodec.decode_keeping_spec`)."""

@@ -142,7 +142,9 @@ class _Watchdog:
             self.arm(signum)
             return handler(signum, frame)
 
-        armed._cronlog_watchdog = True  # type: ignore[attr-defined]
+        # Our own marker on the wrapper just made (underscored so it cannot clash with
+        # anything else on a handler): `wrap` never wraps an armed handler twice.
+        armed._cronlog_watchdog = True  # type: ignore[attr-defined]  # noqa: SLF001
         armed.__wrapped__ = handler  # type: ignore[attr-defined]
         return armed
 

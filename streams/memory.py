@@ -223,7 +223,7 @@ class MemoryLog:
         now = self.clock.monotonic()
         for txn in list(self.open.values()):
             if now - txn.started >= txn.timeout_s:
-                self._end(txn, "aborted")
+                self.end_transaction(txn, "aborted")
         for group in self.groups.values():
             silent = [
                 m for m, member in group.members.items() if now - member.seen > member.session_s
@@ -234,7 +234,11 @@ class MemoryLog:
                 self._rebalance(group)
 
     # -- transactions -------------------------------------------------------------------
-    def _end(self, txn: _Txn, state: str) -> None:
+    def end_transaction(self, txn: _Txn, state: str) -> None:
+        """End `txn` as `state` ("committed": its offsets stored; "aborted") unless it
+        ended already; for the log's own timeout (`expire`) and MemoryProducer's
+        init_transactions (fencing an older epoch), commit and abort. Call it holding
+        `lock`."""
         if txn.state != "open":
             return
         txn.state = state
@@ -604,7 +608,9 @@ class MemoryProducer:
     def _require_open(self, call: str) -> _Txn:
         if self._fenced():
             raise _error(
-                KafkaError._FENCED, f"{call}: producer fenced by a newer epoch", fatal=True
+                KafkaError._FENCED,
+                f"{call}: producer fenced by a newer epoch",
+                fatal=True,
             )
         txn = self.txn
         if txn is None:
@@ -624,7 +630,7 @@ class MemoryProducer:
         with self.log.lock:
             previous = self.log.open.get(self.txn_id)
             if previous is not None:
-                self.log._end(previous, "aborted")
+                self.log.end_transaction(previous, "aborted")
             self.epoch = self.log.epochs.get(self.txn_id, -1) + 1
             self.log.epochs[self.txn_id] = self.epoch
 
@@ -722,7 +728,7 @@ class MemoryProducer:
         with self.log.lock:
             self.log.expire()
             txn = self._require_open("commit_transaction")
-            self.log._end(txn, "committed")
+            self.log.end_transaction(txn, "committed")
         self.poll(0)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
@@ -731,7 +737,7 @@ class MemoryProducer:
             if self._fenced():
                 raise _error(KafkaError._FENCED, "abort_transaction: fenced", fatal=True)
             if self.txn is not None:
-                self.log._end(self.txn, "aborted")
+                self.log.end_transaction(self.txn, "aborted")
         self.pending.clear()
 
 

@@ -205,8 +205,9 @@ class Scheduler:
             )
         )
 
-    def _fresh_timers(self) -> PartitionTimers:
-        """A partition's timers before its catch-up: both topics' backlogs open."""
+    def fresh_timers(self) -> PartitionTimers:
+        """A partition's timers before its catch-up: both topics' backlogs open (for the
+        assignment, the warm-up, and tests/integration/test_scheduler_catchup.py)."""
         return PartitionTimers(
             FireTimers(self.config.proposals, bulk=True),
             backlog={self.jobs_topic: {}, self.runs_topic: {}},
@@ -216,7 +217,7 @@ class Scheduler:
     def _subscribe(self) -> None:
         self.consumer.subscribe(
             [self.jobs_topic, self.runs_topic],
-            on_assign=self._on_assign,
+            on_assign=self.on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
@@ -239,7 +240,7 @@ class Scheduler:
         `open`, `step` until stopped, `close`; a test drives the steps itself."""
         self._lag = metrics.ConsumerLag("scheduler", self.settings.topic_prefix)
         self._subscribe()
-        self._start_warm_up()
+        self.start_warm_up()
         beats = self.settings.topic("heartbeats")
         self.beats.assign(
             [TopicPartition(beats, p, OFFSET_END) for p in range(self.settings.partitions)]
@@ -250,10 +251,10 @@ class Scheduler:
         """One turn: read the state topics (serving rebalances), then propose what is due."""
         warming = self._warm is not None
         wait = 0 if warming else self.config.tick_s  # the warm-up waits instead
-        self._read(self.consumer.consume(2000, timeout=wait), self.timers)
+        self.read_into(self.consumer.consume(2000, timeout=wait), self.timers)
         if self._warm is not None:
-            self._warm_up()
-        self._cap_catch_ups()
+            self.warm_up()
+        self.cap_catch_ups()
         if self.watch.stuck():
             self._replace_consumer()
         self._read_beats()
@@ -267,7 +268,7 @@ class Scheduler:
         self._lag.report(self.consumer)
 
     def close(self) -> None:
-        self._end_warm_up()
+        self.end_warm_up()
         self.producer.flush(10)
         self.consumer.close()
         self.beats.close()
@@ -290,7 +291,10 @@ class Scheduler:
         behind = sorted(p for p, t in list(self.timers.items()) if t.backlog)
         return f"scheduler: catching up partitions {behind}" if behind else None
 
-    def _read(self, messages: list[Message], timers: dict[int, PartitionTimers]) -> None:
+    def read_into(self, messages: list[Message], timers: dict[int, PartitionTimers]) -> None:
+        """Learn `messages` (records and ends of partitions) into `timers`: the group's
+        consumer's into `timers`, the warm-up's into its own; the catch-up tests of
+        tests/integration/test_scheduler_catchup.py read with it too."""
         for msg in messages:
             error = msg.error()
             if error is None:
@@ -299,14 +303,28 @@ class Scheduler:
                 self._caught_up(msg.partition() or 0, msg.topic() or "", timers)
 
     # -- reading ahead while the group decides --------------------------------------------
-    def _start_warm_up(self) -> None:
+    @property
+    def warming(self) -> bool:
+        """Whether the read-ahead before the first assignment is still going (ended by
+        that assignment, or by holding WARM_MAX_KEYS); checked by the catch-up tests."""
+        return self._warm is not None
+
+    @property
+    def warm_timers(self) -> dict[int, PartitionTimers]:
+        """The timers the read-ahead built so far, by partition (the assignment takes
+        them over); read by tests/integration/test_scheduler_catchup.py."""
+        return self._warm_timers
+
+    def start_warm_up(self) -> None:
+        """Start reading every partition from the beginning, outside the group, while it
+        decides (`run` at its start; the catch-up tests drive it themselves)."""
         self._warm = self.clients.consumer(
             consumer_config(
                 self.settings, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 100}
             )
         )
         partitions = range(self.settings.partitions)
-        self._warm_timers = {p: self._fresh_timers() for p in partitions}
+        self._warm_timers = {p: self.fresh_timers() for p in partitions}
         self._warm.assign(
             [
                 TopicPartition(topic, p, OFFSET_BEGINNING)
@@ -315,15 +333,17 @@ class Scheduler:
             ]
         )
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
+        """Read on ahead one fetch; end the read-ahead once it holds WARM_MAX_KEYS keys
+        (`run` each turn while warming; the catch-up tests)."""
         assert self._warm is not None
-        self._read(self._warm.consume(5000, timeout=self.config.tick_s), self._warm_timers)
+        self.read_into(self._warm.consume(5000, timeout=self.config.tick_s), self._warm_timers)
         held = sum(len(t.fires) + len(t.runs) for t in self._warm_timers.values())
         if held >= WARM_MAX_KEYS:
             log.info(
                 "scheduler %s: read ahead %d keys; the rest after assignment", self.node_id, held
             )
-            self._end_warm_up()
+            self.end_warm_up()
 
     def _warm_positions(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
         """Where the warm-up stands in these topic-partitions (only those it read from)."""
@@ -337,7 +357,9 @@ class Scheduler:
             return {}
         return {(tp.topic, tp.partition): tp.offset for tp in where if tp.offset >= 0}
 
-    def _end_warm_up(self) -> None:
+    def end_warm_up(self) -> None:
+        """Drop the read-ahead and close its consumer (the first assignment, the stop,
+        the read-ahead's bound; the catch-up tests clean up with it)."""
         warm, self._warm = self._warm, None
         self._warm_timers = {}
         if warm is not None:
@@ -424,11 +446,14 @@ class Scheduler:
             except KafkaException as exc:  # keep the timers it has: late, not lost
                 log.error("cannot reread %s[%d] (%s)", tp.topic, tp.partition, exc)
                 continue
-            self.timers[tp.partition] = self._fresh_timers()
+            self.timers[tp.partition] = self.fresh_timers()
         self.early = Pacer(self.config.proposals, self._broker_now())
 
     # -- assignment: rebuild from the beginning of the committed state --------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The group consumer's assignment callback: take over what the read-ahead read
+        of `partitions`, catch up the rest (tests/integration/test_scheduler_catchup.py
+        calls it as the consumer would)."""
         if consumer is not self.consumer:  # a replaced consumer, closing late
             return
         # What the warm-up read of a partition is kept: each topic of it is read on from
@@ -437,11 +462,11 @@ class Scheduler:
         for tp in partitions:
             warm = self._warm_timers.pop(tp.partition, None)
             if tp.partition not in self.timers:
-                self.timers[tp.partition] = warm or self._fresh_timers()
+                self.timers[tp.partition] = warm or self.fresh_timers()
                 if warm is not None and not warm.backlog:
                     self._log_caught_up(tp.partition, warm, " (read ahead)")
             tp.offset = ahead.get((tp.topic, tp.partition), OFFSET_BEGINNING)
-        self._end_warm_up()
+        self.end_warm_up()
         self.assigned = True
         consumer.assign(partitions)
         self._release_if_caught_up()  # all of it read ahead
@@ -514,7 +539,9 @@ class Scheduler:
             len(timers.fires),
         )
 
-    def _cap_catch_ups(self) -> None:
+    def cap_catch_ups(self) -> None:
+        """End the catch-ups older than CATCH_UP_MAX_S (`run` each turn; the catch-up
+        tests check the bound with it)."""
         now = self.clock.monotonic()
         for partition, timers in list(self.timers.items()):
             if timers.backlog and now - timers.since > CATCH_UP_MAX_S:

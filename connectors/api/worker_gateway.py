@@ -267,7 +267,7 @@ class WorkerGateway:
                 for msg in consumer.consume(500, timeout=0.5):
                     error = msg.error()
                     if error is None:
-                        self._deliver(msg.partition() or 0, msg.offset() or 0, msg.value())
+                        self.deliver(msg.partition() or 0, msg.offset() or 0, msg.value())
                     else:
                         log.warning("following worker-inbox: %s", error)
                 if time.monotonic() - swept > 5:
@@ -285,7 +285,10 @@ class WorkerGateway:
                 if box.ready.is_set() and now - box.seen > FORGET_AFTER_S:
                     del self.boxes[worker_id]
 
-    def _deliver(self, partition: int, offset: int, raw: bytes | None) -> None:
+    def deliver(self, partition: int, offset: int, raw: bytes | None) -> None:
+        """Take one worker-inbox record (`raw` at `offset` of `partition`) into its worker's
+        mailbox and advance the follower's position; the follower calls it for each record
+        read, and tests/integration/test_http_worker_ack.py feeds a mailbox with it."""
         message: WorkerMessage | None = None
         if raw:
             try:
@@ -422,7 +425,10 @@ class WorkerGateway:
                 box.ack(ack)
         return box, ack
 
-    def _answer(self, box: _Mailbox, ack: int | None) -> dict[str, Any]:
+    def answer(self, box: _Mailbox, ack: int | None) -> dict[str, Any]:
+        """The messages a heartbeat answer carries from `box` (at most `max_answer`) and the
+        seq they acknowledge, given the worker's `ack` (None: the older protocol); for
+        `heartbeat`, and the mailbox tests of tests/integration/test_http_worker_ack.py."""
         answer: dict[str, Any] = {kind: [] for kind in KINDS}
         with self.lock:
             given = box.seqs[: self.max_answer]
@@ -479,7 +485,7 @@ class WorkerGateway:
         )
         box, ack = self._mailbox(worker_id, ack)
         self.service.produce("heartbeats", worker_id, HEARTBEAT.encode(beat))
-        return self._answer(box, ack)
+        return self.answer(box, ack)
 
     def report(self, worker_id: str, run_id: str, kind: str, body: dict[str, Any]) -> None:
         parts = parse_run_id(run_id)

@@ -175,6 +175,13 @@ class NoopExecutor:
             out, self._out = self._out, []
         return out
 
+    def heap_keys(self) -> list[Key]:
+        """The attempts in the start heap, in heap order (a cancelled one stays there
+        until its instant comes up), read under the executor's lock: what
+        tests/processes/test_noop_executor.py waits on to see the clock thread's work."""
+        with self._changed:
+            return [key for _, key in self.due]
+
     def health(self) -> str:
         return ""
 

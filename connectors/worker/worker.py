@@ -348,7 +348,7 @@ class Worker:
                     if (error := msg.error()) is not None:
                         self._consume_error(error)
                     elif msg.key() == self.config.worker_id.encode():
-                        self._handle(msg.value() or b"")
+                        self.handle_inbox_record(msg.value() or b"")
                 self._start_granted()
                 self.journal.flush()  # this batch's lines to the OS: a kill -9 keeps them
                 self._gauges()
@@ -455,7 +455,10 @@ class Worker:
             )
 
     # -- the inbox -------------------------------------------------------------------------
-    def _handle(self, raw: bytes) -> None:
+    def handle_inbox_record(self, raw: bytes) -> None:
+        """Act on one record of this worker's inbox (an assignment, a claim's reply, a
+        kill...); the inbox loop calls it for each record, and
+        tests/integration/test_worker_faults.py feeds it records directly."""
         try:
             message = WORKER_INBOX.decode(raw)
         except CodecError as exc:

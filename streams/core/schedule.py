@@ -545,7 +545,7 @@ def next_fire(schedule: Schedule, after_ms: int, dst: DstPolicy = "auto") -> int
         every = _every_ms(schedule)
         fire: int | None = (after_ms // every + 1) * every
     else:
-        fire_s = _cron_next_s(schedule, after_ms // 1000, dst)
+        fire_s = cron_next_s(schedule, after_ms // 1000, dst)
         fire = None if fire_s is None else fire_s * 1000
     if fire is not None and schedule.end_ms is not None and fire > schedule.end_ms:
         return None
@@ -584,7 +584,7 @@ def fires_between(
     fires: list[int] = []
     after_s, until_s = after_ms // 1000, until_ms // 1000
     while len(fires) < limit:
-        fire_s = _cron_next_s(schedule, after_s, dst)
+        fire_s = cron_next_s(schedule, after_s, dst)
         if fire_s is None or fire_s > until_s:
             break
         fires.append(fire_s * 1000)
@@ -664,8 +664,10 @@ def _every_ms(schedule: EverySchedule) -> int:
 # on "0 * * * *" in one zone asks it for the same instant, and the ledger validates a
 # proposal and computes the next due time with the same arguments the scheduler used.
 @lru_cache(maxsize=65_536)
-def _cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | None:
-    """The first fire time, in whole UTC seconds, strictly after `after_s`."""
+def cron_next_s(schedule: CronSchedule, after_s: int, dst: DstPolicy) -> int | None:
+    """The first fire time, in whole UTC seconds, strictly after `after_s`: the one step
+    `next_fire` and `fires_between` take through a cron schedule (looked up by name at
+    each call, so a unit test of the ledger's catch-up work can count the steps)."""
     cron = _cron(schedule.expr)
     name = schedule.timezone
     zone = _zone(name)

@@ -89,7 +89,7 @@ class Timeline:
             self.running = [max(0.0, r - v) for r, v in zip(self.running, vector, strict=True)]
 
     def _book(self, vector: Vector, start_ms: int, span: int, sign: int) -> None:
-        for slot, share in self._shares(start_ms, span):
+        for slot, share in self.slot_shares(start_ms, span):
             if sign < 0 and slot not in self.slots:
                 continue  # forgotten already (forget_before)
             load = self.slots.setdefault(slot, [0.0, 0.0, 0.0])
@@ -98,8 +98,10 @@ class Timeline:
             if sign < 0 and all(abs(x) < 1e-9 for x in load):
                 del self.slots[slot]
 
-    def _shares(self, start_ms: int, span: int) -> list[tuple[int, float]]:
-        """(slot, fraction of a slot's length covered) for [start_ms, start_ms + span)."""
+    def slot_shares(self, start_ms: int, span: int) -> list[tuple[int, float]]:
+        """(slot, fraction of a slot's length covered) for [start_ms, start_ms + span):
+        the slots a booking touches and how much of each (booking and `fits` use it, and
+        the property tests that check every slot a plan covers stays within capacity)."""
         out = []
         t, end = start_ms, start_ms + span
         while t < end:
@@ -122,7 +124,7 @@ class Timeline:
         ):
             return False
         span = max(1, min(expected_ms, self.max_span_ms))
-        for slot, share in self._shares(start_ms, span):
+        for slot, share in self.slot_shares(start_ms, span):
             load = self.slots.get(slot, (0.0, 0.0, 0.0))
             for i in range(3):
                 room = total[i] - self.running[i]

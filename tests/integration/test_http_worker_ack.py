@@ -245,21 +245,21 @@ def test_a_mailbox_is_bounded_and_answers_are_batched(
     gateway.boxes["slow"] = box
     with caplog.at_level(logging.WARNING, logger="cronlog.api.workers"):
         for offset in range(8):
-            gateway._deliver(0, offset, WORKER_INBOX.encode(kill("slow", f"b@{offset}")))
+            gateway.deliver(0, offset, WORKER_INBOX.encode(kill("slow", f"b@{offset}")))
     assert box.seqs == [4, 5, 6, 7, 8]
     assert box.dropped == 3
     assert "worker slow has 5 unacknowledged messages: dropped the oldest (seq 1" in caplog.text
-    first = gateway._answer(box, 0)
+    first = gateway.answer(box, 0)
     assert [k["seq"] for k in first["kills"]] == [4, 5]
     assert first["seq"] == 5
-    second = gateway._answer(box, 0)
+    second = gateway.answer(box, 0)
     assert second == first  # not acknowledged: the same again
     box.ack(first["seq"])
-    third = gateway._answer(box, first["seq"])
+    third = gateway.answer(box, first["seq"])
     assert [k["seq"] for k in third["kills"]] == [6, 7]
     box.ack(third["seq"])
-    last = gateway._answer(box, third["seq"])
+    last = gateway.answer(box, third["seq"])
     assert [k["seq"] for k in last["kills"]] == [8]
     assert last["seq"] == 8
-    gateway._deliver(0, 3, WORKER_INBOX.encode(kill("slow", "b@late")))
+    gateway.deliver(0, 3, WORKER_INBOX.encode(kill("slow", "b@late")))
     assert box.seqs == [8]  # an acknowledged seq is not taken again

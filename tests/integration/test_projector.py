@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from connectors.stack import Stack, StackPaths
 from projections.migrate import MIGRATIONS_DIR, load_migrations, migrate
-from projections.projector import Batch, Projector, _ts
+from projections.projector import Projector, _ts
 from projections.queries import logs
 from schemas.codec import RUN_EVENTS, RUN_LOG
 from schemas.records import RunEvent, RunLogChunk, RunStateName
@@ -396,7 +396,7 @@ def test_run_rows_end_in_the_state_of_the_highest_seq_in_any_order(
     its fold), one event per batch (the upsert's guard) and record by record (the path
     of a refused batch): the row is always the cancel's, and the three paths agree."""
     projector = Projector(topics.with_(database_url=second_database))
-    conn = projector.conn = projector._connect()
+    conn = projector.conn = projector.connect()
     topic = topics.topic("run-events")
     offset = 0
 
@@ -408,14 +408,6 @@ def test_run_rows_end_in_the_state_of_the_highest_seq_in_any_order(
             offset += 1
         return found
 
-    def one_by_one(msgs: list[Any]) -> None:
-        batch = Batch()
-        for msg in msgs:
-            projector._project(msg, batch.record(msg))
-        with conn.transaction(), conn.cursor() as cur:
-            projector._fence(cur, batch)
-            projector._write_one_by_one(cur, batch)
-
     rows: dict[str, tuple[Any, ...]] = {}
     try:
         for n, order in enumerate(itertools.permutations(range(4))):
@@ -424,12 +416,12 @@ def test_run_rows_end_in_the_state_of_the_highest_seq_in_any_order(
                 events = skewed_run(f"skew-{mode}", scheduled)
                 ordered = messages(events[i] for i in order)
                 if mode == "batch":
-                    projector._write(ordered)
+                    projector.write(ordered)
                 elif mode == "each":
                     for msg in ordered:
-                        projector._write([msg])
+                        projector.write([msg])
                 else:
-                    one_by_one(ordered)
+                    projector.write_record_by_record(ordered)
                 row = conn.execute(RUN_ROW, (events[0].run_id,)).fetchone()
                 conn.rollback()
                 assert row is not None

@@ -91,15 +91,15 @@ def test_a_catch_up_that_never_sees_the_end_goes_on_record_by_record(topics: Set
     CATCH_UP_MAX_S: what it kept is learned, and later records are followed one by one."""
     node = Scheduler(topics, "catchup-cap", propose_at=lambda: NOW)
     try:
-        timers = node._fresh_timers()
+        timers = node.fresh_timers()
         node.timers[PARTITION] = timers
         due = NOW + 3_600_000
         timers.backlog[node.jobs_topic]["a"] = state("a", due)
         timers.backlog[node.runs_topic]["a@x"] = run("a@x", due)
-        node._cap_catch_ups()
+        node.cap_catch_ups()
         assert timers.backlog, "ended before its time"
         timers.since -= CATCH_UP_MAX_S + 1
-        node._cap_catch_ups()
+        node.cap_catch_ups()
         assert not timers.backlog
         assert timers.fires.due == {"a": due}
         assert timers.deadlines.get("a@x") == due
@@ -179,11 +179,11 @@ def test_what_is_read_ahead_before_the_assignment_is_kept_and_read_on_from(
     write(topics, [("jobs", b"ra", state("ra", due)), ("jobs", b"ra-old", state("ra-old", due))])
     node = Scheduler(topics, "read-ahead", propose_at=lambda: NOW)
     try:
-        node._start_warm_up()
-        warm = node._warm_timers[PARTITION]
+        node.start_warm_up()
+        warm = node.warm_timers[PARTITION]
 
         def read_ahead() -> bool:
-            node._warm_up()
+            node.warm_up()
             return {"ra", "ra-old"} <= set(warm.fires.due) and not warm.backlog
 
         eventually(read_ahead, "the read-ahead of partition 1", 30)
@@ -200,18 +200,18 @@ def test_what_is_read_ahead_before_the_assignment_is_kept_and_read_on_from(
             TopicPartition(node.jobs_topic, PARTITION),
             TopicPartition(node.runs_topic, PARTITION),
         ]
-        node._on_assign(node.consumer, partitions)
+        node.on_assign(node.consumer, partitions)
         assert node.timers[PARTITION] is warm  # kept, not read again
-        assert node._warm is None  # the read-ahead ends with the first assignment
+        assert not node.warming  # the read-ahead ends with the first assignment
 
         def followed() -> bool:
-            node._read(node.consumer.consume(500, timeout=0.2), node.timers)
+            node.read_into(node.consumer.consume(500, timeout=0.2), node.timers)
             return warm.fires.due.get("ra-new") == due + 2
 
         eventually(followed, "the records written after the read-ahead", 30)
         assert warm.fires.due.get("ra") == due + 1
         assert "ra-old" not in warm.fires.due
     finally:
-        node._end_warm_up()
+        node.end_warm_up()
         node.consumer.close()
         node.beats.close()

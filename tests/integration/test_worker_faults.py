@@ -352,7 +352,7 @@ def test_a_grant_the_journal_forgot_is_given_back(topics: Settings, tmp_path: Pa
         ClaimReply("wforgot", "done@2026-12-01T00:00:00Z", 1, True, "", 2),  # reported
         ClaimReply("wforgot", "refused@2026-12-01T10:00:09Z", 1, False, "taken", 3),
     ):
-        worker._handle(WORKER_INBOX.encode(reply))
+        worker.handle_inbox_record(WORKER_INBOX.encode(reply))
     released = _released_reports(topics, worker)
     assert [(r.job_id, r.run_id, r.attempt) for r in released] == [
         ("forgot", "forgot@2026-12-01T10:00:09Z", 1)

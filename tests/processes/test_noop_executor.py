@@ -25,9 +25,8 @@ def test_runs_start_at_their_instant_without_the_loop_and_a_cancel_stops_one() -
         # Nobody calls events() until both would have started: the clock thread did it.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with executor._changed:
-                if [key for _, key in executor.due] == [("late", 1)]:
-                    break
+            if executor.heap_keys() == [("late", 1)]:
+                break
             time.sleep(0.01)
         events = executor.events()
         started = [e for e in events if isinstance(e, Started)]

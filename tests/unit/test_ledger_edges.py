@@ -426,14 +426,14 @@ def test_a_late_proposal_of_a_one_second_cron_evaluates_the_newest_times_only(
     from streams.core import schedule
 
     steps = 0
-    real = schedule._cron_next_s
+    real = schedule.cron_next_s
 
     def counted(*args: object) -> int | None:
         nonlocal steps
         steps += 1
         return real.__wrapped__(*args)
 
-    monkeypatch.setattr(schedule, "_cron_next_s", counted)
+    monkeypatch.setattr(schedule, "cron_next_s", counted)
     every_second = CronSchedule("* * * * * *", "UTC")
     w = registered(spec(schedule=every_second, misfire="skip"))
     late = T0 + 30 * HOUR

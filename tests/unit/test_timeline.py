@@ -90,7 +90,7 @@ def test_never_over_committed_and_everything_released(items: list[tuple]) -> Non
             # Admitted: in every slot it covers, planned share-seconds plus what runs stay within
             # the capacity (float slack). A later start may crowd a slot: the executor's
             # start-time check is what resolves that.
-            for slot, _ in timeline._shares(T0 + offset, expected):
+            for slot, _ in timeline.slot_shares(T0 + offset, expected):
                 load = timeline.slots[slot]
                 assert load[0] + timeline.running[0] <= cap.cpu + 1e-6
                 assert load[1] + timeline.running[1] <= cap.memory_mb + 1e-6

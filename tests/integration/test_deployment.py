@@ -36,6 +36,7 @@ from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.kafka import SYNTHETIC_STATES, produce_runs
 from tests.support.nodes import env_for
 from tests.support.services import Services
+from tests.support.waiting import eventually
 
 
 def cronlog(
@@ -177,19 +178,25 @@ def test_a_rebuild_killed_mid_way_leaves_nothing_that_breaks_the_next(topics: Se
         stderr=subprocess.DEVNULL,
     )
     killed_at = 0
+
+    def killed_or_ended() -> bool:
+        """Kills the rebuild as soon as its stage has rows; True once killed or ended."""
+        nonlocal killed_at
+        if proc.poll() is not None:
+            return True
+        try:
+            with psycopg.connect(url) as conn:
+                row = conn.execute(stage_rows).fetchone()
+            killed_at = row[0] if row else 0
+        except psycopg.errors.UndefinedTable:
+            killed_at = 0
+        if killed_at > 0:
+            proc.send_signal(signal.SIGKILL)
+            return True
+        return False
+
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with psycopg.connect(url) as conn:
-                    row = conn.execute(stage_rows).fetchone()
-                killed_at = row[0] if row else 0
-            except psycopg.errors.UndefinedTable:
-                killed_at = 0
-            if killed_at > 0:
-                proc.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.05)
+        eventually(killed_or_ended, "the rebuild's stage to have rows", 120, interval_s=0.05)
     finally:
         if proc.poll() is None:
             proc.kill()

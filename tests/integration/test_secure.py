@@ -17,12 +17,12 @@ private secured broker (`KafkaStack(secure=True)`, what `cronlog stack up --secu
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -76,11 +76,15 @@ def _read_error(settings: Settings, topic: str) -> KafkaError | None:
     name = settings.topic(topic)
     try:
         reader.assign([TopicPartition(name, 0, -2)])
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            msg = reader.poll(1)
-            if msg is not None:
-                return msg.error()
+        # A Message with an empty value is falsy (len() is its value's): wrapped in a list.
+        with contextlib.suppress(AssertionError):
+            got = eventually(
+                lambda: [m] if (m := reader.poll(1)) is not None else None,
+                f"a record or an error reading {name}",
+                10,
+                interval_s=0,
+            )
+            return cast(KafkaError | None, got[0].error())
         error = reader.list_topics(name, timeout=10).topics[name].error
         return error if isinstance(error, KafkaError) else None
     finally:

@@ -23,7 +23,7 @@ from schemas.records import ClaimReply, RunReleased
 from streams.core.placement import Capacity
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, until_passes
 
 REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "worker-faults.json"
 
@@ -146,11 +146,12 @@ def test_sigstop_past_the_heartbeat_timeout(
     assert alive("sleep 40.777")
     stopped = time.time()
     workers[victim].signal(signal.SIGSTOP)
-    deadline = time.time() + 30
-    while alive("sleep 40.777") and time.time() < deadline:
-        time.sleep(0.2)
+
+    def job_killed() -> None:
+        assert not alive("sleep 40.777"), "the watchdog did not kill the job"
+
+    until_passes(job_killed, 30, interval_s=0.2)
     fenced_after_s = time.time() - stopped
-    assert not alive("sleep 40.777"), "the watchdog did not kill the job"
     failed = wait_state(events, "stopme@manual:s1", "failed")
     declared_after_s = time.time() - stopped
     assert failed[3].startswith("lost")
@@ -200,16 +201,17 @@ def wait_handed_to_executor(worker: WorkerProc, run_id: str, timeout_s: float = 
     before the hand-over): a kill after that leaves it to the executor, not to the claim
     (a kill between the grant and its processing is test_a_grant_the_journal_forgot...)."""
     journal = worker.log.parent / "state" / "workers" / worker.worker_id / "journal.jsonl"
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
+
+    def handed() -> None:
         lines = journal.read_bytes().splitlines() if journal.exists() else []
         for line in lines:
             with contextlib.suppress(ValueError):
                 entry = json.loads(line)
                 if entry["run_id"] == run_id and entry["phase"] == "started":
                     return
-        time.sleep(0.1)
-    raise AssertionError(f"{worker.worker_id} never handed {run_id} to its executor")
+        raise AssertionError(f"{worker.worker_id} never handed {run_id} to its executor")
+
+    until_passes(handed, timeout_s, interval_s=0.1)
 
 
 def _run(events: EventReader, job_id: str) -> str:

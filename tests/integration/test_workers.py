@@ -22,6 +22,7 @@ from tests.support.nodes import (
     runs_by_id,
     send_commands,
 )
+from tests.support.waiting import until_passes
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +199,12 @@ def test_timeout_kills_the_group_and_cancel_stops_a_running_run(
     assert slow[-1].state == "failed"
     assert "timed_out" in slow[-1].reason
     assert runs_by_id(events)["cancel-me@manual:c1"][-1].state == "cancelled"
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (_alive("sleep 27.1828") or _alive("sleep 31.4159")):
-        time.sleep(0.5)
-    assert not _alive("sleep 27.1828"), "the cancelled run's process still runs"
-    assert not _alive("sleep 31.4159"), "the timed-out run's process group still runs"
+
+    def both_gone() -> None:
+        assert not _alive("sleep 27.1828"), "the cancelled run's process still runs"
+        assert not _alive("sleep 31.4159"), "the timed-out run's process group still runs"
+
+    until_passes(both_gone, 15, interval_s=0.5)
 
 
 def test_dependency_chain_and_a_failing_idempotent_job(

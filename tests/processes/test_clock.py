@@ -24,6 +24,7 @@ from streams.core.clock import (
     ManualClock,
     broker_stamp,
 )
+from tests.support.waiting import eventually
 
 T0 = 1_800_000_000_000
 
@@ -200,13 +201,15 @@ def test_the_executor_starts_by_the_monotonic_instant_not_the_wall_clock(
             )
         )
         seen: list[object] = []
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any(isinstance(e, Finished) for e in seen):
+
+        def ended() -> bool:
             for event in executor.events():
                 if isinstance(event, Started):
                     assert time.monotonic() - handed >= 0.8
                 seen.append(event)
-            time.sleep(0.02)
+            return any(isinstance(e, Finished) for e in seen)
+
+        eventually(ended, "the run to finish", 15, interval_s=0.02)
         started = [e for e in seen if isinstance(e, Started)]
         finished = [e for e in seen if isinstance(e, Finished)]
         assert len(started) == 1

@@ -19,6 +19,7 @@ from connectors.stack.process import pid_alive
 from connectors.worker.engine import read_log
 from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
 from connectors.worker.lease import write_lease
+from tests.support.waiting import until_passes
 
 
 def now_ms() -> int:
@@ -69,13 +70,11 @@ class Harness:
         return key
 
     def wait(self, check: Callable[[], bool], timeout_s: float = 20, what: str = "") -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def seen_it() -> None:
             self.seen += self.executor.events()
-            if check():
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; seen {self.seen}")
+            assert check(), f"timed out waiting for {what}; seen {self.seen}"
+
+        until_passes(seen_it, timeout_s, interval_s=0.02)
 
     def finished(self, key: tuple[str, int], timeout_s: float = 20) -> Finished:
         self.wait(lambda: self.result(key) is not None, timeout_s, f"{key} to finish")
@@ -206,10 +205,11 @@ def test_worker_gone_pending_dropped_running_fenced_at_lease_end(
     started = h.started(running)
     assert started is not None
     h.executor.close()  # what a SIGKILLed worker leaves: its end of the pipe closed
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not group_gone(started.pid):
-        time.sleep(0.05)
-    assert group_gone(started.pid)
+
+    def gone() -> None:
+        assert group_gone(started.pid)
+
+    until_passes(gone, 10, interval_s=0.05)
     h.executor.proc.wait(10)  # it exits once nothing is left to guard
     written = read_log(h.log)[0]
     assert written[running]["result"]["outcome"] == "fenced"

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from connectors.worker.executor import Finished, NoopExecutor, Started, StartSpec
+from tests.support.waiting import eventually
 
 
 def _spec(key: tuple[str, int], at_mono: float) -> StartSpec:
@@ -23,11 +24,12 @@ def test_runs_start_at_their_instant_without_the_loop_and_a_cancel_stops_one() -
         executor.cancel(("b", 1))
         executor.start(_spec(("a", 1), soon))  # a repeat is ignored
         # Nobody calls events() until both would have started: the clock thread did it.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if executor.heap_keys() == [("late", 1)]:
-                break
-            time.sleep(0.01)
+        eventually(
+            lambda: executor.heap_keys() == [("late", 1)],
+            "the clock thread to start `a` and drop `b`",
+            10,
+            interval_s=0.01,
+        )
         events = executor.events()
         started = [e for e in events if isinstance(e, Started)]
         assert [e.key for e in started] == [("a", 1)]

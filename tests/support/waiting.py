@@ -14,26 +14,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def until_passes(check: Callable[[], None], timeout_s: float = 60) -> None:
-    """Until `check` stops raising AssertionError, polled every 0.3 s; after timeout_s it
-    runs once more, so the failure is its own message."""
+def until_passes(
+    check: Callable[[], None], timeout_s: float = 60, *, interval_s: float = 0.3
+) -> None:
+    """Until `check` stops raising AssertionError, polled every interval_s; after timeout_s
+    it runs once more, so the failure is its own message."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             check()
             return
         except AssertionError:
-            time.sleep(0.3)
+            time.sleep(interval_s)
     check()
 
 
-def eventually(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
-    """The first truthy value of check(), polled every 0.3 s; fails after timeout_s."""
+def eventually(
+    check: Callable[[], Any], what: str, timeout_s: float = 60, *, interval_s: float = 0.3
+) -> Any:
+    """The first truthy value of check(), polled every interval_s; fails after timeout_s."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
         last = check()
         if last:
             return last
-        time.sleep(0.3)
+        time.sleep(interval_s)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")

@@ -55,7 +55,7 @@ topics: stack
 	$(BIN)/cronlog topics create
 	$(BIN)/cronlog db migrate
 
-# Starts the stack, creates topics and tables, then supervises a scheduler node, two
+# Starts the stack, creates topics and tables, then supervises a node, two
 # workers, the projector and the API in the foreground, with the demo jobs.
 run: venv
 	$(BIN)/cronlog run
@@ -134,7 +134,7 @@ bench-full: topics
 	$(BIN)/python -m bench.detector --seconds 60 --workers 4
 
 # Long fault scenarios (about 40 minutes, most of it waiting): 2,000 jobs every second,
-# every scheduler node killed for 20 minutes and restarted. The ledger must work through
+# every node killed for 20 minutes and restarted. The ledger must work through
 # the catch-up in bounded transactions without a failure, and the audit must be clean.
 # Then 10 minutes of random faults (brokers, nodes, ledgers, workers, the projector) on a
 # private three-broker cluster: no duplicate, no missed firing, every run final.

@@ -1,12 +1,12 @@
 """Chaos: random faults on a replicated cluster under load, then the checks.
 
 A private three-broker Kafka cluster (tests/support/cluster.py; topics with 3 replicas,
-min ISR 2), a private database on the shared PostgreSQL, two scheduler nodes, three
+min ISR 2), a private database on the shared PostgreSQL, two nodes, three
 workers and the projector; jobs `every 1s` (idempotent, retried). For the duration,
 one random fault at a time, each undone before the next:
 
 - kill -9 a broker (the busiest leader half the time), restarted 5-20 s later;
-- kill -9 a scheduler node, restarted;
+- kill -9 a node, restarted;
 - kill -9 a node's ledger process (the node exits with it; restarted like a supervisor);
 - kill -9 a worker or the projector, restarted;
 - SIGSTOP a worker for 5-15 s, then SIGCONT.

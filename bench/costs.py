@@ -10,7 +10,7 @@ spends its wall time (py-spy samples of the ledger process, classified by the in
 frame of ours on the stack).
 `python -m bench.costs --rate 250 --seconds 40` (`--quick`: 250 runs/s for 20 s).
 
-Scale-out: `--nodes N` runs N scheduler nodes over the same partitions (each owns its
+Scale-out: `--nodes N` runs N nodes over the same partitions (each owns its
 share of job-log and dispatch); node rows are summed over the nodes. Before any job is
 registered the bench measures the nodes' idle CPU (`--idle-s`) so that the table can
 tell a cost per run from a fixed cost per node (consumers polling).

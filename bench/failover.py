@@ -1,4 +1,4 @@
-"""Failover: two scheduler nodes and two noop workers under a steady load of J jobs
+"""Failover: two nodes and two noop workers under a steady load of J jobs
 `every 1s`; kill -9 one node. Reports the start lateness of runs due in the failover
 window (from 1 s before the kill to 20 s after), and how long until every job fired
 again after the kill (the survivor took over the dead node's partitions).

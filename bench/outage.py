@@ -1,4 +1,4 @@
-"""Outage: J jobs `every 1s`, every scheduler node killed for D seconds, then restarted.
+"""Outage: J jobs `every 1s`, every node killed for D seconds, then restarted.
 
 The jobs are registered, every node is killed at once, and D seconds later (an operator
 paused every job meanwhile: the commands wait in `commands`, stamped with their time)

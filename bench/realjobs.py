@@ -1,6 +1,6 @@
 """Real jobs: the sustained scenario with REAL processes (the worker's `process` executor).
 
-One scheduler node; three workers offering 4, 2 and 1 CPUs (memory generous, the
+One node; three workers offering 4, 2 and 1 CPUs (memory generous, the
 default heartbeat); N jobs `every 2s`, each `sh -c 'echo run $CRONLOG_RUN_ID'` asking for 0.1 CPU.
 After --seconds (the first --settle-s are not measured) the jobs are paused and the runs
 get --drain-s to finish. Over the window it reports the firings due, how many started,

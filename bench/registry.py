@@ -2,7 +2,7 @@
 
 - registration throughput: commands produced, until the ledger has applied them all
   (its consumer group has no lag on job-log and ingress none on commands);
-- the scheduler node's resident memory with N jobs held (5 s after all were applied), and
+- the node's resident memory with N jobs held (5 s after all were applied), and
   the fresh node's at its readiness and 10 s later;
 - takeover: a fresh node started after the first is killed: the time until its ledger
   has restored every partition's state (from its log line: `takeover_ready_s`, from the

@@ -95,15 +95,15 @@ def scheduler_catch_up(settings: Settings, jobs: int, versions: int) -> tuple[fl
     """(seconds until the group assigned every partition to a fresh scheduler, seconds
     from then until it holds every one of the `jobs` with its newest due time: its
     catch-up, whatever way it reads)."""
-    node = Scheduler(settings, "bench-restore", propose_at=lambda: 0)
+    scheduler = Scheduler(settings, "bench-restore", propose_at=lambda: 0)
     started = time.monotonic()
     assigned = 0.0
     newest = due_of(versions - 1)
-    thread = threading.Thread(target=node.run, daemon=True)
+    thread = threading.Thread(target=scheduler.run, daemon=True)
     thread.start()
     try:
         while time.monotonic() - started < 600:
-            timers = list(node.timers.values())
+            timers = list(scheduler.timers.values())
             if not assigned and len(timers) == settings.partitions:
                 assigned = time.monotonic()
             held = sum(len(t.fires) for t in timers)
@@ -116,7 +116,7 @@ def scheduler_catch_up(settings: Settings, jobs: int, versions: int) -> tuple[fl
             time.sleep(0.05)
         raise AssertionError("the scheduler never caught up")
     finally:
-        node.stop()
+        scheduler.stop()
         thread.join(30)
 
 

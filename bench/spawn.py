@@ -17,7 +17,7 @@ reaped), the parent's CPU ms per start (this process: what a worker's own loop w
 pay), the children's CPU ms per start (the job itself, plus the supervisor or the zygote),
 and starts/s one after the other. `python -m bench.spawn --starts 1000` (`--quick`: 200).
 
-connectors/supervise.py may be gone from the work tree (the engine that replaced it does
+connectors/supervise.py may be gone from the work tree (the executor that replaced it does
 not need it); then its last committed version is read from git (`--supervise-rev`).
 """
 

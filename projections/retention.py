@@ -30,11 +30,10 @@ Why batched deletes and not time partitions: partitions can only be dropped whol
 "keep the newest N runs of each job" and "never a run that is not final" cut across any
 time partitioning; every table's keys (run_id, event_id) would also need the partition
 column, and the projector's upserts would change. Deletes in small transactions cost
-time per row instead of O(1): bench/prune.py measured about 50,000 rows a second on two
-shared cores (10,000,000 transitions, half of them pruned in about two minutes), so a day
-of a million runs (some 6,000,000 rows) prunes in two minutes; at tens of millions of runs
-a day the pruning takes hours of a backend a day, and partitions (with the runs to keep
-moved out before a drop) would start to pay.
+time per row instead of O(1): at the rate bench/prune.py measures (docs/operations.md,
+"Bounded history") a day of a million runs (some 6,000,000 rows) prunes in minutes; at
+tens of millions of runs a day the pruning would take hours of a backend a day, and
+partitions (with the runs to keep moved out before a drop) would start to pay.
 
 How it stays out of the projector's way: every batch is its own short transaction of at
 most ``batch`` runs, takes its victims with ``FOR UPDATE SKIP LOCKED`` (so it never waits

@@ -1,4 +1,4 @@
-"""Avro schemas and codecs of the records cronlog writes (issue 3).
+"""Avro schemas and codecs of the records cronlog writes.
 
 - `schemas.records`, `schemas.spec`: the records and job specs as plain frozen
   dataclasses, the contract every other module imports (and which imports nothing).

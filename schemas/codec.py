@@ -251,7 +251,8 @@ class RunEventsCodec(Codec[RunEvent | JobEvent]):
     """RUN_EVENTS, with a job event's spec spliced in from the job state codec's bytes.
 
     A registration or change writes its spec twice: in the job state and in the job
-    event on run-events, and encoding it was a third of the ledger's work per upsert.
+    event on run-events, and encoding it twice would be a large share of the ledger's
+    work per upsert.
     A job event's spec is its last field, a union ["null", JobSpec]: its binary form is
     the event written with no spec (ending in the null branch's index, 0x00) with that
     last byte replaced by the JobSpec branch's index (0x02) followed by the spec's bytes,

@@ -90,7 +90,7 @@ def schedule_to_avro(schedule: Schedule) -> Named | None:
 # Decoded values that many jobs have in common (an owner, a cron expression and time
 # zone, a command, the default resources and retry policy) are kept once and shared by
 # every spec that has them: the ledger holds every registered job's spec in memory, and
-# a fresh copy of each part per job was more than half of a job's ~1.1 KB. All of them
+# a fresh copy of each part per job would be most of a job's memory. All of them
 # are immutable (frozen records, tuples, strings). Bounded: beyond `_SHARED_MAX` distinct
 # values new ones are simply not shared.
 _SHARED_MAX: Final = 200_000

@@ -30,7 +30,7 @@ FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "s
 # audit flags any other, the simulation checks every event against them. None: a run's
 # first event. Into `due` from a final state or `retrying` begins a new attempt (a retry,
 # a rerun, a firing revived after a pause or schedule change cancelled it before its
-# time); from `dispatched` it keeps the attempt (a claim given back before the start).
+# time); from `dispatched` it keeps the attempt (a claim released before the start).
 TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({"due", "waiting", "skipped"}),
     "waiting": frozenset({"due", "skipped", "cancelled"}),
@@ -78,7 +78,7 @@ class JobDeleted:
 
 @dataclass(frozen=True, slots=True)
 class FireProposed:
-    """A scheduler node believes (job, scheduled_ms) is due. May repeat, may be late."""
+    """A node believes (job, scheduled_ms) is due. May repeat, may be late."""
 
     job_id: str
     scheduled_ms: int
@@ -187,7 +187,7 @@ class WorkerLost:
 
 @dataclass(frozen=True, slots=True)
 class RunReleased:
-    """The worker holding (run, attempt) gives it back without having started it, and
+    """The worker holding (run, attempt) releases it without having started it, and
     will never start it (fenced before its start, restarted before starting it, no room
     at its start time): the ledger dispatches the same attempt again."""
 
@@ -359,8 +359,8 @@ class RunState:
     # Why the run is to be cancelled, once its holder answers the stop order sent for the
     # claimed attempt ("" when no cancel is pending). A claimed attempt that has not been
     # reported started may still start before the order reaches its worker, so the ledger
-    # never ends it on its own word: the holder's answer (given back, started, finished)
-    # or the loss of the worker ends it, and so no execution escapes the record.
+    # never ends it on its own word: the holder's answer (released, started, finished)
+    # or the verdict that the worker is dead ends it, and so no execution escapes the record.
     cancelling: str = ""
     # The values of the job's parameters this run runs with (name, JSON text), sorted.
     params: tuple[tuple[str, str], ...] = ()
@@ -456,13 +456,13 @@ class ClaimReply:
     reason: str
     at_ms: int
     # The claim's seal, echoed: a worker that forgot an attempt it was granted (killed
-    # before its journal kept the claim) can still give it back with proof.
+    # before its journal kept the claim) can still release it with proof.
     placement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class CancelOrder:
-    """Stop (run, attempt) if it runs here: cancelled, or the attempt is no longer yours."""
+    """A stop order: stop (run, attempt) if it runs here (cancelled, or no longer yours)."""
 
     worker_id: str
     run_id: str

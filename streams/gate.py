@@ -1,7 +1,7 @@
 """The gate: workers' records from `worker-reports` to `job-log`, and nothing else.
 
 Workers do not write `job-log` (where registrations are): their claims, starts, outcomes
-and releases go to `worker-reports`, and this loop, one per scheduler node in its own
+and releases go to `worker-reports`, and this loop, one per node in its own
 consumer group, relays them. What is relayed is decided by `report_route`: the four
 kinds a worker writes pass as they are, keyed by the job they name (so on that job's
 partition whatever key they were sent with); anything else (a forged registration, a

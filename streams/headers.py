@@ -3,12 +3,12 @@
 The scheduler follows the `jobs` topic to know, per job, its next due time, the newest
 time the ledger decided and whether its firings may be proposed early, and the `runs`
 topic for each live run's next deadline. Decoding the whole Avro state for those few
-values was most of a takeover's catch-up (~25 us a job state: 25 s for 1,000,000 jobs),
-so the ledger writes them beside the value, in a record header of 17 bytes
-(`cronlog-timers` on a job state, `cronlog-deadline` on a run state), and the scheduler
-reads the header alone. A record without the header (one written before it existed) is
-decoded as before. The value stays the one source of truth: the header is derived from
-it by the same ledger write, in the same record.
+values would be most of a takeover's catch-up, so the ledger writes them beside the
+value, in a record header of 17 bytes (`cronlog-timers` on a job state,
+`cronlog-deadline` on a run state), and the scheduler reads the header alone. A record
+without the header (written by a version without it) is decoded whole. The value stays
+the one source of truth: the header is derived from it by the same ledger write, in the
+same record.
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ are committed only once all of it was delivered, and a batch not delivered is re
 again, for as long as the broker stays down. One consumer group (`ingress`) over the
 nodes: each node relays the `commands` partitions it is given.
 
-Not a Faust agent any more (it was until 2026-12-03): a Faust agent that does nothing
-but count what `take_events` hands it reached 8,600-9,500 records/s on the reference
-machine, below the 10,000 registrations/s the design asks, before any validation; the
-agent itself did ~4,300/s. Validation is ~30 us a command (`route`); librdkafka's
-batches cost a few microseconds a record. docs/performance.md has the figures.
+Why a plain confluent-kafka loop and not a Faust agent: a Faust agent that only counts
+what it is handed stays below the 10,000 registrations a second the design asks, before
+any validation, while validating a command (`route`) and librdkafka's batches cost
+microseconds a record. The figures are in docs/performance.md's changelog.
 
 Workers' records reach job-log through the gate (streams/gate.py), not through here.
 """

@@ -45,12 +45,6 @@ def partition_for(key: str, partitions: int) -> int:
     return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-# Failover in seconds (docs/architecture.md, "Failover timing"): a member silent for the session
-# timeout loses its partitions. 6 s tolerates a few missed 1.5 s heartbeats (GC pauses,
-# a saturated 2-core machine) while moving partitions of a killed node in ~6-8 s. The
-# broker's group.min.session.timeout.ms (2 s in the local stack) allows it.
-SESSION_TIMEOUT_MS = int(TIMING.consumer_session_s * 1000)
-HEARTBEAT_INTERVAL_MS = int(TIMING.consumer_heartbeat_s * 1000)
 # Short: a dead ledger's open transaction blocks every read_committed reader of the
 # partitions it wrote (the new owner's restore, dispatchers, workers' inboxes) until the
 # broker aborts it after this long. About the session timeout, so the abort overlaps the
@@ -114,11 +108,15 @@ def consumer_config(settings: Settings, group: str | None, **extra: Any) -> dict
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
-        "session.timeout.ms": SESSION_TIMEOUT_MS,
-        "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
-        # Range assignment gives one member partition p of every topic it subscribes to
-        # (all cronlog topics have the same count): the co-partitioning the scheduler needs.
-        "partition.assignment.strategy": "range",
+        # The KIP-848 group protocol: the broker keeps a member, its assignment and its
+        # session across a coordinator's failover (the classic protocol ended the session
+        # on the client's side when the coordinator stopped answering, and every loop
+        # gave up its partitions and restored them). Sessions and heartbeats are group
+        # settings on the broker (`group_settings`). Range assignment gives one member
+        # partition p of every topic it subscribes to (all cronlog topics have the same
+        # count): the co-partitioning the scheduler needs.
+        "group.protocol": "consumer",
+        "group.remote.assignor": "range",
         # librdkafka prefetches up to 64 MB per consumer by default, and memory once taken
         # for a catch-up's prefetch stays with the process; 16 MB (some 100,000 state
         # records) still keeps every fetch busy.

@@ -160,10 +160,18 @@ _DLQ = metrics.LEDGER_DLQ.labels("ledger")
 TXN_MAX_RECORDS = 20_000
 TXN_MAX_S = 2.5
 # A transactional call's own timeout, and its watchdog's (module docstring: a call that
-# can ignore its timeout). About the transaction timeout: a transaction not committed by
-# then is aborted by the broker anyway.
+# can ignore its timeout). The transaction timeout: a transaction not committed by then is
+# aborted by the broker anyway, so a call still waiting then only delays the recovery
+# (a paused group coordinator held `send_offsets_to_transaction` until the watchdog).
 TXN_CALL_S = TRANSACTION_TIMEOUT_MS / 1000
-TXN_WATCHDOG_S = TXN_CALL_S + 3.0
+TXN_WATCHDOG_S = TXN_CALL_S + 0.5
+# `send_offsets_to_transaction` is one round trip to the group coordinator (milliseconds
+# when it answers). The call that ignores its timeout is this one, waiting for a lost
+# coordinator (librdkafka #5456, #5511): it is given about a coordinator's failover (the
+# broker session, then the new coordinator's load) before the ledger recovers, whose
+# calls wait for the new coordinator without hanging.
+OFFSETS_CALL_S = TIMING.broker_session_s + 1.0
+OFFSETS_WATCHDOG_S = OFFSETS_CALL_S + 0.5
 # How long a starting ledger waits for a predecessor under its node id to leave the
 # group (a process killed a moment ago is a member until its session lapses).
 TWIN_PATIENCE_S = TIMING.consumer_session_s + 3.0
@@ -272,6 +280,7 @@ class Ledger:
         self._dirty_jobs: dict[tuple[int, str], JobState] = {}
         self._dirty_runs: dict[tuple[int, str], RunState | None] = {}
         self._abandoned = 0  # producers left inside a hung call (module docstring)
+        self._brokers_were_down = False  # librdkafka said so since the last transaction
         # The takeovers: the read-ahead, then the committed offsets and the state of the
         # partitions it gets (streams/ledger_takeover.py).
         self.takeover = Takeover(
@@ -365,10 +374,13 @@ class Ledger:
                 self.settings.group("ledger"),
                 **{
                     "enable.partition.eof": False,
-                    # The range assignor orders members by their id, which begins with
-                    # this: a node's ledger processes get their partitions in index
-                    # order, those `range_share` reads ahead (when the node is alone).
+                    # Names the process in the broker's view of the group. Which
+                    # partitions a node's ledger processes get is the broker's choice
+                    # (its range assignor orders members by their random ids): the share
+                    # `range_share` reads ahead is a guess, and a partition it did not
+                    # read ahead is restored from the start.
                     "client.id": ledger_client_id(self.share[0], self.incarnation, self.node_id),
+                    "error_cb": self._client_error,
                     **self.watch.config(),
                 },
             )
@@ -423,9 +435,24 @@ class Ledger:
         if self._identity_due:  # assigned: a frozen ledger woken beside its replacement?
             self._check_node_id()
         records = [m for m in messages if self._usable(m)]
+        if records and self._brokers_were_down:
+            # The first batch after every broker was down: its transaction would reach
+            # the group coordinator through the producer's cached one, a broker
+            # librdkafka may have dropped meanwhile, and send_offsets_to_transaction
+            # then waits for it until the watchdog (librdkafka #5511; seen after most
+            # outages). A fresh producer finds the coordinator anew; the batch is read
+            # again from the committed offsets the recovery seeks to.
+            self._brokers_were_down = False
+            log.info("ledger %s: the brokers were down; a fresh producer", self.node_id)
+            self._recover(abort=False)
+            records = []
         if records:
             self._process_batch(records)
         self._lag.report(self.consumer)
+
+    def _client_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._brokers_were_down = True
 
     def close(self) -> None:
         self.takeover.end_read_ahead()
@@ -452,7 +479,7 @@ class Ledger:
         # Assigned here, with the offsets the state was restored for: librdkafka must
         # not look the committed offsets up again after the restore (see
         # `Takeover.take_over`).
-        consumer.assign(positions)
+        consumer.incremental_assign(positions)
         self.watch.reset()  # in the group (the statistics said otherwise while it restored)
         self.assigned = True
         self._identity_due = True
@@ -539,8 +566,8 @@ class Ledger:
         producer, metadata = self.producer, self.consumer.consumer_group_metadata()
         positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         bounded(
-            lambda: producer.send_offsets_to_transaction(positions, metadata, TXN_CALL_S),
-            TXN_WATCHDOG_S,
+            lambda: producer.send_offsets_to_transaction(positions, metadata, OFFSETS_CALL_S),
+            OFFSETS_WATCHDOG_S,
             "send_offsets_to_transaction",
         )
         bounded(

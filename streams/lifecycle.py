@@ -1,6 +1,6 @@
 """Process lifecycle: no cronlog process outlives its supervisor or hangs on its way out.
 
-Helpers, used by the scheduler node (its ledger child), by `cronlog run` (its
+Helpers, used by the node (its ledger child), by `cronlog run` (its
 components) and by every long-running command:
 
 - `die_with_parent` / `die_with_parent_preexec`: Linux sends this process SIGKILL when
@@ -235,14 +235,11 @@ def run_steps(
 # -- the process's memory ---------------------------------------------------------------
 # glibc gives every thread that allocates its own malloc arena (up to 8 per core), and an
 # arena keeps what its thread freed; a loop that reads batches frees most of what it
-# allocates. `bench.registry` (one node, its processes' RSS with all jobs registered):
-# 300,000 jobs 527 MB with the default arenas, 458 with two, 413 with two and the node
-# trimming every 10 s; 1,000,000 jobs 1,027-1,086 MB, 673-701 MB with the node and its
-# ledgers trimming (docs/performance.md).
+# allocates, so two arenas hold less of it for the same work.
 # Trimming is off unless CRONLOG_MALLOC_TRIM_S asks for it: malloc_trim walks every free
-# chunk with the arena locked, and the threads that allocate wait. Every 10 s it held
-# 1,000,000 registered jobs at 673-701 MB instead of ~1,030, but at 1,000 runs/s it put
-# 1-2 % of the runs 1-2 s late (p99 start lateness 1.03 s; 0.016 s without it).
+# chunk with the arena locked, and the threads that allocate wait, so periodic trimming
+# buys a smaller registry's memory with late starts under load. The figures of both are
+# in docs/performance.md's changelog (2026-12-03, fifth round).
 MALLOC_ARENAS = 2
 TRIM_ENV = "CRONLOG_MALLOC_TRIM_S"
 
@@ -282,11 +279,11 @@ def _rss_mb() -> float | None:
 def trim_malloc_once(what: str, log: Callable[..., None] | None = None) -> None:
     """Hand the free memory of every malloc arena back to the OS once, now, on a daemon
     thread: after a catch-up, whose reading (consumer buffers, a backlog of raw records,
-    the decoded batches) is freed at once but kept by the arenas. A node that took over
-    1,000,000 jobs held 1.2 GB without it and ~510 MB with it, 649 MB handed back
-    (docs/performance.md, eighth round). Once is cheap and off the hot path (nothing
-    runs yet); at most one per TRIM_ONCE_MIN_GAP_S, so a burst of assignments trims
-    once. `log` (a logger's info) gets the RSS before and after and the trim's time."""
+    the decoded batches) is freed at once but kept by the arenas, and after a takeover
+    that is most of the node's memory (docs/performance.md, eighth round). Once is cheap
+    and off the hot path (nothing runs yet); at most one per TRIM_ONCE_MIN_GAP_S, so a
+    burst of assignments trims once. `log` (a logger's info) gets the RSS before and after
+    and the trim's time."""
     global _trimmed_at
     with _trim_lock:
         now = time.monotonic()

@@ -58,6 +58,7 @@ from confluent_kafka import (
 )
 
 from streams.core.clock import SYSTEM_CLOCK, Clock, ManualClock
+from streams.core.timing import TIMING
 from streams.kafka import Clients, partition_for
 from streams.settings import Settings
 from streams.topics import CATALOGUE
@@ -312,7 +313,9 @@ class MemoryConsumer:
         self.read_committed = config.get("isolation.level", "read_committed") == "read_committed"
         self.eof = bool(config.get("enable.partition.eof", False))
         self.reset_latest = config.get("auto.offset.reset", "latest") in ("latest", "end")
-        self.session_s = int(config.get("session.timeout.ms", 45_000)) / 1000
+        # The group protocol's session is a setting of the broker's group (as cronlog's
+        # groups are set up, `streams/kafka.py` group_settings), not of the client.
+        self.session_s = TIMING.consumer_session_s
         self.client_id = str(config.get("client.id", ""))
         self.positions: dict[Where, int] = {}
         self.eof_at: dict[Where, int] = {}
@@ -406,6 +409,13 @@ class MemoryConsumer:
         self._assigned = True
         with self.log.lock:
             self.positions = {}
+            for tp in partitions:
+                self.positions[(tp.topic, tp.partition)] = self._start(tp)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self._check("incremental_assign")
+        self._assigned = True
+        with self.log.lock:
             for tp in partitions:
                 self.positions[(tp.topic, tp.partition)] = self._start(tp)
 

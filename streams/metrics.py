@@ -1,11 +1,11 @@
 """Prometheus metrics and health endpoints of every cronlog process.
 
-Each long-running process (scheduler node, its ledger process, worker, projector) serves
+Each long-running process (node, its ledger process, worker, projector) serves
 on the port it is given (`--metrics-port`, `CRONLOG_METRICS_PORT`; 0 or unset: none):
   /metrics  the Prometheus text format (prometheus_client's registry of this process);
   /healthz  200 while the process runs its loops (liveness);
   /readyz   200 once its consumers are assigned and caught up, else 503 with the reason.
-A scheduler node's ledger runs in a process of its own and serves on the node's port + 1.
+A node's ledger runs in a process of its own and serves on the node's port + 1.
 The API serves `/metrics` on its own port, beside its routes.
 
 Names follow Prometheus conventions: the `cronlog_` prefix, base units (`_seconds`,
@@ -87,7 +87,7 @@ WORKER_REPORTS = Counter(
     ["kind"],
     registry=WORKER,
 )
-# -- scheduler node ---------------------------------------------------------------------------
+# -- node -------------------------------------------------------------------------------------
 PROPOSALS = Counter(
     "cronlog_scheduler_proposals_total",
     "Proposals sent to job-log, by kind.",

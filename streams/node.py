@@ -1,4 +1,4 @@
-"""A scheduler node (`cronlog scheduler`): ingress, gate, ledger, scheduler and dispatcher.
+"""A node (`cronlog scheduler`): ingress, gate, ledger, scheduler and dispatcher.
 
 Ingress, the gate, the scheduler and the dispatcher are confluent-kafka loops on their
 own threads; the main thread waits for SIGTERM/SIGINT and then stops them all. The
@@ -159,7 +159,7 @@ def run_node(
         )
     # The node waits for the broker before it joins any group, saying so; once running,
     # every loop rides out an outage by itself (module docstring).
-    wait_for_broker(settings, f"scheduler node {node_id}")
+    wait_for_broker(settings, f"node {node_id}")
     policy = ProposalPolicy(
         lead_ms=lead_ms,
         horizon_ms=lookahead_ms if lead_ms > 0 else 0,  # pre-dispatch off: no look-ahead

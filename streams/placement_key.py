@@ -1,4 +1,4 @@
-"""The scheduler nodes' placement key, agreed on through the `node-keys` topic.
+"""The nodes' placement key, agreed on through the `node-keys` topic.
 
 Every node's dispatcher seals the assignments it sends and every node's ledger checks
 the seals of claims (streams/core/seals.py), so all nodes of a deployment need the same

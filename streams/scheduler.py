@@ -468,7 +468,7 @@ class Scheduler:
             tp.offset = ahead.get((tp.topic, tp.partition), OFFSET_BEGINNING)
         self.end_warm_up()
         self.assigned = True
-        consumer.assign(partitions)
+        consumer.incremental_assign(partitions)
         self._release_if_caught_up()  # all of it read ahead
         self.watch.reset()
         log.info(

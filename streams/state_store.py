@@ -2,8 +2,8 @@
 
 A `StateTable` (streams/state_table.py) holds what the ledger decides about decoded and
 everything else as the bytes of its newest record. With a large registry the bytes are
-most of the node's memory (~300 bytes a job with its key and the dict's slot: 300 MB for
-1,000,000 jobs), so they can live in a local RocksDB instead (`DiskStore`, through
+most of the node's memory (a few hundred bytes a job with its key and the dict's slot),
+so they can live in a local RocksDB instead (`DiskStore`, through
 rocksdict, the binding Faust itself uses for its tables). The store is scratch, never a
 source of truth: each takeover writes a partition's records into it afresh from the
 compacted topics, nothing in it survives the process (it is deleted on close, and a

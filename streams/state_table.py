@@ -3,13 +3,13 @@ either decoded (a frozen record) or as the bytes of its newest record, decoded w
 first needed.
 
 Why: the ledger holds every registered job and every run it keeps, but decides about few
-of them at any moment. A decoded job state is ~500 bytes of Python objects and costs
-~25 us to decode; its record is ~150 bytes. So a takeover keeps the records it restored
-as bytes (the restore reads the topics and decodes nothing: its time is the read), and
-a state the ledger will not need soon (a job with nothing live and nothing due within
-`COLD_AFTER_MS`, a final run) goes back to the bytes just written for it. What the
-ledger decides about is decoded once, on its first input, and stays decoded while it is
-active. The bytes are exactly the state record on the topic, so nothing here is trusted
+of them at any moment. A decoded job state is several times the size of its record and
+slow to decode (docs/performance.md's changelog has the figures). So a takeover keeps the
+records it restored as bytes (the restore reads the topics and decodes nothing: its time
+is the read), and a state the ledger will not need soon (a job with nothing live and
+nothing due within `COLD_AFTER_MS`, a final run) goes back to the bytes just written for
+it. What the ledger decides about is decoded once, on its first input, and stays decoded
+while it is active. The bytes are exactly the state record on the topic, so nothing here is trusted
 beyond the topic: a transaction that fails restores the table from the topics again.
 """
 

@@ -126,7 +126,7 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     ),
     TopicSpec(
         "node-keys",
-        "the scheduler nodes' placement key (its first record on partition 0): nodes only",
+        "the nodes' placement key (its first record on partition 0): nodes only",
         {"cleanup.policy": "compact"},
     ),
     TopicSpec("run-logs", "stdout/stderr chunks of runs", {"retention.ms": str(7 * DAY_MS)}),

@@ -17,16 +17,16 @@ once, in order:
   then are those messages removed. An answer that never arrives is simply given again,
   the same messages in the same order: a replay of a suffix, as a native worker sees
   after a restart from its committed offset.
-- When a worker's mailbox is not here (the API restarted, the worker was silent for
+- When a worker's inbox is not here (the API restarted, the worker was silent for
   `FORGET_AFTER_S`, or it used another API instance until now), a heartbeat with
   `ack > 0` rebuilds it by reading the worker's partition from `ack` (at most
-  `REPLAY_S` back): nothing sent while no API held its mailbox is lost. An ack beyond
+  `REPLAY_S` back): nothing sent while no API held its inbox is lost. An ack beyond
   the partition's end (the topic was recreated) is ignored.
 - A heartbeat without `ack` is the older protocol: what the answer carries is removed at
   once (at most once: a lost answer loses its messages), and the answer has no `seq`.
   A worker speaking this protocol sends `ack: 0` on its first heartbeat.
-- A mailbox holds at most `MAX_PENDING` messages; a worker that never acks loses the
-  oldest, with a log line. A mailbox silent for `FORGET_AFTER_S` is forgotten.
+- An inbox holds at most `MAX_PENDING` messages; a worker that never acks loses the
+  oldest, with a log line. An inbox silent for `FORGET_AFTER_S` is forgotten.
 
 The HTTP worker is responsible for what the native worker does itself: not starting
 before its claim is granted, killing its process on a stop order, handling every message
@@ -86,7 +86,7 @@ def inbox_partition(worker_id: str, partitions: int) -> int:
 FORGET_AFTER_S = 60.0  # a worker silent this long gets no more buffering
 MAX_PENDING = 10_000  # per worker: a worker that never acks must not grow the API for ever
 MAX_ANSWER = 1_000  # messages per heartbeat answer; the rest come with the next one
-REPLAY_S = 300.0  # a rebuilt mailbox reads worker-inbox at most this far back
+REPLAY_S = 300.0  # a rebuilt inbox reads worker-inbox at most this far back
 REPLAY_TIMEOUT_S = 10.0
 MAX_SEQ = 2**63 - 1
 MAX_SEALS = 100_000  # placement seals remembered for reports that do not carry theirs
@@ -99,13 +99,15 @@ class _BeyondEnd(Exception):
 
 @dataclass
 class _Mailbox:
+    """One HTTP worker's inbox as this API holds it: its messages by seq, up to its ack."""
+
     partition: int
     seen: float = field(default_factory=time.monotonic)
     acked: int = 0  # the worker has handled every message up to this seq
     seqs: list[int] = field(default_factory=list)  # ascending
     items: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     dropped: int = 0
-    # Set once the mailbox may be answered from (a rebuild from worker-inbox is done).
+    # Set once the inbox may be answered from (a rebuild from worker-inbox is done).
     ready: threading.Event = field(default_factory=threading.Event)
     failed: bool = False
 
@@ -208,7 +210,7 @@ class WorkerGateway:
     def start(self) -> None:
         """Fix where worker-inbox ends now (read_committed) before any heartbeat is
         served: the follower starts there, so that a message written once this returns
-        reaches the mailboxes however late the follower's first fetch is."""
+        reaches the inboxes however late the follower's first fetch is."""
         self.starts = self._ends()
         if self.starts:
             self._following()
@@ -277,7 +279,7 @@ class WorkerGateway:
             consumer.close()
 
     def _sweep(self) -> None:
-        """Forget the mailboxes of workers silent for FORGET_AFTER_S (what they held is
+        """Forget the inboxes of workers silent for FORGET_AFTER_S (what they held is
         still in worker-inbox, for a rebuild should they come back with an ack)."""
         now = time.monotonic()
         with self.lock:
@@ -287,8 +289,8 @@ class WorkerGateway:
 
     def deliver(self, partition: int, offset: int, raw: bytes | None) -> None:
         """Take one worker-inbox record (`raw` at `offset` of `partition`) into its worker's
-        mailbox and advance the follower's position; the follower calls it for each record
-        read, and tests/integration/test_http_worker_ack.py feeds a mailbox with it."""
+        inbox and advance the follower's position; the follower calls it for each record
+        read, and tests/integration/test_http_worker_ack.py feeds an inbox with it."""
         message: WorkerMessage | None = None
         if raw:
             try:
@@ -383,8 +385,8 @@ class WorkerGateway:
         finally:
             reader.close()
 
-    def _mailbox(self, worker_id: str, ack: int | None) -> tuple[_Mailbox, int | None]:
-        """The worker's mailbox, made (and rebuilt from worker-inbox after `ack`) if this
+    def _inbox(self, worker_id: str, ack: int | None) -> tuple[_Mailbox, int | None]:
+        """The worker's inbox, made (and rebuilt from worker-inbox after `ack`) if this
         API holds none for it; the ack applied. Returns the ack to answer with (0 if it
         was ignored as beyond the partition's end)."""
         with self.lock:
@@ -419,7 +421,7 @@ class WorkerGateway:
                     self._remember(message)
             box.ready.set()
         elif not box.ready.wait(3 * REPLAY_TIMEOUT_S) or box.failed:
-            raise ServiceError(503, "this worker's mailbox is being rebuilt; try again")
+            raise ServiceError(503, "this worker's inbox is being rebuilt; try again")
         if ack is not None:
             with self.lock:
                 box.ack(ack)
@@ -428,7 +430,7 @@ class WorkerGateway:
     def answer(self, box: _Mailbox, ack: int | None) -> dict[str, Any]:
         """The messages a heartbeat answer carries from `box` (at most `max_answer`) and the
         seq they acknowledge, given the worker's `ack` (None: the older protocol); for
-        `heartbeat`, and the mailbox tests of tests/integration/test_http_worker_ack.py."""
+        `heartbeat`, and the inbox tests of tests/integration/test_http_worker_ack.py."""
         answer: dict[str, Any] = {kind: [] for kind in KINDS}
         with self.lock:
             given = box.seqs[: self.max_answer]
@@ -483,7 +485,7 @@ class WorkerGateway:
             tuple(sorted(labels.items())),
             tuple(RunningAttempt(r["run_id"], _attempt(r)) for r in running),
         )
-        box, ack = self._mailbox(worker_id, ack)
+        box, ack = self._inbox(worker_id, ack)
         self.service.produce("heartbeats", worker_id, HEARTBEAT.encode(beat))
         return self.answer(box, ack)
 

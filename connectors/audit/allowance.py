@@ -4,7 +4,7 @@ Not final. A run is given `allowance_ms(spec)`: max_attempts x (timeout + the le
 timeout grace + a claim timeout), twice the nominal retry backoffs, 24 h more when the
 job has dependencies (a run may wait that long for its upstreams), and 10 minutes of
 slack, counted from the later of its scheduled time and its creation (or its rerun);
-one more attempt's share for each claim given back before its start.
+one more attempt's share for each claim released before its start.
 A job whose spec is not in the replay gets `unknown_spec_allowance_ms`.
 """
 
@@ -23,7 +23,7 @@ def allowance_ms(
     released: int = 0,
 ) -> int:
     """How long a run of this job may legitimately stay not final (`released`: claims
-    given back before their start, each dispatched again)."""
+    released before their start, each dispatched again)."""
     retry = spec.retry
     attempts = max(1, retry.max_attempts)
     per_attempt = int(spec.timeout_s * 1000) + config.timeout_grace_ms + config.claim_timeout_ms

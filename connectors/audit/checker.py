@@ -21,8 +21,8 @@ topic, partition and offset of the offending record):
 - ``double_claim`` / ``double_start``: more than one ``dispatched`` / ``running`` event
   for one (run, attempt). These take precedence over ``illegal_transition`` for the
   same event (a second start is also an illegal transition, but it is reported once, by
-  its specific kind). A claim given back before its start (``dispatched -> due``, the
-  same attempt: released by its worker, or its worker lost before the run's start) ends
+  its specific kind). A claim released before its start (``dispatched -> due``, the
+  same attempt: released by its worker, or its worker declared dead before the run's start) ends
   that claim: the attempt may be claimed once more, and still started only once.
 - ``missing_firing``: a fire time of a job's schedule with no run record (see
   `connectors/audit/firings.py`).

@@ -13,14 +13,14 @@ from schemas.records import RunEvent
 # (a `running` event by it, or its outcome accepted while it held the claim).
 HELD: Final = 1
 RAN: Final = 2
-# How the ledger ended a claim without a start: given back (the ledger relies on the
+# How the ledger ended a claim without a start: released (the ledger relies on the
 # attempt never having started: dispatched again), cancelled, or lost (a verdict, the
 # timeout backstop, or the holder's own report without an exit code): the attempt may
 # have run until then.
-GIVEN_BACK: Final = 0
+RELEASED: Final = 0
 CANCELLED: Final = 1
 LOST: Final = 2
-ENDED_HOW: Final = ("given back", "cancelled", "ended without a start (lost or timed out)")
+ENDED_HOW: Final = ("released", "cancelled", "ended without a start (lost or timed out)")
 
 
 def grant(history: History, run: AuditedRun, attempt: int, worker: str, flag: int) -> None:
@@ -59,10 +59,10 @@ def claim_ended(history: History, run: AuditedRun, e: RunEvent, attempt_bit: int
         grant(history, run, e.attempt, e.worker_id, RAN)
         return
     if e.state == "due":
-        # Given back before the start: the attempt may be claimed again.
+        # Released before the start: the attempt may be claimed again.
         run.claimed &= ~attempt_bit
         run.released += 1
-        how = GIVEN_BACK
+        how = RELEASED
     else:
         how = CANCELLED if e.state == "cancelled" else LOST
     found = holders(run.grants, run.gbits, e.attempt)

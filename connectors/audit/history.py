@@ -63,7 +63,7 @@ class AuditedRun:
         self.claimed = 0  # bit set of attempts with a `dispatched` event
         self.started = 0  # bit set of attempts with a `running` event
         self.since_ms = event.at_ms  # creation, or the latest rerun
-        self.released = 0  # claims given back before their start (dispatched -> due)
+        self.released = 0  # claims released before their start (dispatched -> due)
         self.grants: Grants = None
         self.gbits = 0
         self.partition = partition

@@ -15,12 +15,12 @@ its first report, saying why:
 
 - the worker never held the attempt: it ran something nobody granted it (a run id
   run-events never had, for a registered job, included);
-- it held the attempt, and the ledger had given the claim back (released by the worker,
-  or the worker declared lost before the run's start time): the ledger relied on the
+- it held the attempt, and the ledger had released the claim (by the worker's release,
+  or the worker declared dead before the run's start time): the ledger relied on the
   attempt never having started and dispatched it again;
 - it held the attempt, and by the report's own time (the worker's clock, give or take
   `clock_tolerance_ms`) it started after the ledger cancelled the claim or ended it
-  without a start (a lost verdict, the timeout backstop, its own report without an exit
+  without a start (a dead verdict, the timeout backstop, its own report without an exit
   code), or, but for a cancel (whose run is stopped after it), was still running then:
   it ran beside whatever the ledger did next.
 

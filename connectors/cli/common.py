@@ -32,7 +32,7 @@ MetricsPortOption = Annotated[
     typer.Option(
         "--metrics-port",
         help="Serve /metrics, /healthz and /readyz on this port (CRONLOG_METRICS_PORT; "
-        "default none). A scheduler node's ledger process serves on the port + 1.",
+        "default none). A node's ledger process serves on the port + 1.",
     ),
 ]
 

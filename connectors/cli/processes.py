@@ -84,7 +84,7 @@ def scheduler(
     log_format: LogFormatOption = None,
     metrics_port: MetricsPortOption = None,
 ) -> None:
-    """A scheduler node: ingress, ledger and scheduler. Run several for HA."""
+    """A node: ingress, gate, ledger, scheduler and dispatcher. Run several for HA."""
     from streams.lifecycle import TRIM_ENV, malloc_trim_s
     from streams.node import run_node  # imported late: the loops' imports are heavy
 

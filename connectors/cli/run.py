@@ -57,7 +57,7 @@ def run_all(
     ] = None,
 ) -> None:
     """Everything on one machine (for `make run`): the local stack, the topics, a
-    scheduler node, two workers, the projector, the notifier and the API under one
+    node, two workers, the projector, the notifier and the API under one
     supervisor, and
     the demo jobs. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops it all; no
     component outlives it. One per state folder."""

@@ -17,6 +17,8 @@ from connectors.stack.kafka import CONTROLLER_PORT
 from connectors.stack.kafka import PORT as KAFKA_PORT
 from connectors.stack.postgres import PORT as POSTGRES_PORT
 from projections.migrate import MigrationError, migrate_for
+from streams.groups import HEARTBEAT_KEY, SESSION_KEY, ensure_groups, group_settings, refusal_advice
+from streams.kafka import KAFKA_CLIENTS, admin_config
 from streams.topics import TopicError, ensure_topics
 
 stack_app = typer.Typer(
@@ -166,6 +168,22 @@ def topics_create(
             f"{verb} {outcome.topic} ({outcome.partitions} partitions, "
             f"{outcome.replication} replicas)"
         )
+    try:
+        groups = ensure_groups(
+            settings, KAFKA_CLIENTS.admin(admin_config(settings)), timeout_s=timeout
+        )
+    except Exception as exc:
+        raise fail(f"cannot set the consumer groups' sessions at {settings.kafka}: {exc}") from exc
+    wanted = group_settings()
+    for group in groups:
+        if group.refused is None:
+            typer.echo(
+                f"group   {group.group} (session {wanted[SESSION_KEY]} ms, "
+                f"heartbeat {wanted[HEARTBEAT_KEY]} ms)"
+            )
+    advice = refusal_advice(groups)
+    if advice is not None:
+        typer.echo(f"warning: {advice}", err=True)
 
 
 def db_migrate() -> None:

@@ -1,6 +1,6 @@
 """`cronlog run`: everything on one machine under one supervisor (for `make run`).
 
-A scheduler node, two workers, the projector, the notifier and the API run as child
+A node, two workers, the projector, the notifier and the API run as child
 processes, each logging to ``<state>/logs/<name>.log``. A child that exits on its own is
 reported and restarted (backing off up to 30 s when it keeps crashing). Ctrl-C, SIGTERM or SIGHUP
 (the terminal closed) stops them all: SIGTERM, then SIGKILL of each one's process group

@@ -2,12 +2,11 @@
 
     python -m connectors.worker.engine --lease-file FILE --log FILE [--cpu C ...]
 
-Why one process and not a supervisor per run: starting a Python interpreter per run cost
-~80 ms of wall time and 50-100 ms of CPU, so a 2-core machine collapsed at ~30 runs/s. A
-fork/exec of the job itself costs ~1 ms (0.15 ms of this process's CPU with the vfork
-path of `subprocess`). This process starts jobs directly, each leading its own session
-and process group, and watches all of them in one loop: child exits (SIGCHLD), start
-times, timeouts and the lease.
+Why one process and not a supervisor per run: a Python interpreter per run costs tens of
+milliseconds of CPU, a fork/exec of the job itself about one (docs/performance.md, "Real
+processes", has the figures), so a machine's start rate is the jobs' own. This process
+starts jobs directly, each leading its own session and process group, and watches all of
+them in one loop: child exits (SIGCHLD), start times, timeouts and the lease.
 
 Why a process apart from the worker's main process: self-fencing must not depend on the
 worker's loop. A worker that is SIGKILLed, SIGSTOPped or wedged stops renewing the lease,
@@ -37,7 +36,7 @@ which the worker turns into broker time for its reports.
 Outcomes: exited (by itself, any code), timeout, cancelled, fenced (lease expired after
 the start), error (could not start), not_started (never started and never will be:
 fenced, cancelled, or no room within `--start-wait-s` of its start time, or the worker
-went away before its time; the worker gives such a run back for dispatch).
+went away before its time; the worker releases such a run for dispatch).
 
 The lease file holds a deadline on CLOCK_MONOTONIC, `monotonic SECONDS` (`lease_text`;
 the worker's heartbeat thread writes it): the worker measures its lease against itself,
@@ -125,7 +124,9 @@ def lease_holds(path: Path) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
+class ExecutorConfig:
+    """The executor process's options (its command line)."""
+
     lease_file: Path
     log_file: Path
     capacity: tuple[float, float, float] = (float("inf"), float("inf"), float("inf"))
@@ -161,8 +162,11 @@ class Job:
     rlimit_error: str = ""
 
 
-class Engine:
-    def __init__(self, config: EngineConfig, out_fd: int = 1, in_fd: int = 0) -> None:
+class ExecutorLoop:
+    """The executor process's one loop: every job of the worker, its start, room,
+    timeout and lease."""
+
+    def __init__(self, config: ExecutorConfig, out_fd: int = 1, in_fd: int = 0) -> None:
         self.config = config
         self.jobs: dict[Key, Job] = {}
         self.by_pid: dict[int, Job] = {}
@@ -362,7 +366,7 @@ class Engine:
 
     def _spawn(self, job: Job, mono: float) -> None:
         # The intent first: if this process dies between the spawn and the "started"
-        # line, the worker knows the job may exist and must not give the run back.
+        # line, the worker knows the job may exist and must not release the run.
         self.log.write(orjson.dumps({"ev": "starting", "key": job.key}) + b"\n")
         run_as = self.config.run_as
         try:
@@ -582,8 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     for warning in (become_subreaper(), conceal()):
         if warning:
             print(f"executor: warning: {warning}", file=sys.stderr)
-    engine = Engine(
-        EngineConfig(
+    executor = ExecutorLoop(
+        ExecutorConfig(
             args.lease_file,
             args.log,
             (args.cpu, args.memory_mb, args.gpu),
@@ -594,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
             None if args.bwrap is None else Confinement(args.bwrap, tuple(args.hide)),
         )
     )
-    engine.install_signals()
-    engine.run()
+    executor.install_signals()
+    executor.run()
     return 0
 
 

@@ -12,7 +12,7 @@ them: one fsync for many starts. Other lines are not fsynced (the worker flushes
 the OS after each batch of its inbox, so a kill -9 keeps them; a machine crash may not):
 a lost "claiming" line loses only the worker's memory of a claim (should the claim have
 been granted, the reply, not yet committed in the inbox, is read again after the restart
-and the worker gives the attempt back), a lost "reported" line repeats a report, which
+and the worker releases the attempt), a lost "reported" line repeats a report, which
 the ledger ignores.
 
 Bounded: an attempt is finished once Kafka acknowledged its report (or its release, or

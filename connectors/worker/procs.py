@@ -97,11 +97,11 @@ _RESTORED = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def spawn(argv: Sequence[str], env: dict[str, str], cwd: Path, stdout: int, stderr: int) -> int:
-    """Start a job with posix_spawn (vfork + exec: ~0.1 ms of this process's CPU, a
-    quarter of `subprocess.Popen`'s): a new session and process group, stdin from
-    /dev/null, stdout and stderr on the descriptors given (connectors/worker/rundirs.py
-    made them; nothing is opened by name here). The program is looked up in the job's
-    own PATH, as `subprocess` does. Returns the pid (the caller reaps it).
+    """Start a job with posix_spawn (vfork + exec: far less of this process's CPU than
+    `subprocess.Popen`, docs/performance.md, "Real processes"): a new session and process
+    group, stdin from /dev/null, stdout and stderr on the descriptors given
+    (connectors/worker/rundirs.py made them; nothing is opened by name here). The program
+    is looked up in the job's own PATH, as `subprocess` does. Returns the pid (the caller reaps it).
 
     posix_spawn has no working-directory attribute here, so this process changes its
     own for the call: callers must be single-threaded (the executor is)."""

@@ -7,7 +7,7 @@ Its parts, and why:
   worker incarnation, starts the jobs at their time and kills them on timeout, on cancel
   and when the lease expires: a worker that is SIGKILLed, paused or cut off stops its
   jobs before the failure detector declares it dead;
-- this main loop reads worker-inbox (assignments, claim replies, cancel orders), claims
+- this main loop reads worker-inbox (assignments, claim replies, stop orders), claims
   through worker-reports, hands granted attempts to the executor, reports starts and outcomes,
   and streams logs.
 
@@ -20,7 +20,7 @@ it; until then a restart sends it again. Reservations are in time
 One clock: a run's start time (`not_before_ms`) is broker time, and the worker starts it
 when the broker's time has reached it, not its own wall clock (a worker 8 s ahead would
 start runs 8 s early; and the ledger, which dispatches again an attempt whose worker was
-declared lost before its start time, would then get two executions). The worker's broker
+declared dead before its start time, would then get two executions). The worker's broker
 clock (streams/core/clock.py) is a lower bound of the broker's time, fed by the delivery
 reports of its heartbeats and of its reports (both topics have LogAppendTime);
 each granted attempt is handed to the executor with the monotonic instant at which that
@@ -270,7 +270,7 @@ class Worker:
 
     def _replace_executor(self, why: str) -> None:
         """The executor died or hangs: kill it and the job groups it ran; report what
-        started as lost and give back what had not; then start a new one."""
+        started as lost and release what had not; then start a new one."""
         old = self.executor
         log.error("executor %d unusable (%s): replacing it", old.pid, why)
         old.kill()
@@ -469,7 +469,7 @@ class Worker:
         elif isinstance(message, ClaimReply):
             self._replied(message)
         elif isinstance(message, CancelOrder):
-            self._cancel(message)
+            self._stop_order(message)
 
     def _assigned(self, d: DispatchRequest) -> None:
         key = (d.run_id, d.attempt)
@@ -481,13 +481,13 @@ class Worker:
             or len(self.attempts) >= MAX_HELD
             or not self.timeline.fits(d.resources, d.not_before_ms, expected)
         ):
-            # Hand it straight back rather than leave it to the claim deadline (30 s
+            # Release it at once rather than leave it to the claim deadline (30 s
             # after its time): the dispatcher that placed it places it again, and that
             # placement is still booked on this worker in its view, so it goes
-            # elsewhere. A hand-back names the run only (worker-handbacks): a worker's
+            # elsewhere. This release names the run only (worker-handbacks): a worker's
             # credentials never write dispatch requests (any command, for any worker).
             log.info(
-                "no room for %s#%d; handing it back for placement",
+                "no room for %s#%d; releasing it for placement",
                 *key,
                 extra={"run_id": d.run_id, "job_id": d.job_id, "attempt": d.attempt},
             )
@@ -526,7 +526,7 @@ class Worker:
             return
         if reply.at_ms != attempt.claimed_ms:
             # The reply to an earlier claim of this attempt (replayed from the inbox after
-            # a restart, or before the attempt was given back and assigned again): the
+            # a restart, or before the attempt was released and assigned again): the
             # ledger answers each claim with that claim's own stamp.
             return
         if not reply.granted:
@@ -536,7 +536,7 @@ class Worker:
         self.granted.append(attempt)
 
     def _unwanted_grant(self, reply: ClaimReply) -> None:
-        """A grant for an attempt this worker does not hold: give it back at once rather
+        """A grant for an attempt this worker does not hold: release it at once rather
         than leave the run dispatched to nobody until its timeout. Either the claim was
         given up before the reply came ("dropped"), or an earlier incarnation claimed it
         and was killed before its "claiming" line reached the disk: the journal does not
@@ -567,7 +567,7 @@ class Worker:
         self.timeline.end(attempt.key)
         self.journal.record(d.run_id, d.attempt, d.job_id, "dropped")
 
-    def _cancel(self, order: CancelOrder) -> None:
+    def _stop_order(self, order: CancelOrder) -> None:
         attempt = self.attempts.get((order.run_id, order.attempt))
         if attempt is None:
             return
@@ -577,7 +577,7 @@ class Worker:
         elif attempt.phase == "started" and attempt.executor is not None:
             attempt.executor.cancel(attempt.key)
         elif attempt.phase == "granted":
-            # Granted, not yet handed to the executor: given back, which is the answer the
+            # Granted, not yet handed to the executor: released, which is the answer the
             # ledger waits for before it records the cancel.
             self.granted = [a for a in self.granted if a is not attempt]
             self._release(attempt, "cancelled before the start")
@@ -690,7 +690,7 @@ class Worker:
             for attempt in [a for a in self.attempts.values() if a.phase == "claiming"]:
                 if now - attempt.since > CLAIM_REPLY_S:
                     # No answer. Should the claim have been granted after all, the
-                    # release gives the run back (the ledger rejects it otherwise).
+                    # release puts the run back to due (the ledger rejects it otherwise).
                     self._drop(attempt)
                     self._release(attempt, "no reply to the claim")
         resend, self.resend = self.resend, []
@@ -751,7 +751,7 @@ class Worker:
         self._forget(attempt)
 
     def _release(self, attempt: Attempt, why: str) -> None:
-        """Give back an attempt that never started: the ledger dispatches it again."""
+        """Release an attempt that never started: the ledger dispatches it again."""
         d = attempt.dispatch
         at = self._now_ms()
         record = RunReleased(
@@ -776,7 +776,7 @@ class Worker:
         """Settle what an earlier incarnation left: claims are asked again (a reply may
         have been lost); started attempts are read from their executor's log (the outcome
         is reported), waited for while that executor lives (it fences them when its lease,
-        which nobody renews now, expires), or else reported lost / given back."""
+        which nobody renews now, expires), or else reported lost / released."""
         for entry in self.journal.unfinished():
             d = from_plain(entry.info["dispatch"], DispatchRequest)
             attempt = Attempt(d, entry.phase)

@@ -1,6 +1,6 @@
 """The broker's clock as one process sees it: a lower bound of the broker's time (pure).
 
-Why: every machine's wall clock may be off (a scheduler node 10 minutes ahead, a worker
+Why: every machine's wall clock may be off (a node 10 minutes ahead, a worker
 8 s behind), and cronlog never compares two machines' clocks for a decision. The one clock
 is the broker's: `commands`, `job-log` and `heartbeats` carry LogAppendTime, the time at
 which the broker appended each record (streams/topics.py).
@@ -89,7 +89,7 @@ class ManualClock:
         self.mono_s += seconds
 
 
-#: The job id of a clock probe: a fire proposal a scheduler node writes to job-log only for
+#: The job id of a clock probe: a fire proposal a node writes to job-log only for
 #: the broker's stamp on its delivery report, when it has had no sample for a while (no
 #: proposal of its own, no heartbeat). No job has the empty id (ids are validated), so
 #: the ledger knows a probe by it and decides nothing.

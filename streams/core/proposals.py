@@ -1,4 +1,4 @@
-"""When a scheduler node proposes each job's next firing (pure: no Kafka).
+"""When a node proposes each job's next firing (pure: no Kafka).
 
 A job is proposed `lead_ms` before its due time (pre-dispatch: the run is created,
 placed and claimed before it is due, and the worker starts it at the due time), and again
@@ -166,9 +166,9 @@ class Pacer:
 class FireTimers:
     """One partition's jobs: their next due times and when to propose them.
 
-    Compact, since a node holds every job of the partitions it owns (a million jobs
-    took ~430 MB as dicts of job id -> int and heaps of (time, job id) tuples): each
-    job gets a slot once, its three times live in arrays of machine integers, and a
+    Compact, since a node holds every job of the partitions it owns (dicts of job id ->
+    int and heaps of (time, job id) tuples take far more: docs/performance.md, seventh
+    round): each job gets a slot once, its three times live in arrays of machine integers, and a
     heap item is one int packing (time, slot). Heap items are replaced lazily, as in
     `DueQueue`: an item whose time is no longer its slot's is dropped when it surfaces.
 

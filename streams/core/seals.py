@@ -4,14 +4,14 @@ A worker claims the attempts assigned to it; the ledger grants the first claim o
 attempt. Without more, any worker could claim any due attempt (its run id is in every
 run event), including one placed on another worker, and then report it done. So the
 dispatcher seals each assignment: an HMAC of (run, attempt, worker) under a key only
-scheduler nodes hold, carried in the assignment's dispatch request. The worker sends the
+nodes hold, carried in the assignment's dispatch request. The worker sends the
 seal back with its claim, and the ledger grants a claim only if the seal is that of the
 claiming worker for that attempt (LedgerConfig.placement_key).
 
 A seal is bound to one worker: a seal read from another worker's assignment is useless
-under a different worker id. Re-placing an attempt (a hand-back, a lost worker) seals it
+under a different worker id. Re-placing an attempt (a release, a dead worker) seals it
 anew for the new worker; the old worker's seal still proves its own placement, and the
-first claim in the log wins as before. Deterministic (no clock, no randomness): the
+first claim in the log still wins. Deterministic (no clock, no randomness): the
 ledger's decisions stay a function of its inputs and the key.
 """
 

@@ -73,7 +73,7 @@ class Timing:
     transaction_timeout_s: float = 7.0
     # The ledger re-dispatches an unclaimed attempt after this long.
     claim_timeout_s: float = 30.0
-    # Scheduler nodes propose firings this early (`--lead-s`): runs are decided, placed
+    # Nodes propose firings this early (`--lead-s`): runs are decided, placed
     # and claimed before their time.
     lead_s: float = 10.0
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from streams.groups import group_settings
 from streams.settings import DEFAULT_DATABASE_URL
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
@@ -37,6 +38,9 @@ def test_kafka_is_the_official_image_in_kraft_mode_with_single_node_settings() -
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
     assert env["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"] == "0"
     assert int(env["KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS"]) <= 2000
+    # cronlog's groups use the KIP-848 protocol: the broker holds their session.
+    for key, value in group_settings().items():
+        assert env[f"KAFKA_GROUP_{key.upper().replace('.', '_')}"] == value
     # Host clients use the contract's default bootstrap address.
     assert "localhost:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
     assert any(str(p).endswith("9092:9092") for p in kafka["ports"])

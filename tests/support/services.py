@@ -65,12 +65,16 @@ def _containers() -> Iterator[Services]:
     from testcontainers.postgres import PostgresContainer
 
     kafka = (
-        KafkaContainer("confluentinc/cp-kafka:7.6.0")
+        KafkaContainer("confluentinc/cp-kafka:8.0.0")  # Kafka 4.0: the KIP-848 groups
         .with_kraft()
         .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
         .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
         .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
         .with_env("KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS", "2000")
+        .with_env("KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS", "2000")
+        .with_env("KAFKA_GROUP_CONSUMER_MIN_HEARTBEAT_INTERVAL_MS", "500")
+        .with_env("KAFKA_GROUP_CONSUMER_SESSION_TIMEOUT_MS", "6000")
+        .with_env("KAFKA_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS", "1500")
     )
     postgres = PostgresContainer(
         "postgres:16", username="cronlog", password="cronlog", dbname="cronlog", driver=None

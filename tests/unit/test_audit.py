@@ -519,7 +519,7 @@ def test_every_transition_of_the_table_is_legal(source: str | None, target: str)
             and state in ("due", "waiting")
             and path[offset - 1] not in ("waiting", "dispatched")
         ):
-            attempt += 1  # a retry, a rerun, a revival (a claim given back keeps its attempt)
+            attempt += 1  # a retry, a rerun, a revival (a claim released keeps its attempt)
         auditor.record(run_event(t, seq, state, t, attempt=attempt), 0, offset)
         seq += 1
     report = auditor.finish(now_ms=t)
@@ -536,7 +536,7 @@ def test_a_second_claim_of_an_attempt_is_a_double_claim() -> None:
 
 
 def released(t: int) -> list[RunEvent]:
-    """A run claimed ahead by w1, given back before its start, claimed again by w2."""
+    """A run claimed ahead by w1, released before its start, claimed again by w2."""
     return [
         run_event(t, 1, "due", t - 45_000),
         run_event(t, 2, "dispatched", t - 44_000, worker="w1"),
@@ -547,7 +547,7 @@ def released(t: int) -> list[RunEvent]:
     ]
 
 
-def test_a_claim_given_back_before_the_start_may_be_claimed_again() -> None:
+def test_a_claim_released_before_the_start_may_be_claimed_again() -> None:
     events = simple_history(3)
     t = T0 + 4 * MIN
     events.extend(released(t))
@@ -556,7 +556,7 @@ def test_a_claim_given_back_before_the_start_may_be_claimed_again() -> None:
     assert report.lateness.count == 4  # the released run's start counts once
 
 
-def test_a_claim_given_back_is_claimed_once_more_then_a_third_is_a_double_claim() -> None:
+def test_a_claim_released_is_claimed_once_more_then_a_third_is_a_double_claim() -> None:
     events = simple_history(3)
     t = T0 + 4 * MIN
     life_ = released(t)
@@ -570,7 +570,7 @@ def test_a_claim_given_back_is_claimed_once_more_then_a_third_is_a_double_claim(
 @pytest.mark.parametrize(
     ("events", "expected"),
     [
-        # a claim given back with a new attempt number: a give-back keeps the attempt
+        # a claim released with a new attempt number: a release keeps the attempt
         (
             lambda t: [
                 run_event(t, 1, "due", t),
@@ -579,7 +579,7 @@ def test_a_claim_given_back_is_claimed_once_more_then_a_third_is_a_double_claim(
             ],
             "dispatched -> due with attempt 2, expected 1",
         ),
-        # a started attempt is never given back
+        # a started attempt is never released
         (
             lambda t: [
                 run_event(t, 1, "due", t),
@@ -592,7 +592,7 @@ def test_a_claim_given_back_is_claimed_once_more_then_a_third_is_a_double_claim(
     ],
     ids=["new-attempt", "after-start"],
 )
-def test_illegal_give_backs(events: object, expected: str) -> None:
+def test_illegal_releases(events: object, expected: str) -> None:
     assert callable(events)
     history = simple_history(3)
     t = T0 + 4 * MIN
@@ -602,7 +602,7 @@ def test_illegal_give_backs(events: object, expected: str) -> None:
     assert any(expected in v.detail for v in report.of_kind("illegal_transition"))
 
 
-def test_a_start_after_a_give_back_is_still_one_start() -> None:
+def test_a_start_after_a_release_is_still_one_start() -> None:
     events = simple_history(3)
     t = T0 + 4 * MIN
     events.extend(released(t)[:5])
@@ -611,12 +611,12 @@ def test_a_start_after_a_give_back_is_still_one_start() -> None:
     assert kinds(report) == {"double_start": 1}
 
 
-def test_each_give_back_extends_the_allowance_by_one_attempt() -> None:
+def test_each_release_extends_the_allowance_by_one_attempt() -> None:
     base = spec(timeout_s=100, retry=RetryPolicy(max_attempts=3, backoff_s=10, max_backoff_s=15))
     assert allowance_ms(base, released=2) == allowance_ms(base) + 2 * 160_000
     events = simple_history(2)
     t = T0 + 3 * MIN
-    events += released(t)[:3]  # given back, then never claimed again
+    events += released(t)[:3]  # released, then never claimed again
     allowed = allowance_ms(spec(), released=1)
     assert check(events, now_ms=t + allowed - 1).counts["not_final"] == 0
     report = check(events, AuditConfig(safety_margin_ms=10**12), now_ms=t + allowed + 1)
@@ -850,7 +850,7 @@ def test_an_execution_under_way_when_the_ledger_ended_the_claim_is_covered(end: 
         assert "exited 0" in report.violations[0].detail
 
 
-def test_a_start_after_the_worker_was_declared_lost_is_unsanctioned() -> None:
+def test_a_start_after_the_worker_was_declared_dead_is_unsanctioned() -> None:
     t = T0 + HOUR
     led, run_id = one_run()
     claimed(led, run_id, "w1", t - 9_000)
@@ -996,14 +996,14 @@ def test_record_after_report_is_refused() -> None:
 
 
 def test_grants_of_many_workers_and_attempts_are_kept_apart() -> None:
-    """Attempts claimed by several workers, one claim given back: each (attempt, worker)
+    """Attempts claimed by several workers, one claim released: each (attempt, worker)
     is judged by itself."""
     t = T0 + MIN
     events: list[Event] = [job_event("upserted", T0, spec(retry=RetryPolicy(max_attempts=3)))]
     states: list[tuple[RunStateName, int, str]] = [
         ("due", 1, ""),
         ("dispatched", 1, "a"),
-        ("due", 1, ""),  # given back by a
+        ("due", 1, ""),  # released by a
         ("dispatched", 1, "b"),
         ("running", 1, "b"),
         ("retrying", 1, "b"),
@@ -1061,7 +1061,7 @@ def test_the_ledger_keeps_its_concurrency_policies(policy: str) -> None:
 
 
 def lost_then_retried(job_spec: JobSpec) -> tuple[Ledger, str, int]:
-    """w1 runs attempt 1, is declared lost; attempt 2 (idempotent) or the next firing
+    """w1 runs attempt 1, is declared dead; attempt 2 (idempotent) or the next firing
     (not idempotent) starts on w2. Returns the ledger, the run of w1 and w2's start."""
     t = T0 + HOUR
     led, run_id = one_run(job_spec)
@@ -1269,7 +1269,7 @@ def test_a_step_waiting_for_its_other_upstream_misses_nothing() -> None:
 # -- the real ledger under the deterministic simulation's faults -------------------------------
 @pytest.mark.parametrize("seed", range(5))
 def test_the_simulated_ledger_and_workers_leave_no_unsanctioned_execution(seed: int) -> None:
-    """Duplicated, delayed and reordered reports, claims racing, workers lost or slow,
+    """Duplicated, delayed and reordered reports, claims racing, workers dead or slow,
     pauses, changes, reruns and backfills (tests/unit/test_simulation.py): what the
     ledger decided and the reports it was sent audit without an unsanctioned execution,
     a missing period or a firing created beside a live run. The simulation's clocks are

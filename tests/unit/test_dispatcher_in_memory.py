@@ -64,6 +64,7 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)  # real time, not the log's
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     clock, log, clients, outside = _in_memory()
 
     def now_ms() -> int:
@@ -131,6 +132,7 @@ def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
     deadline; the verdict that follows bounds the silent worker's lease by the broker's
     time of its last beat."""
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     clock, log, clients, outside = _in_memory()
     last_beat_ms: dict[str, int] = {}
 

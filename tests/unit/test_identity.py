@@ -49,6 +49,7 @@ def test_a_client_id_names_the_incarnation_and_the_node_id() -> None:
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> tuple[ManualClock, MemoryLog, MemoryClients]:
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     monkeypatch.setattr(ledger_module, "TWIN_PATIENCE_S", 0.3)
     clock = ManualClock()
     log = MemoryLog(clock)

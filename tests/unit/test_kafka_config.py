@@ -173,3 +173,13 @@ def test_the_acl_table_in_docs_is_the_one_applied() -> None:
     doc = (ROOT / "docs" / "security.md").read_text()
     shown = doc.split("<!-- acl-table -->\n", 1)[1].split("\n<!-- /acl-table -->", 1)[0]
     assert shown == table()
+
+
+def test_group_consumers_use_the_kip_848_protocol_with_co_partitioning() -> None:
+    # The broker holds the session (streams/groups.py); the client-side classic settings
+    # would be ignored, and range is the broker assignor that co-partitions.
+    config = consumer_config(Settings(), "cronlog.scheduler")
+    assert config["group.protocol"] == "consumer"
+    assert config["group.remote.assignor"] == "range"
+    for classic in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
+        assert classic not in config

@@ -231,7 +231,7 @@ def test_a_claim_without_the_seal_cannot_settle_a_cancel_for_the_holder() -> Non
 
 def test_reports_are_taken_only_with_the_seal_of_the_placement() -> None:
     """A worker id is forgeable; the seal reaches only the worker the attempt was placed
-    on: without it no worker may report another's attempt started, done or given back."""
+    on: without it no worker may report another's attempt started, done or released."""
     key = b"k" * 32
     w = world()
     w.config = LedgerConfig(placement_key=key)
@@ -239,7 +239,7 @@ def test_reports_are_taken_only_with_the_seal_of_the_placement() -> None:
     run_id = rid(T0 + MIN)
     on_w1 = seal(key, run_id, 1, "w1")
     granted = w.apply(ClaimRequested("j", run_id, 1, "w1", T0 + MIN, on_w1))
-    # The grant echoes the seal (a worker that forgot the claim can still give it back).
+    # The grant echoes the seal (a worker that forgot the claim can still release it).
     assert [r.placement for r in granted.replies if isinstance(r, ClaimReply)] == [on_w1]
     forged = w.apply(RunReleased("j", run_id, 1, "w1", "forged", T0 + MIN + 1))
     assert not forged.changed
@@ -305,7 +305,7 @@ def test_retries_back_off_exponentially_then_give_up() -> None:
 
 
 @pytest.mark.parametrize(("idempotent", "state"), [(False, "failed"), (True, "retrying")])
-def test_lost_worker_retries_only_idempotent_jobs(idempotent: bool, state: str) -> None:
+def test_a_dead_workers_attempt_retries_only_if_idempotent(idempotent: bool, state: str) -> None:
     w = world(idempotent=idempotent, retry=RetryPolicy(max_attempts=2))
     w.apply(FireProposed("j", T0 + MIN, T0 + MIN, "a"))
     _claim_start(w, rid(T0 + MIN))
@@ -349,10 +349,10 @@ def test_pause_cancels_runs_created_ahead_for_after_the_pause() -> None:
     w.apply(ClaimRequested("j", rid(T0 + MIN), 1, "w1", T0 + MIN - 9_000))
     decision = w.apply(JobPaused("j", T0 + MIN - 5_000))
     assert [r.worker_id for r in decision.replies] == ["w1"]  # told to drop it
-    # Cancelled when the holder answers: it gives the attempt back.
+    # Cancelled when the holder answers: it releases the attempt.
     assert w.runs[rid(T0 + MIN)].cancelling == WITHDRAWN_BY_PAUSE
     assert w.states(rid(T0 + MIN)) == ["due", "dispatched"]
-    w.apply(given_back(T0 + MIN - 4_990))
+    w.apply(release_by_w1(T0 + MIN - 4_990))
     assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
     assert w.runs[rid(T0 + MIN)].reason == WITHDRAWN_BY_PAUSE
 
@@ -373,13 +373,13 @@ def test_delete_cancels_runs_claimed_ahead_of_their_time() -> None:
     decision = w.apply(JobDeleted("j", T0 + MIN - 30_000))
     assert [r.worker_id for r in decision.replies] == ["w1"]  # told to drop it
     assert w.runs[rid(T0 + MIN)].cancelling == WITHDRAWN_BY_DELETE
-    w.apply(given_back(T0 + MIN - 29_990))
+    w.apply(release_by_w1(T0 + MIN - 29_990))
     assert w.states(rid(T0 + MIN)) == ["due", "dispatched", "cancelled"]
     assert w.runs[rid(T0 + MIN)].reason == WITHDRAWN_BY_DELETE
 
 
-def given_back(at: int) -> RunReleased:
-    """w1 gives run T0+MIN back, as a worker does on a stop order before the start."""
+def release_by_w1(at: int) -> RunReleased:
+    """w1 releases run T0+MIN, as a worker does on a stop order before the start."""
     return RunReleased("j", rid(T0 + MIN), 1, "w1", "cancelled before the start", at)
 
 
@@ -449,9 +449,9 @@ def test_a_resume_before_the_answer_keeps_the_run() -> None:
     w.apply(FireProposed("j", T0 + MIN, T0 + MIN - 15_000, "a"))
     run = w.runs[rid(T0 + MIN)]
     assert (run.state, run.attempt, run.cancelling) == ("dispatched", 1, "")
-    # The stop order still reaches the worker, which gives the attempt back: dispatched
-    # again, as any attempt given back.
-    w.apply(given_back(T0 + MIN - 14_000))
+    # The stop order still reaches the worker, which releases the attempt: dispatched
+    # again, as any attempt released.
+    w.apply(release_by_w1(T0 + MIN - 14_000))
     assert (w.runs[rid(T0 + MIN)].state, w.runs[rid(T0 + MIN)].attempt) == ("due", 1)
 
 

@@ -1,5 +1,5 @@
 """Dependencies (docs/architecture.md, "The ledger"): a run waits for its upstreams' runs of
-the same period, is released when all succeeded, skipped when one finally did not."""
+the same period, becomes due when all succeeded and is skipped when one finally did not."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def test_a_worker_lost_verdict_is_judged_by_broker_time_not_its_stamp() -> None:
     run_id = scheduled_run_id("j", t)
     w.apply(ClaimRequested("j", run_id, 1, "w1", t - 9 * S), now=t - 9 * S)
     # The verdict is stamped (by a skewed dispatcher) before the start time, but the
-    # broker appended it after: the run may have started, so it is not handed back.
+    # broker appended it after: the run may have started, so it is not released.
     from schemas.records import WorkerLost
 
     w.apply(WorkerLost("j", run_id, 1, "w1", t - 5 * S), now=t + 5 * S)

@@ -1,7 +1,7 @@
 """Attempts claimed but never started go back to dispatch (pure: no Kafka).
 
-A worker gives back an attempt it holds and will never start (`RunReleased`); a worker
-declared lost before an attempt's start time cannot have started it (`WorkerLost` with
+A worker releases an attempt it holds and will never start (`RunReleased`); a worker
+declared dead before an attempt's start time cannot have started it (`WorkerLost` with
 `at_ms` before the run's not-before). Either way the run is `due` again for the same
 attempt: no retry is consumed. A verdict at or after the start time keeps the old rule.
 """
@@ -107,7 +107,7 @@ def test_a_release_makes_the_same_attempt_due_and_dispatches_it_again() -> None:
     assert (request.run_id, request.attempt, request.scheduled_ms) == (RUN, 1, T)
     assert request.not_before_ms == T  # still not before its time
     assert request.at_ms == at
-    assert d.replies == ()  # the worker gave it back itself: no stop order
+    assert d.replies == ()  # the worker released it itself: no stop order
     assert w.states(RUN) == ["due", "dispatched", "due"]
 
 
@@ -199,7 +199,7 @@ def test_a_release_consumes_no_retry_and_attempts_count_on() -> None:
 
 
 # -- WorkerLost before the start time -------------------------------------------------------
-def test_a_worker_lost_before_the_start_time_gives_the_attempt_back() -> None:
+def test_a_worker_declared_dead_before_the_start_time_releases_the_attempt() -> None:
     w = claimed()
     verdict = T - 20_000  # the worker died at :59:30 or so, the run is due at :00
     d = w.apply(WorkerLost("j", RUN, 1, "w1", verdict))
@@ -209,7 +209,7 @@ def test_a_worker_lost_before_the_start_time_gives_the_attempt_back() -> None:
     assert (run.deadline_kind, run.deadline_ms) == ("claim", T + CLAIM_TIMEOUT)
     (request,) = d.dispatch
     assert (request.attempt, request.not_before_ms) == (1, T)
-    # Should the lost worker come back, it drops the attempt.
+    # Should the dead worker come back, it drops the attempt.
     assert d.replies == (CancelOrder("w1", RUN, 1, "declared lost", verdict),)
     # A non-idempotent job with a single attempt still runs, elsewhere.
     assert grants(w, "w2", verdict + 1_000) == [True]
@@ -217,7 +217,7 @@ def test_a_worker_lost_before_the_start_time_gives_the_attempt_back() -> None:
     assert w.states(RUN) == ["due", "dispatched", "due", "dispatched", "running", "succeeded"]
 
 
-def test_a_stale_verdict_after_the_give_back_changes_nothing() -> None:
+def test_a_stale_verdict_after_the_release_changes_nothing() -> None:
     w = claimed()
     w.apply(WorkerLost("j", RUN, 1, "w1", T - 20_000))
     assert grants(w, "w2", T - 19_000) == [True]
@@ -227,7 +227,7 @@ def test_a_stale_verdict_after_the_give_back_changes_nothing() -> None:
 
 
 @pytest.mark.parametrize("verdict", [T, T + 1, T + 5 * MIN])
-def test_a_worker_lost_at_or_after_the_start_time_is_lost_as_before(verdict: int) -> None:
+def test_a_worker_declared_dead_at_or_after_the_start_time_loses_the_attempt(verdict: int) -> None:
     w = claimed()
     d = w.apply(WorkerLost("j", RUN, 1, "w1", verdict))
     assert w.runs[RUN].state == "failed"
@@ -236,7 +236,7 @@ def test_a_worker_lost_at_or_after_the_start_time_is_lost_as_before(verdict: int
     assert d.replies == (CancelOrder("w1", RUN, 1, "declared lost", verdict),)
 
 
-def test_a_run_due_after_the_dead_workers_lease_ended_is_given_back() -> None:
+def test_a_run_due_after_the_dead_workers_lease_ended_is_released() -> None:
     """The verdict comes after the run's time, but the worker's lease had ended before
     it (the broker's time of its last beat plus the lease): it never started the run,
     so a non-idempotent job with one attempt still runs, elsewhere, not `lost`."""

@@ -1,8 +1,8 @@
-"""The scheduler and the ledger processes end to end over the in-memory Kafka (pure: no
+"""The scheduler and ledger loops end to end over the in-memory Kafka (pure: no
 broker, no sleeps; time is a manual clock that moves as the loops wait).
 
-Two scheduler nodes propose every firing (a partition assignment is not a lease: they
-may repeat each other), one is killed -9 and a third starts later, and a ledger node
+Two schedulers propose every firing (a partition assignment is not a lease: they
+may repeat each other), one is killed -9 and a third starts later, and a ledger
 dies mid-transaction and comes back under its id: every firing of every job still has
 exactly one run, and none is missed."""
 
@@ -35,11 +35,11 @@ class Killed(BaseException):
     """kill -9 at a client call: nothing in the loops catches it."""
 
 
-def _kill_at(log: MemoryLog, node: Ledger, call: str) -> None:
-    """Kill `node` at its producer's next `call`."""
+def _kill_at(log: MemoryLog, ledger: Ledger, call: str) -> None:
+    """Kill `ledger` at its producer's next `call`."""
 
     def fault(name: str, who: object) -> None:
-        if name == call and who is node.producer:
+        if name == call and who is ledger.producer:
             log.faults.remove(fault)
             raise Killed(call)
 
@@ -50,20 +50,21 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)  # real time, not the log's
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     clock = ManualClock()
     log = MemoryLog(clock)
     log.create_catalogue(SETTINGS)
     clients = MemoryClients(log)
 
     def ledger() -> Ledger:
-        node = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
-        assert node.open()
-        return node
+        loop = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
+        assert loop.open()
+        return loop
 
     def scheduler(name: str) -> Scheduler:
-        node = Scheduler(SETTINGS, name, clients=clients, clock=clock)
-        node.open()
-        return node
+        loop = Scheduler(SETTINGS, name, clients=clients, clock=clock)
+        loop.open()
+        return loop
 
     ledgers = [ledger()]
     schedulers = {"s1": scheduler("s1"), "s2": scheduler("s2")}
@@ -97,9 +98,9 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
             _kill_at(log, ledgers[0], "commit_transaction")
         for proposer in list(schedulers.values()):
             proposer.step()
-        for node in list(ledgers):
+        for loop in list(ledgers):
             try:
-                node.step()
+                loop.step()
             except Killed:
                 restarts += 1
                 # Restarted under its id once the dead one's session lapsed (a live
@@ -145,18 +146,19 @@ class _Behind:
 def test_a_scheduler_an_hour_behind_with_no_worker_proposes_on_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No heartbeat and nothing due by its own clock: the node learns the broker's time
+    """No heartbeat and nothing due by its own clock: the scheduler learns the broker's time
     from a clock probe of its own (its delivery report's stamp) and proposes every
     firing at its time; the ledger decides nothing for the probe."""
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     clock = ManualClock()
     log = MemoryLog(clock)
     log.create_catalogue(SETTINGS)
     clients = MemoryClients(log)
     ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
     assert ledger.open()
-    node = Scheduler(SETTINGS, "behind", clients=clients, clock=_Behind(clock, 3600.0))
-    node.open()
+    scheduler = Scheduler(SETTINGS, "behind", clients=clients, clock=_Behind(clock, 3600.0))
+    scheduler.open()
     spec = JobSpec(job_id="j", owner="o", schedule=EverySchedule(EVERY_MS), command=("true",))
     registered = int(clock.time() * 1000)
     commands = clients.producer(producer_config(SETTINGS))
@@ -165,7 +167,7 @@ def test_a_scheduler_an_hour_behind_with_no_worker_proposes_on_time(
     )
     start = clock.time()
     while clock.time() - start < 30:
-        node.step()
+        scheduler.step()
         ledger.step()
     events = [
         RUN_EVENTS.decode(m.value() or b"") for m in log.records(SETTINGS.topic("run-events"))

@@ -472,7 +472,7 @@ def test_offset_change_anchors_exist() -> None:
 
 
 def test_jitter_is_pinned() -> None:
-    # The same on every machine and run (scheduler nodes must agree): BLAKE2b of the job
+    # The same on every machine and run (nodes must agree): BLAKE2b of the job
     # id and fire time, so these values only change if the derivation does.
     assert [jitter_ms("job-a", fire, 10) for fire in (0, 60_000, 120_000)] == [7952, 7492, 510]
 

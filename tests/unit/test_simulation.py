@@ -1,6 +1,6 @@
 """A deterministic simulation of the ledger in a hostile world (seeded, pure).
 
-Actors: an on-time scheduler node that goes down now and then (takeovers, misfires); a
+Actors: an on-time node that goes down now and then (takeovers, misfires); a
 zombie node replaying stale proposals; a timer proposing deadlines; workers that claim
 (sometimes two for one dispatch), start at the run's start time (not before), finish,
 fail, die silently after the start or vanish before it (a failure detector then proposes
@@ -20,7 +20,7 @@ checkpoint, which must reproduce the same outputs.
 
 Checked: never two runs for one (job, T), nor for one request; every scheduled time
 outside pauses decided (run or skipped by policy); one accepted claim per (run, attempt)
-until it is given back, one start per (run, attempt), and no attempt executed by two
+until it is released, one start per (run, attempt), and no attempt executed by two
 workers; every transition legal and in order; every run final once the world calms down;
 and `cronlog audit`'s checker, given the ledger's settings, finds the history clean.
 """
@@ -296,14 +296,14 @@ class Sim:
                     ["ok", "ok", "ok", "fail", "die", "slow", "release", "vanish"]
                 )
                 # The worker starts the run at its start time, never earlier; one that
-                # vanishes is declared lost some time after the claim, maybe before then.
+                # vanishes is declared dead some time after the claim, maybe before then.
                 start = max(self.now, run.not_before_ms or 0)
                 end = self.now if fate == "vanish" else start
                 h = self.workers[key] = Holding(
                     run.worker_id, start, end + self.rng.randint(0, 3000), fate
                 )
             if h.fate == "release":
-                if not h.started:  # given back before its start: it never runs here
+                if not h.started:  # released before its start: it never runs here
                     h.started = True
                     self.send(
                         RunReleased(
@@ -404,22 +404,22 @@ def check(sim: Sim) -> None:
         seqs = [int(e.event_id.rsplit("#", 1)[1]) for e in events]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"{run_id}: {seqs}"
         previous: RunEvent | None = None
-        given_back = 0  # claims given back before their start, so far
-        created = 0  # creation events (a give-back is `due` again, not a creation)
+        released = 0  # claims released before their start, so far
+        created = 0  # creation events (a release is `due` again, not a creation)
         for event in events:
             before = None if previous is None else previous.state
             assert event.state in LEGAL[before], f"{run_id}: {before} -> {event.state}"
             if previous is not None and before == "dispatched" and event.state == "due":
-                # Given back before the start: the same attempt, unclaimed, never started.
+                # Released before the start: the same attempt, unclaimed, never started.
                 assert event.attempt == previous.attempt, f"{run_id}: {event}"
                 assert event.worker_id == "", f"{run_id}: {event}"
                 assert not starts[(run_id, event.attempt)], f"{run_id}: {event}"
                 assert event.reason.startswith(("released by", "worker ")), event.reason
-                given_back += 1
+                released += 1
             else:
                 created += event.state in ("due", "skipped") and event.attempt == 1
             previous = event
-            claims[(run_id, event.attempt, given_back)] += event.state == "dispatched"
+            claims[(run_id, event.attempt, released)] += event.state == "dispatched"
             starts[(run_id, event.attempt)] += event.state == "running"
         # One (job, T) has one run: it was created once (one creation event).
         assert created <= 1, f"{run_id} created {created} times"
@@ -428,10 +428,10 @@ def check(sim: Sim) -> None:
         )
     assert max(claims.values(), default=0) <= 1
     assert max(starts.values(), default=0) <= 1
-    # No attempt was executed by two workers (a claim given back was never started).
+    # No attempt was executed by two workers (a claim released was never started).
     assert max(sim.executed.values(), default=0) <= 1
     # A claim is granted only to the worker its `dispatched` transition names, and an
-    # attempt goes to no more workers than it had claims accepted (a give-back each).
+    # attempt goes to no more workers than it had claims accepted (a release each).
     holders: dict[tuple[str, int], set[str]] = defaultdict(set)
     for event in w.run_events():
         if event.state == "dispatched":

@@ -374,6 +374,7 @@ def test_simulation_through_the_ledger_process(seed: int, monkeypatch: pytest.Mo
     # zombie stands frozen inside one while the others take over, which may take a
     # while on a loaded machine, and must not be mistaken for a hung call.
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     sim = simulate(seed, STEPS)
     check(sim)
     assert sim.world.run_events(), "the simulation produced no runs"
@@ -383,6 +384,7 @@ def test_the_faults_are_played(monkeypatch: pytest.MonkeyPatch) -> None:
     """The actors above really happen across a few seeds: kills, injected errors, zombies,
     and frozen ledgers replaced under their node id that stop when they go on."""
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     total: dict[str, int] = {}
     for seed in range(3):
         sim = simulate(seed, STEPS)

@@ -20,6 +20,7 @@ from streams.core.liveness import Liveness
 from streams.core.placement import Capacity
 from streams.core.timing import TIMING, Check, Timing
 from streams.dispatcher import DispatcherConfig
+from streams.groups import group_settings
 
 BROKER_PROPERTIES = Path(__file__).parents[2] / "compose" / "kafka" / "server.properties.in"
 
@@ -78,8 +79,10 @@ def test_the_worker_and_the_detector_take_the_budget() -> None:
 
 
 def test_the_clients_the_ledger_and_the_cli_take_the_budget() -> None:
-    assert 1000 * TIMING.consumer_session_s == kafka.SESSION_TIMEOUT_MS
-    assert 1000 * TIMING.consumer_heartbeat_s == kafka.HEARTBEAT_INTERVAL_MS
+    assert group_settings() == {
+        "consumer.session.timeout.ms": str(int(1000 * TIMING.consumer_session_s)),
+        "consumer.heartbeat.interval.ms": str(int(1000 * TIMING.consumer_heartbeat_s)),
+    }
     assert 1000 * TIMING.transaction_timeout_s == kafka.TRANSACTION_TIMEOUT_MS
     assert LedgerConfig().claim_timeout_ms == 1000 * TIMING.claim_timeout_s
     scheduler = inspect.signature(processes.scheduler).parameters
@@ -100,3 +103,11 @@ def test_the_local_brokers_fence_a_dead_broker_within_the_budget() -> None:
     assert setting("broker.heartbeat.interval.ms") == TIMING.broker_heartbeat_s
     assert setting("controller.quorum.fetch.timeout.ms") == TIMING.quorum_fetch_timeout_s
     assert setting("controller.quorum.election.timeout.ms") == TIMING.quorum_election_timeout_s
+
+
+def test_the_local_brokers_give_every_group_the_budgets_session() -> None:
+    text = BROKER_PROPERTIES.read_text()
+    for key, value in group_settings().items():
+        found = re.search(rf"^group\.{re.escape(key)}=(\d+)$", text, re.MULTILINE)
+        assert found is not None, f"group.{key} is not set in {BROKER_PROPERTIES.name}"
+        assert found.group(1) == value

@@ -16,7 +16,7 @@ CONTRACT = {
     "run-logs",
     "notifications.dlq",  # the notifier's dead letters (issue 15)
     "worker-reports",  # what workers write, apart from registrations (issue 16)
-    "worker-handbacks",  # assignments handed back: workers never write dispatch (issue 16)
+    "worker-handbacks",  # assignments released: workers never write dispatch (issue 16)
     "node-keys",  # the nodes' placement key for sealing assignments (issue 16)
 }
 

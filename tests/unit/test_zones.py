@@ -1,5 +1,5 @@
 """Time zones come from the pinned tzdata package in every process (streams.core.zones),
-also in a child started with multiprocessing's spawn as the scheduler node starts its
+also in a child started with multiprocessing's spawn as the node starts its
 ledger: a host zone directory (here a fake one on PYTHONTZPATH, whose Europe/Berlin is
 really Asia/Tokyo and which has a zone tzdata does not know) changes nothing."""
 

@@ -75,7 +75,7 @@ async def heartbeat(
     on the way comes again, the same messages in the same order. Handle a repeated
     message harmlessly. A seq is the message's position in worker-inbox: it stays
     valid across API restarts and instances (a heartbeat with an ack to an API that
-    holds no mailbox for the worker rebuilds it from there, up to 5 minutes back). At
+    holds no inbox for the worker rebuilds it from there, up to 5 minutes back). At
     most 1,000 messages per answer; at most 10,000 wait unacked (the oldest are
     dropped). Without `ack` (the older protocol) an answer's messages are removed as
     soon as they are sent, and a lost answer loses them."""
@@ -113,6 +113,6 @@ async def finished(run_id: str, request: Request, who: Caller, gateway: GatewayD
 
 @router.post("/runs/{run_id}/released", openapi_extra=OBJECT_BODY)
 async def released(run_id: str, request: Request, who: Caller, gateway: GatewayDep) -> JSONResponse:
-    """Give back a granted attempt that was never started and never will be: the
+    """Release a granted attempt that was never started and never will be: the
     ledger dispatches the same attempt again."""
     return await report(run_id, "released", request, who, gateway)

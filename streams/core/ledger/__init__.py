@@ -15,8 +15,8 @@ The rules, in short:
   inside a bounded catch-up window;
 - a run moves forward only: stale attempts, claims by another worker, reports for a
   state the run has left, and premature deadlines are rejected with a reason;
-- the one step back: an attempt claimed but never started (given back by its worker, or
-  its worker lost before the attempt's start time) is dispatched again, same attempt.
+- the one step back: an attempt claimed but never started (released by its worker, or
+  its worker declared dead before the attempt's start time) is dispatched again, same attempt.
 """
 
 from __future__ import annotations

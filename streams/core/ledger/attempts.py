@@ -55,7 +55,7 @@ class Attempts(Kernel):
     def _unsealed(self, inp: RunStarted | RunFinished | RunReleased, what: str) -> bool:
         """Refuse a report without its placement's seal: a worker id is forgeable, the
         seal reaches only the worker the attempt was placed on (through its own inbox),
-        so another worker cannot report it started, done or given back."""
+        so another worker cannot report it started, done or released."""
         if self._sealed(inp):
             return False
         self.reject(f"{what} of {inp.run_id}#{inp.attempt} by {inp.worker_id} without its seal")
@@ -191,8 +191,8 @@ class Attempts(Kernel):
             # It cannot have started: a worker starts nothing before the attempt's start
             # time, nor after its lease ended (the verdict says when, by the broker's
             # time of its last beat; before this verdict in any case). So the attempt is
-            # given back, as by the worker itself: no retry is consumed.
-            self._give_back(
+            # released, as by the worker itself: no retry is consumed.
+            self._release(
                 run, f"worker {inp.worker_id} lost before the run's start: dispatched again"
             )
             return None
@@ -202,7 +202,7 @@ class Attempts(Kernel):
         )
 
     def released(self, inp: RunReleased) -> None:
-        """The holder of an attempt it never started gives it back: dispatch it again."""
+        """The holder of an attempt it never started releases it: dispatch it again."""
         run = self._current(inp.run_id, inp.attempt)
         if run is None:
             return None
@@ -213,10 +213,10 @@ class Attempts(Kernel):
                 f"release by {inp.worker_id} while {run.state} on {run.worker_id or 'nobody'}"
             )
         why = f": {inp.reason}" if inp.reason else ": dispatched again"
-        self._give_back(run, f"released by worker {inp.worker_id}{why}")
+        self._release(run, f"released by worker {inp.worker_id}{why}")
         return None
 
-    def _give_back(self, run: RunState, reason: str) -> None:
+    def _release(self, run: RunState, reason: str) -> None:
         """A claimed attempt that never started goes back to `due`, the same attempt (no
         retry is consumed), unclaimed, with a fresh claim deadline and a new dispatch
         request that keeps its start time (as the claim deadline's re-dispatch does)."""

@@ -52,7 +52,7 @@ class LedgerConfig:
     # A run waiting on its upstreams is skipped if they have not all finished by then.
     dependency_wait_ms: int = 24 * 3600 * 1000
     keep_upstream_outcomes: int = 256
-    # The scheduler nodes' key for placement seals (streams/core/seals.py): when set, a
+    # The nodes' key for placement seals (streams/core/seals.py): when set, a
     # claim is granted only with the dispatcher's seal of that attempt on the claiming
     # worker. The ledger of a node always has it (streams/placement_key.py); None, no check, is
     # for the pure tests and benchmarks that play both the dispatcher and the worker.

@@ -43,7 +43,7 @@ class Dependencies(Kernel):
     """What other jobs' logs tell this one."""
 
     def _evaluate(self, run: RunState) -> None:
-        """Release a waiting run when every upstream succeeded for its period; skip it
+        """Make a waiting run due when every upstream succeeded for its period; skip it
         when one finally did not (or the job's upstreams are refused); else leave it
         waiting."""
         if self.job.cycle:
@@ -64,7 +64,7 @@ class Dependencies(Kernel):
                 self._move(run, "skipped", f"upstream {upstream} did not succeed")
                 return
         if not pending:
-            self._release(run, "upstreams succeeded")
+            self._make_due(run, "upstreams succeeded")
 
     def _outcome(self, upstream: str, after: int, until: int) -> UpstreamOutcome | None:
         """The upstream's latest outcome scheduled in (after, until]."""

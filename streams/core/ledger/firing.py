@@ -323,8 +323,8 @@ class Firing(Kernel):
         existing = self.run(run_id)
         if existing is not None and existing.cancelling in WITHDRAWN:
             # Withdrawn, but its holder has not answered yet: the firing is wanted after
-            # all, so the run stays. Should the stop order make the holder give the
-            # attempt back, it is dispatched again like any attempt given back.
+            # all, so the run stays. Should the stop order make the holder release the
+            # attempt, it is dispatched again like any attempt released.
             self.runs[run_id] = replace(existing, cancelling="", updated_ms=self.at)
             self.set_job(schedule_runs=self.job.schedule_runs + 1)
             return None

@@ -243,7 +243,7 @@ class Kernel:
             wait = scheduled + self.config.dependency_wait_ms
             self._evaluate(self._move(run, "waiting", deadline=(wait, "dependency")))
         else:
-            self._release(run, "")
+            self._make_due(run, "")
 
     def _fresh_run(
         self,
@@ -275,7 +275,8 @@ class Kernel:
             period_start_ms=period_start,
         )
 
-    def _release(self, run: RunState, reason: str) -> None:
+    def _make_due(self, run: RunState, reason: str) -> None:
+        """Make a new, waiting or revived run due at its scheduled time plus its jitter."""
         spec = self.job.spec
         not_before = max(
             run.scheduled_ms + jitter_ms(spec.job_id, run.scheduled_ms, spec.jitter_s), self.at
@@ -348,7 +349,7 @@ class Kernel:
             )
             self._evaluate(moved)
         else:
-            self._release(revived, "revived: due again")
+            self._make_due(revived, "revived: due again")
 
     def _skip(self, scheduled: int, trigger: Trigger, reason: str) -> None:
         """A firing decided not to run: recorded as a run that is at once `skipped`."""
@@ -368,8 +369,8 @@ class Kernel:
         stop order reaches its worker (the order travels through worker-inbox, the start
         is the worker's own timer): were it cancelled now, that execution would be one the
         record denies, and a revived firing could run beside it. So it stays `dispatched`
-        with the cancel pending, and the holder's answer settles it: given back (or
-        asking for the claim again, or declared lost) -> cancelled; started -> running,
+        with the cancel pending, and the holder's answer settles it: released (or
+        asking for the claim again, or declared dead) -> cancelled; started -> running,
         then cancelled (the order stops it); finished -> its outcome. Every other run is
         cancelled at once (a running one is stopped by the order)."""
         if run.state == "dispatched" and run.worker_id:
@@ -389,8 +390,8 @@ class Kernel:
         exit_code: int | None = None,
         reported_ms: int | None = None,
     ) -> None:
-        """The holder of an attempt with a cancel pending answered, or was declared lost:
-        the run is cancelled. Given back unstarted, it keeps the cancel's own reason (a
+        """The holder of an attempt with a cancel pending answered, or was declared dead:
+        the run is cancelled. Released unstarted, it keeps the cancel's own reason (a
         withdrawn firing is known by it, and may be revived); if it started, or may have
         (`started` says which), the reason says so and the firing is never revived."""
         reason = f"{run.cancelling} ({started})" if started else run.cancelling

@@ -177,7 +177,7 @@ class Notifier:
             self.pending[p] = Counter()
             self.next_offset.pop(p, None)
         self._load_watches([tp.partition for tp in partitions])
-        consumer.assign(partitions)
+        consumer.incremental_assign(partitions)
         self.assigned = True
         self.caught_up = False
 

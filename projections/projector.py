@@ -325,7 +325,7 @@ class Projector:
         self.conn.rollback()
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), -2)
-        consumer.assign(partitions)
+        consumer.incremental_assign(partitions)
         self.assigned = True
 
     def ready(self) -> str | None:

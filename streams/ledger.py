@@ -54,7 +54,8 @@ down: the producer's `init_transactions`, the offset fetch and the restore of a 
 call can block for ever whatever timeout it is given: `send_offsets_to_transaction` when
 the group coordinator is lost, as after a broker restart (confluentinc/librdkafka#5456
 and #5511). So every transactional call runs under a watchdog (`bounded`, streams/kafka.py:
-`TXN_CALL_S` for the call, `TXN_WATCHDOG_S` before it is abandoned). A call that
+`TXN_CALL_S` for the call, `TXN_WATCHDOG_S` before it is abandoned; `OFFSETS_CALL_S` and
+`OFFSETS_WATCHDOG_S` for `send_offsets_to_transaction`). A call that
 outlives its watchdog is abandoned with its producer, which is never touched again, and
 the ledger recovers through the fenced path, exactly as if this process had crashed there
 and been restarted:

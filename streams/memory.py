@@ -325,6 +325,7 @@ class MemoryConsumer:
         self.closed = False
         self._turn = 0
         self._assigned = False  # assign() was called (in a rebalance callback)
+        self._in_callback = False
 
     def _check(self, call: str) -> None:
         self.log.fault(call, self)
@@ -386,9 +387,13 @@ class MemoryConsumer:
         on_assign = self.callbacks.get("assign")
         self._assigned = False
         if on_assign is not None:
-            on_assign(self, tps)
+            self._in_callback = True
+            try:
+                on_assign(self, tps)
+            finally:
+                self._in_callback = False
         if not self._assigned:  # as confluent-kafka does when the callback did not
-            self.assign(tps)
+            self.incremental_assign(tps)
 
     def consumer_group_metadata(self) -> GroupMetadata:
         self._check("consumer_group_metadata")
@@ -406,6 +411,10 @@ class MemoryConsumer:
     # -- positions ----------------------------------------------------------------------
     def assign(self, partitions: list[TopicPartition]) -> None:
         self._check("assign")
+        if self._in_callback:
+            # The groups' KIP-848 protocol is incremental: librdkafka refuses an eager
+            # assign inside a rebalance callback.
+            raise _error(KafkaError._STATE, "a group callback must use incremental_assign")
         self._assigned = True
         with self.log.lock:
             self.positions = {}

@@ -7,7 +7,6 @@ offsets every restart re-sent the whole retained `dispatch` log."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from schemas.records import WorkerAssignment
 from streams.inboxes import private_inbox
 from streams.settings import Settings
 from tests.support.nodes import EventReader, Node, WorkerProc, send_commands
+from tests.support.waiting import until_passes
 
 JOBS = 20  # every 1 s: ~20 dispatch records a second
 
@@ -55,30 +55,32 @@ def _assignments(settings: Settings) -> Counter[tuple[str, int, int]]:
     pending = {p for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
     counted: Counter[tuple[str, int, int]] = Counter()
-    deadline = time.monotonic() + 60
+
+    def read_to_the_end() -> None:
+        for msg in consumer.consume(1000, timeout=0.5) if pending else []:
+            partition, offset = msg.partition() or 0, msg.offset() or 0
+            if msg.error() is not None:
+                continue
+            if offset >= ends[partition] - 1:
+                pending.discard(partition)
+            if offset >= ends[partition] or not msg.value():
+                continue
+            try:
+                record = WORKER_INBOX.decode(msg.value() or b"")
+            except CodecError:
+                continue
+            if isinstance(record, WorkerAssignment):
+                d = record.dispatch
+                counted[(d.run_id, d.attempt, d.at_ms)] += 1
+        for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+            if tp.offset >= ends[tp.partition]:
+                pending.discard(tp.partition)  # the end is a transaction marker
+        assert not pending, f"worker-inbox not read to its end: {pending}"
+
     try:
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, timeout=0.5):
-                partition, offset = msg.partition() or 0, msg.offset() or 0
-                if msg.error() is not None:
-                    continue
-                if offset >= ends[partition] - 1:
-                    pending.discard(partition)
-                if offset >= ends[partition] or not msg.value():
-                    continue
-                try:
-                    record = WORKER_INBOX.decode(msg.value() or b"")
-                except CodecError:
-                    continue
-                if isinstance(record, WorkerAssignment):
-                    d = record.dispatch
-                    counted[(d.run_id, d.attempt, d.at_ms)] += 1
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
-                if tp.offset >= ends[tp.partition]:
-                    pending.discard(tp.partition)  # the end is a transaction marker
+        until_passes(read_to_the_end, 60, interval_s=0)
     finally:
         consumer.close()
-    assert not pending, f"worker-inbox not read to its end: {pending}"
     return counted
 
 

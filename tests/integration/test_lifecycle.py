@@ -23,7 +23,7 @@ import yaml
 
 from streams.settings import Settings
 from tests.support.nodes import ROOT, Node, env_for
-from tests.support.waiting import eventually, free_port
+from tests.support.waiting import eventually, free_port, until_passes
 
 CLI = [sys.executable, "-m", "connectors.cli"]
 JOB_MARK = "613"  # `sleep 613`: the long job the demo below runs, found by its argv
@@ -118,10 +118,12 @@ def still_alive(procs: list[Proc]) -> list[str]:
 
 def all_gone(procs: list[Proc], what: str, timeout_s: float) -> None:
     """Every process of `procs` ends within `timeout_s`; else fail, naming the living."""
-    deadline = time.monotonic() + timeout_s
-    while still_alive(procs) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert not still_alive(procs), f"{what}: still alive: {still_alive(procs)}"
+
+    def gone() -> None:
+        living = still_alive(procs)
+        assert not living, f"{what}: still alive: {living}"
+
+    until_passes(gone, timeout_s, interval_s=0.3)
 
 
 # -- `cronlog run` -----------------------------------------------------------------------

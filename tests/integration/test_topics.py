@@ -17,6 +17,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from streams.settings import Settings
 from streams.topics import CATALOGUE, TopicError, delete_topics, ensure_topics
+from tests.support.waiting import eventually
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -109,11 +110,9 @@ def test_topics_made_with_create_time_are_moved_to_broker_time(settings: Setting
     )
     consumer.assign([TopicPartition(name, 0, 0)])
     try:
-        msg = None
-        deadline = time.monotonic() + 30
-        while msg is None and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-        assert msg is not None
+        (msg,) = eventually(
+            lambda: consumer.consume(1, timeout=1.0), "the record read back", 30, interval_s=0
+        )
         assert msg.error() is None
         kind, stamp = msg.timestamp()
         assert kind == TIMESTAMP_LOG_APPEND_TIME

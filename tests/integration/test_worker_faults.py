@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from connectors.worker.journal import FINISHED
 from connectors.worker.worker import Worker, WorkerConfig
 from schemas.codec import JOB_LOG, WORKER_INBOX
 from schemas.records import ClaimReply, RunReleased
@@ -116,7 +117,14 @@ def test_kill_9_mid_run(
     failed = wait_state(events, "nonidem@manual:k2", "failed")
     assert failed[3].startswith("lost")
     workers[victim2].start()
-    events.poll_for(8)  # the restarted workers report what they left behind
+    # The moment has passed once the restarted workers have reported what their killed
+    # incarnations left behind (journaled once Kafka acknowledged it: their recovery of
+    # those attempts is over, without a start) and `settle` has every run event those
+    # reports cause in view: a second start needs a new dispatch by the ledger, which
+    # would be there, after the final state.
+    wait_journaled(workers[victim], "idem@manual:k1", 1, FINISHED, 60)
+    wait_journaled(workers[victim2], "nonidem@manual:k2", 1, FINISHED, 60)
+    events.settle()
 
     starts = marks.read_text().split("\n")
     attempts = [line for line in starts if line]
@@ -157,7 +165,10 @@ def test_sigstop_past_the_heartbeat_timeout(
     assert failed[3].startswith("lost")
     assert fenced_after_s < declared_after_s  # killed before being declared dead
     workers[victim].signal(signal.SIGCONT)
-    events.poll_for(8)  # its stale "fenced" report arrives and must change nothing
+    # Its stale "fenced" report must change nothing: the moment has passed once the worker
+    # journaled the report acknowledged and `settle` has every run event it causes in view.
+    wait_journaled(workers[victim], "stopme@manual:s1", 1, FINISHED, 60)
+    events.settle()
     states = [s for _, s, _, _ in run_events(events, "stopme@manual:s1")]
     assert states == ["due", "dispatched", "running", "failed"]
     assert marks.read_text().split() == ["stopme@manual:s1"]
@@ -196,22 +207,34 @@ def claimed_ahead(
     return run_id, victim
 
 
-def wait_handed_to_executor(worker: WorkerProc, run_id: str, timeout_s: float = 30) -> None:
-    """Until `worker` journaled `run_id` as handed to its executor ("started", fsynced
-    before the hand-over): a kill after that leaves it to the executor, not to the claim
-    (a kill between the grant and its processing is test_a_grant_the_journal_forgot...)."""
+def wait_journaled(
+    worker: WorkerProc, run_id: str, attempt: int | None, phases: tuple[str, ...], timeout_s: float
+) -> None:
+    """Until `worker`'s journal has a line of `run_id` (`attempt`, if given) in one of
+    `phases`."""
     journal = worker.log.parent / "state" / "workers" / worker.worker_id / "journal.jsonl"
 
-    def handed() -> None:
+    def journaled() -> None:
         lines = journal.read_bytes().splitlines() if journal.exists() else []
         for line in lines:
             with contextlib.suppress(ValueError):
                 entry = json.loads(line)
-                if entry["run_id"] == run_id and entry["phase"] == "started":
+                if (
+                    entry["run_id"] == run_id
+                    and attempt in (None, entry["attempt"])
+                    and entry["phase"] in phases
+                ):
                     return
-        raise AssertionError(f"{worker.worker_id} never handed {run_id} to its executor")
+        raise AssertionError(f"{worker.worker_id} never journaled {run_id} {phases}")
 
-    until_passes(handed, timeout_s, interval_s=0.1)
+    until_passes(journaled, timeout_s, interval_s=0.1)
+
+
+def wait_handed_to_executor(worker: WorkerProc, run_id: str, timeout_s: float = 30) -> None:
+    """Until `worker` journaled `run_id` as handed to its executor ("started", fsynced
+    before the hand-over): a kill after that leaves it to the executor, not to the claim
+    (a kill between the grant and its processing is test_a_grant_the_journal_forgot...)."""
+    wait_journaled(worker, run_id, None, ("started",), timeout_s)
 
 
 def _run(events: EventReader, job_id: str) -> str:

@@ -76,6 +76,23 @@ class Harness:
 
         until_passes(seen_it, timeout_s, interval_s=0.02)
 
+    def passes(self, count: int, timeout_s: float = 20) -> None:
+        """Until `count` reads of the executor's output after now, each with something new
+        (its half-second "tick" at least; `heard` is when it last said anything). The
+        first may hold ticks of a pass that began before a request just sent; the second
+        was written by a later pass, of a loop that had read that request by then."""
+        self.seen += self.executor.events()  # the pipe emptied: what comes was written later
+        last, reads = self.executor.heard, 0
+
+        def said_more() -> None:
+            nonlocal last, reads
+            self.seen += self.executor.events()
+            if self.executor.heard != last:
+                last, reads = self.executor.heard, reads + 1
+            assert reads >= count, f"{reads} of {count} reads of the executor's output"
+
+        until_passes(said_more, timeout_s, interval_s=0.02)
+
     def finished(self, key: tuple[str, int], timeout_s: float = 20) -> Finished:
         self.wait(lambda: self.result(key) is not None, timeout_s, f"{key} to finish")
         result = self.result(key)
@@ -187,8 +204,9 @@ def test_lease_expiry_fences_running_and_pending_runs(make: Callable[..., Harnes
 def test_nothing_starts_before_a_first_lease(make: Callable[..., Harness]) -> None:
     h = make()
     key = h.start("early", ["true"])
-    time.sleep(0.6)
-    h.seen += h.executor.events()
+    # The moment has passed once a pass of the executor's loop ran with the request read
+    # and the run due (its time is now): two reads of its ticks after the request.
+    h.passes(2)
     assert h.started(key) is None
     h.renew()
     assert h.finished(key).outcome == "exited"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
 from connectors.stack.process import pid_alive
+from tests.support.waiting import eventually
 
 
 def free_port() -> int:
@@ -44,10 +44,9 @@ class PrivateBroker:
         pid = self.kafka.status().pid
         assert pid is not None, "the private broker is not running"
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not pid_alive(pid), f"broker pid {pid} survived SIGKILL"
+        eventually(
+            lambda: not pid_alive(pid), f"broker pid {pid} gone after SIGKILL", 30, interval_s=0.1
+        )
 
     def stop(self) -> None:
         self.kafka.down()

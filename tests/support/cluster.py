@@ -25,6 +25,7 @@ from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
 from connectors.stack.process import pid_alive, stop_pid
 from streams.settings import Settings
+from tests.support.waiting import eventually, until_passes
 
 BROKERS = 3
 
@@ -88,10 +89,12 @@ class PrivateCluster:
         pid = self.pid(node_id)
         assert pid is not None, f"broker {node_id} is not running"
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not pid_alive(pid), f"broker {node_id} (pid {pid}) survived SIGKILL"
+        eventually(
+            lambda: not pid_alive(pid),
+            f"broker {node_id} (pid {pid}) gone after SIGKILL",
+            30,
+            interval_s=0.1,
+        )
 
     def stop(self, node_id: int) -> None:
         """A controlled shutdown (SIGTERM): leadership moves away before the node exits."""
@@ -141,16 +144,18 @@ class PrivateCluster:
     def group_coordinator(self, group_id: str, timeout_s: float = 60) -> int:
         """The broker coordinating a group, as the brokers say (asked again while a
         coordinator that just moved is loading the group)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        found: list[int] = []
+
+        def answered() -> None:
             admin = self._admin()  # held: a client collected early never completes its futures
             future = admin.describe_consumer_groups([group_id], request_timeout=5)
             try:
-                return int(future[group_id].result(timeout=10).coordinator.id)
-            except Exception:  # a coordinator moving or loading: ask again
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
+                found.append(int(future[group_id].result(timeout=10).coordinator.id))
+            except Exception as exc:  # a coordinator moving or loading: ask again
+                raise AssertionError(f"no coordinator of {group_id} known: {exc!r}") from exc
+
+        until_passes(answered, timeout_s, interval_s=1)
+        return found[0]
 
     def busiest_leader(self, prefix: str, among: list[int] | None = None) -> int:
         """The broker leading the most partitions under the prefix (of `among`)."""
@@ -174,16 +179,16 @@ class PrivateCluster:
     def wait_in_sync(self, prefix: str, timeout_s: float = 120) -> float:
         """Wait until every replica is back in sync; returns the seconds it took."""
         started = time.monotonic()
-        while True:
+
+        def in_sync() -> None:
             try:
                 lagging = self.under_replicated(prefix)
             except Exception:  # noqa: BLE001 - a broker in mid-start: ask again
                 lagging = ["?"]
-            if not lagging:
-                return time.monotonic() - started
-            if time.monotonic() - started > timeout_s:
-                raise AssertionError(f"replicas not in sync after {timeout_s:.0f} s: {lagging}")
-            time.sleep(0.5)
+            assert not lagging, f"replicas not in sync after {timeout_s:.0f} s: {lagging}"
+
+        until_passes(in_sync, timeout_s, interval_s=0.5)
+        return time.monotonic() - started
 
 
 @contextmanager

@@ -27,11 +27,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
+
+from tests.support.waiting import eventually
 
 Direction = Literal["in", "out", "both"]
 PROXY = Path(__file__).with_name("latency_proxy.py")
@@ -48,6 +49,21 @@ def available() -> str | None:
     if shutil.which("ip") is None:
         return "iproute2 (`ip`) is not installed"
     return None
+
+
+def _proxy_listening(pid: int) -> bool:
+    """Whether process `pid` runs the latency proxy (so in the namespace: `ip netns exec`
+    entered it before the exec) and its namespace's TCP table (/proc/PID/net/tcp) has a
+    socket listening (state 0A) on PROXY_PORT."""
+    try:
+        if str(PROXY).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False
+        rows = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(
+        row[1].endswith(f":{PROXY_PORT:04X}") and row[3] == "0A" for row in map(str.split, rows)
+    )
 
 
 def _ip(*args: str) -> None:
@@ -136,8 +152,14 @@ class Namespace:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(0.5)  # listening before anything is sent its way
-        assert self.proxy.poll() is None, "the latency proxy did not start"
+        proxy = self.proxy
+        eventually(
+            lambda: proxy.poll() is not None or _proxy_listening(proxy.pid),
+            "the latency proxy listening before anything is sent its way",
+            10,
+            interval_s=0.05,
+        )
+        assert proxy.poll() is None, "the latency proxy did not start"
         self.inside("nft", "add", "table", "ip", "latency")
         self.inside(
             "nft",

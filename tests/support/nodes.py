@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Self
 
 import orjson
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from schemas.codec import RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
@@ -20,6 +21,7 @@ from streams.core.timing import TIMING
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from tests.support.secure import role_env
+from tests.support.waiting import eventually, until_passes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,7 +101,7 @@ class CronlogProcess:
 
 
 class Node(CronlogProcess):
-    """A scheduler node: ingress, gate, ledger, scheduler, dispatcher. `extra_env` reaches
+    """A node: ingress, gate, ledger, scheduler, dispatcher. `extra_env` reaches
     the node and its children (say, libfaketime's variables to skew its clock); `args`
     are more options of `cronlog scheduler`."""
 
@@ -160,7 +162,9 @@ class EventReader:
                 },
             )
         )
-        self.consumer.subscribe([settings.topic("run-events")])
+        self.settings = settings
+        self.topic = settings.topic("run-events")
+        self.consumer.subscribe([self.topic])
         self.seen: list[Seen] = []
 
     def poll_for(self, seconds: float) -> None:
@@ -175,13 +179,16 @@ class EventReader:
                     self.seen.append(Seen(event, msg.timestamp()[1]))
 
     def wait_until(self, predicate: object, timeout_s: float, what: str) -> None:
+        """Until `predicate()` holds, reading run-events for half a second between."""
         assert callable(predicate)
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
+
+        def holds() -> bool:
             if predicate():
-                return
+                return True
             self.poll_for(0.5)
-        raise AssertionError(f"timed out waiting for {what}")
+            return False
+
+        eventually(holds, what, timeout_s, interval_s=0)
 
     def wait_registered(self, job_ids: list[str], timeout_s: float = 60) -> None:
         """Until the ledger has registered every job of `job_ids` (its `upserted` event):
@@ -194,6 +201,43 @@ class EventReader:
 
         self.wait_until(registered, timeout_s, f"{', '.join(job_ids)} registered")
 
+    def read_to_end(self, timeout_s: float = 60) -> None:
+        """Until everything run-events holds now is read: this reader's position on every
+        partition at the end it has now (past a transaction's marker; a transaction still
+        open is waited for)."""
+        ends = end_offsets(self.settings, "run-events")
+
+        def at_end() -> None:
+            self.poll_for(0.2)
+            wanted = [TopicPartition(self.topic, p) for p, end in ends.items() if end > 0]
+            behind = {
+                tp.partition: (tp.offset, ends[tp.partition])
+                for tp in self.consumer.position(wanted)
+                if tp.offset < ends[tp.partition]
+            }
+            assert not behind, f"run-events not read to its end, (position, end): {behind}"
+
+        until_passes(at_end, timeout_s, interval_s=0)
+
+    def settle(self, timeout_s: float = 60) -> None:
+        """Until everything written to the node's inputs by now is decided and its run
+        events read: the ingress and gate groups committed past the ends `commands` and
+        `worker-reports` have now (a relay commits a batch once it is in job-log), then the
+        ledger's group past the end job-log has after that (it commits its offsets in the
+        transaction of their outputs), then run-events read to its end after that. A
+        positive sign that any run event those inputs cause has been seen: what a test
+        waits for before it asserts that something did not happen."""
+        for stage in (
+            (("ingress", "commands"), ("gate", "worker-reports")),
+            (("ledger", "job-log"),),
+        ):
+            ends = {topic: end_offsets(self.settings, topic) for _, topic in stage}
+            for group, topic in stage:
+                until_passes(
+                    partial(committed_past, self.settings, group, topic, ends[topic]), timeout_s
+                )
+        self.read_to_end(timeout_s)
+
     def run_events(self) -> list[tuple[RunEvent, int]]:
         return [(s.event, s.written_ms) for s in self.seen if isinstance(s.event, RunEvent)]
 
@@ -202,6 +246,38 @@ class EventReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """The end (high watermark) of every partition of a contract topic now. Asked by a
+    consumer of its own that fetches nothing: a busy one's requests wait behind its fetch."""
+    name = settings.topic(topic)
+    probe = Consumer(consumer_config(settings, None))
+    try:
+        return {
+            p: probe.get_watermark_offsets(TopicPartition(name, p), 10, cached=False)[1]
+            for p in range(settings.partitions)
+        }
+    finally:
+        probe.close()
+
+
+def committed_past(settings: Settings, group: str, topic: str, ends: dict[int, int]) -> None:
+    """That the node's consumer group `group` committed offsets at or past `ends` on
+    every partition of `topic` that holds anything."""
+    name = settings.topic(topic)
+    probe = Consumer(consumer_config(settings, settings.group(group)))
+    try:
+        wanted = [TopicPartition(name, p) for p, end in ends.items() if end > 0]
+        committed = probe.committed(wanted, timeout=10) if wanted else []
+    finally:
+        probe.close()
+    behind = {
+        tp.partition: (tp.offset, ends[tp.partition])
+        for tp in committed
+        if tp.offset < ends[tp.partition]
+    }
+    assert not behind, f"{group} behind on {topic}, (committed, end): {behind}"
 
 
 class WorkerProc(CronlogProcess):

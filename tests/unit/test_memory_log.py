@@ -135,7 +135,7 @@ def test_the_range_assignor_and_the_rebalance_callbacks(log: MemoryLog) -> None:
 
     def on_assign(consumer: MemoryConsumer, tps: list[TopicPartition]) -> None:
         seen.append(("assign", [tp.partition for tp in tps]))
-        consumer.assign(tps)
+        consumer.incremental_assign(tps)
 
     def on_revoke(consumer: MemoryConsumer, tps: list[TopicPartition]) -> None:
         seen.append(("revoke", [tp.partition for tp in tps]))
@@ -149,6 +149,16 @@ def test_the_range_assignor_and_the_rebalance_callbacks(log: MemoryLog) -> None:
     second.close()  # a clean leave: the partition comes back at once
     first.consume(1, timeout=0)
     assert seen[-1] == ("assign", [0, 1])
+
+
+def test_an_eager_assign_in_a_group_callback_is_refused(log: MemoryLog) -> None:
+    # The groups' KIP-848 protocol is incremental, as librdkafka enforces: a loop whose
+    # callback assigns eagerly fails here, not only against a real broker.
+    consumer: MemoryConsumer = MemoryClients(log).consumer(consumer_config(SETTINGS, "g"))
+    consumer.subscribe(["in"], on_assign=lambda c, tps: c.assign(tps))
+    with pytest.raises(KafkaException) as refused:
+        consumer.consume(1, timeout=0)
+    assert "incremental_assign" in str(refused.value)
 
 
 def test_a_silent_member_loses_its_partitions_after_its_session(log: MemoryLog) -> None:

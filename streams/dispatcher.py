@@ -37,7 +37,7 @@ own stamps (one clock). A worker is suspected when no beat was received for
 beat listed yet is placed again elsewhere. It is declared dead after `dead_after_s`
 (11 s): each attempt it held gets a WorkerLost on its job's log, carrying the broker
 time by which its lease had ended (the last beat read's append time plus the lease and
-a margin), so the ledger gives back the runs due after it (the ledger ignores a verdict
+a margin), so the ledger releases the runs due after it (the ledger ignores a verdict
 if the attempt moved on). The verdict is taken in two steps: when
 a worker looks dead the dispatcher asks the broker where that worker's heartbeat
 partition ends, and declares it dead only once it has read up to there and the worker
@@ -56,12 +56,11 @@ clocks (their rates agree to far better than a second in 11 s). A later beat tha
 still have extended the lease was made within L of that one and acknowledged within A,
 so before the verdict's question to the broker: it would have been read and cancelled
 the verdict; a beat made after the lease lapsed finds the worker's runs already killed.
-Before, the verdict compared the dispatcher's wall clock with the worker's stamp: a
-worker clock 2 s behind let the verdict come before the lease ended, 7 s behind made
-every dispatcher declare healthy workers dead. How much history to read at start (the
-last `history_s`, by `offsets_for_times` against the broker's append times) does compare
-this machine's clock with the broker's: a skew only reads a little more or less
-history, and no verdict depends on it.
+Comparing the dispatcher's wall clock with the worker's stamp instead would let a worker
+clock behind the dispatcher's bring the verdict before the lease ends. How much history
+to read at start (the last `history_s`, by `offsets_for_times` against the broker's
+append times) does compare this machine's clock with the broker's: a skew only reads a
+little more or less history, and no verdict depends on it.
 
 A broker outage. The loop keeps going: the start waits for the broker to say where to read
 heartbeats from, consumer errors are logged (a heartbeat consumer error restarts the
@@ -244,7 +243,7 @@ class Dispatcher:
         # last minute's): what spreads a burst (DispatcherConfig.spread_starts_above).
         self.placed: dict[int, dict[str, int]] = {}
         self.origin: dict[str, tuple[int, int]] = {}  # pending key -> (partition, offset)
-        # What this dispatcher placed, for hand-backs: (run, attempt) -> (request, worker,
+        # What this dispatcher placed, for releases: (run, attempt) -> (request, worker,
         # placed at); kept for a reservation's time.
         self.assigned: dict[Key, tuple[DispatchRequest, str, int]] = {}
         self.progress = Progress()
@@ -264,8 +263,8 @@ class Dispatcher:
         self.watch = GroupWatch(settings, f"dispatcher {node_id}")
         self.dispatch_consumer = self._new_consumer()
         self.heartbeat_consumer = self.clients.consumer(consumer_config(settings, None))
-        self.handbacks_topic = settings.topic("worker-handbacks")
-        self.handback_consumer = self.clients.consumer(consumer_config(settings, None))
+        self.releases_topic = settings.topic("worker-handbacks")
+        self.release_consumer = self.clients.consumer(consumer_config(settings, None))
         self.producer = self.clients.producer(producer_config(settings))
         self.key: bytes | None = None  # the placement key, read at the start of run()
 
@@ -296,7 +295,7 @@ class Dispatcher:
         run_steps(self.open, self.step, self.close, self._stop)
 
     def open(self) -> bool:
-        """Read the placement key, join the group, follow heartbeats and hand-backs
+        """Read the placement key, join the group, follow heartbeats and releases
         (False: stopped before it could). `run` is `open`, `step` until stopped, `close`;
         a test drives the steps itself."""
         self._lag = metrics.ConsumerLag("dispatcher", self.settings.topic_prefix)
@@ -306,21 +305,21 @@ class Dispatcher:
             return False  # stopped while waiting for the broker
         self._subscribe()
         self._follow_heartbeats()
-        self.handback_consumer.assign(
+        self.release_consumer.assign(
             [
-                TopicPartition(self.handbacks_topic, p, OFFSET_END)
+                TopicPartition(self.releases_topic, p, OFFSET_END)
                 for p in range(self.settings.partitions)
             ]
         )
         return True
 
     def step(self) -> None:
-        """One turn: read beats, hand-backs and dispatch requests; expire reservations,
+        """One turn: read beats, releases and dispatch requests; expire reservations,
         judge liveness, place what waits; commit what is handled now and then."""
         if self.watch.stuck():
             self._replace_consumer()
         self._read_heartbeats()
-        self._read_handbacks()
+        self._read_releases()
         for msg in self.dispatch_consumer.consume(500, timeout=0.05):
             self._consumed(msg)
         now = int(self.clock.time() * 1000)
@@ -339,7 +338,7 @@ class Dispatcher:
         self._commit(asynchronous=False)
         self.dispatch_consumer.close()
         self.heartbeat_consumer.close()
-        self.handback_consumer.close()
+        self.release_consumer.close()
 
     def _report_reserved(self) -> None:
         cpu, memory_mb, gpu = 0.0, 0, 0
@@ -537,20 +536,20 @@ class Dispatcher:
                 info.maybe[key] = info.reserved[key][1]
                 info.release(key)
 
-    def _read_handbacks(self) -> None:
+    def _read_releases(self) -> None:
         """Assignments a worker had no room for: placed again at once, elsewhere (the
-        worker's booking of it stays until its next heartbeat). A hand-back only names a
+        worker's booking of it stays until its next heartbeat). A release only names a
         run: it counts when this dispatcher placed that attempt on that worker, so a
         worker can make it place again only what it placed there. One not taken (another
         dispatcher's, or read after a restart) is left to the claim deadline; that is
         why these are read from the end, with no group and no commits."""
-        for msg in self.handback_consumer.consume(500, timeout=0):
+        for msg in self.release_consumer.consume(500, timeout=0):
             if msg.error() is not None or not msg.value():
                 continue
             try:
                 back = JOB_LOG.decode(msg.value() or b"")
             except CodecError as exc:
-                log.warning("undecodable hand-back skipped: %s", exc)
+                log.warning("undecodable release skipped: %s", exc)
                 continue
             if not isinstance(back, RunReleased):
                 continue

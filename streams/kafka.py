@@ -39,7 +39,7 @@ PARTITIONER = "murmur2_random"
 def partition_for(key: str, partitions: int) -> int:
     """The partition every cronlog producer puts `key` in (PARTITIONER: murmur2 of the
     key's bytes, as the Java client and aiokafka do), for readers that must know it (a
-    worker's inbox partition, the API's mailboxes)."""
+    worker's inbox partition, the API's inboxes)."""
     from aiokafka.partitioner import murmur2
 
     return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions

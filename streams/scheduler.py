@@ -11,11 +11,11 @@ written without the header): until a topic-partition's end is first reached (par
 EOF), or for `CATCH_UP_MAX_S` at most, it keeps the raw bytes of the newest such value
 per key and decodes those at the end. The compacted topics still hold every value
 written since their last compaction (the active segment is never compacted), and
-decoding each made a takeover grow with that history.
+decoding each would make a takeover grow with that history.
 
 Reading ahead. A node taking over from a dead one first waits out the dead member's
-session (6 s) before the group assigns anything, then had to read every partition: a
-million jobs took ~10 s more. So from its start until its first assignment the scheduler
+session (6 s) before the group assigns anything, then would have to read every partition
+(docs/performance.md has the figures). So from its start until its first assignment the scheduler
 already reads every partition of both topics with a consumer outside the group, into
 timers of their own; proposals come only from what it owns. On the first assignment it
 keeps what it read of the partitions it got, and each of their topic-partitions is read

@@ -98,7 +98,7 @@ class _BeyondEnd(Exception):
 
 
 @dataclass
-class _Mailbox:
+class _Inbox:
     """One HTTP worker's inbox as this API holds it: its messages by seq, up to its ack."""
 
     partition: int
@@ -192,7 +192,7 @@ class WorkerGateway:
     def __init__(self, service: Service):
         self.service = service
         self.settings = service.settings
-        self.boxes: dict[str, _Mailbox] = {}
+        self.inboxes: dict[str, _Inbox] = {}
         # Per worker-inbox partition: the follower has read everything before this seq.
         self.positions: dict[int, int] = {}
         self.max_pending = MAX_PENDING
@@ -283,9 +283,9 @@ class WorkerGateway:
         still in worker-inbox, for a rebuild should they come back with an ack)."""
         now = time.monotonic()
         with self.lock:
-            for worker_id, box in list(self.boxes.items()):
+            for worker_id, box in list(self.inboxes.items()):
                 if box.ready.is_set() and now - box.seen > FORGET_AFTER_S:
-                    del self.boxes[worker_id]
+                    del self.inboxes[worker_id]
 
     def deliver(self, partition: int, offset: int, raw: bytes | None) -> None:
         """Take one worker-inbox record (`raw` at `offset` of `partition`) into its worker's
@@ -301,7 +301,7 @@ class WorkerGateway:
             self.positions[partition] = max(offset + 1, self.positions.get(partition, 0))
             if message is None:
                 return
-            box = self.boxes.get(message.worker_id)
+            box = self.inboxes.get(message.worker_id)
             if box is None or time.monotonic() - box.seen > FORGET_AFTER_S:
                 return  # not an HTTP worker (or one long gone)
             kind, item = _item(message)
@@ -385,20 +385,20 @@ class WorkerGateway:
         finally:
             reader.close()
 
-    def _inbox(self, worker_id: str, ack: int | None) -> tuple[_Mailbox, int | None]:
+    def _inbox(self, worker_id: str, ack: int | None) -> tuple[_Inbox, int | None]:
         """The worker's inbox, made (and rebuilt from worker-inbox after `ack`) if this
         API holds none for it; the ack applied. Returns the ack to answer with (0 if it
         was ignored as beyond the partition's end)."""
         with self.lock:
-            box = self.boxes.get(worker_id)
+            box = self.inboxes.get(worker_id)
             if box is not None and box.ready.is_set() and box.failed:
                 box = None
             if box is not None and time.monotonic() - box.seen > FORGET_AFTER_S:
                 box = None  # it stopped buffering: make it again
             made = box is None
             if box is None:
-                box = _Mailbox(inbox_partition(worker_id, self.settings.partitions))
-                self.boxes[worker_id] = box
+                box = _Inbox(inbox_partition(worker_id, self.settings.partitions))
+                self.inboxes[worker_id] = box
                 if not ack:
                     box.ready.set()  # from now on: nothing before was this worker's
             box.seen = time.monotonic()
@@ -410,8 +410,8 @@ class WorkerGateway:
             except KafkaException as exc:
                 with self.lock:
                     box.failed = True
-                    if self.boxes.get(worker_id) is box:
-                        del self.boxes[worker_id]
+                    if self.inboxes.get(worker_id) is box:
+                        del self.inboxes[worker_id]
                 box.ready.set()
                 raise ServiceError(503, f"could not read worker-inbox: {exc}") from exc
             with self.lock:
@@ -427,7 +427,7 @@ class WorkerGateway:
                 box.ack(ack)
         return box, ack
 
-    def answer(self, box: _Mailbox, ack: int | None) -> dict[str, Any]:
+    def answer(self, box: _Inbox, ack: int | None) -> dict[str, Any]:
         """The messages a heartbeat answer carries from `box` (at most `max_answer`) and the
         seq they acknowledge, given the worker's `ack` (None: the older protocol); for
         `heartbeat`, and the inbox tests of tests/integration/test_http_worker_ack.py."""

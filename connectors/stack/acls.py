@@ -55,7 +55,7 @@ GRANTS: tuple[Grant, ...] = (
         ("read",),
         "ingress reads commands and worker reports; the ledger job-log and its state; the "
         "scheduler jobs, runs and heartbeats; the dispatcher dispatch, heartbeats and "
-        "hand-backs",
+        "releases",
         "commands worker-reports job-log jobs runs heartbeats dispatch worker-handbacks",
     ),
     *_topics(
@@ -98,7 +98,7 @@ GRANTS: tuple[Grant, ...] = (
     *_topics(
         "worker",
         ("write",),
-        "claims and outcomes (to the gate), liveness, job output, assignments handed back",
+        "claims and outcomes (to the gate), liveness, job output, assignments released",
         "worker-reports heartbeats run-logs worker-handbacks",
     ),
     # -- api -------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The HTTP worker gateway delivers until acknowledged, on the real API and broker: a
 heartbeat answer the worker never got comes again with the next heartbeat (same seqs,
 same order), an acknowledged one does not; a heartbeat without `ack` keeps the older
-hand-over-once behaviour; an API restarted (or a mailbox forgotten) rebuilds the mailbox
-from worker-inbox after the worker's ack; a mailbox is bounded. Inbox messages are
+hand-over-once behaviour; an API restarted (or an inbox forgotten) rebuilds the inbox
+from worker-inbox after the worker's ack; an inbox is bounded. Inbox messages are
 produced straight to worker-inbox, as the ledger and the dispatchers write them."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from connectors.api.service import Service
-from connectors.api.worker_gateway import WorkerGateway, _Mailbox, inbox_partition
+from connectors.api.worker_gateway import WorkerGateway, _Inbox, inbox_partition
 from schemas.codec import WORKER_INBOX
 from schemas.records import (
     CancelOrder,
@@ -66,7 +66,7 @@ class Api:
 
         eventually(healthy, "the API to be ready")
         # The gateway follows worker-inbox from its end: wait until it follows every
-        # partition, so that a message produced from now on reaches a mailbox.
+        # partition, so that a message produced from now on reaches an inbox.
         for partition in range(self.settings.partitions):
             worker = next(
                 f"warm-{partition}-{i}"
@@ -209,7 +209,7 @@ def test_an_ack_beyond_the_end_of_worker_inbox_is_ignored(api: Api) -> None:
     assert [(kind, run) for _, kind, run in got] == [("kills", "f@1")]
 
 
-def test_a_restarted_api_rebuilds_the_mailbox_from_the_ack(api: Api) -> None:
+def test_a_restarted_api_rebuilds_the_inbox_from_the_ack(api: Api) -> None:
     start = api.beat("survivor", 0)
     api.send(grant("survivor", "s@1"))
     handled = eventually(
@@ -232,7 +232,7 @@ def test_a_restarted_api_rebuilds_the_mailbox_from_the_ack(api: Api) -> None:
     assert api.messages(api.beat("survivor", rebuilt["seq"])) == []
 
 
-def test_a_mailbox_is_bounded_and_answers_are_batched(
+def test_a_inbox_is_bounded_and_answers_are_batched(
     topics: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     """In process (no HTTP): a worker that never acks keeps only the newest messages,
@@ -240,9 +240,9 @@ def test_a_mailbox_is_bounded_and_answers_are_batched(
     acknowledges only those."""
     gateway = WorkerGateway(Service(topics))
     gateway.max_pending, gateway.max_answer = 5, 2
-    box = _Mailbox(0)
+    box = _Inbox(0)
     box.ready.set()
-    gateway.boxes["slow"] = box
+    gateway.inboxes["slow"] = box
     with caplog.at_level(logging.WARNING, logger="cronlog.api.workers"):
         for offset in range(8):
             gateway.deliver(0, offset, WORKER_INBOX.encode(kill("slow", f"b@{offset}")))

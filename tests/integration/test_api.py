@@ -7,7 +7,6 @@ import base64
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -387,9 +386,34 @@ def test_a_worker_over_http_runs_a_job(api: httpx.Client) -> None:
             inbox[kind].extend(items)
         return inbox
 
-    for _ in range(4):  # let the dispatcher learn of this worker
-        beat()
-        time.sleep(0.5)
+    # The dispatcher knows this worker once it placed a run only this worker fits: a
+    # probe's (asked again should one fail as unplaceable, decided before the worker's
+    # first beat was read), cancelled once placed.
+    created(
+        api,
+        job_body(
+            "polyglot-probe",
+            schedule={"at": "2099-01-01T00:00:00Z"},
+            resources={"cpu": 1, "labels": {"lang": "go"}},
+        ),
+        A,
+    )
+    probes: list[str] = []
+
+    def probe_placed() -> str | None:
+        placed = {a["run_id"] for a in beat()["assignments"]}
+        found = next((p for p in probes if p in placed), None)
+        if found is None and (
+            not probes or api.get(f"/runs/{probes[-1]}", headers=A).json().get("state") == "failed"
+        ):
+            key = {"Idempotency-Key": f"probe-{len(probes)}"}
+            probes.append(
+                api.post("/jobs/polyglot-probe/run-now", headers={**A, **key}).json()["run_id"]
+            )
+        return found
+
+    probe = eventually(probe_placed, "a run only this worker fits placed on it")
+    assert api.post(f"/runs/{probe}/cancel", headers=A).status_code == 202
     run_id = api.post("/jobs/polyglot/run-now", headers={**A, "Idempotency-Key": "go"}).json()[
         "run_id"
     ]

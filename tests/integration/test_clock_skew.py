@@ -205,7 +205,7 @@ def test_skewed_clocks_run_every_firing_once_on_time(
         return bool(runs) and all(evs[-1].state in FINALS for evs in runs.values())
 
     events.wait_until(settled, 120, "every run final")
-    events.poll_for(3)
+    events.settle()  # the pauses decided, and every proposal written by then
 
     # -- the clocks were skewed, and each process found the broker's ----------------------
     assert synced_skew(logs / "skew-n1.log") == pytest.approx(NODE_SKEW[1], abs=2)

@@ -108,7 +108,10 @@ def test_downstreams_follow_their_upstreams_outcome(topics: Settings, node: Node
 
     events = EventReader(topics, "deps-check")
     try:
-        events.poll_for(5)
+        # a's outcomes decided and read; then the notices they sent b and c (written to
+        # job-log in the same transactions, so before the second look at its ends).
+        events.settle()
+        events.settle()
         runs = events.run_events()
     finally:
         events.close()

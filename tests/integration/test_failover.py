@@ -103,7 +103,7 @@ def test_one_run_per_firing_through_a_kill(topics: Settings, nodes: list[Node]) 
             60,
             "every job paused",
         )
-        events.poll_for(3)
+        events.settle()  # every proposal and report written by now decided, events read
     finally:
         events.close()
 

@@ -140,7 +140,7 @@ def test_another_owner_cannot_take_a_job_id_the_ledger_refuses_it(
             both_refused()  # one more read: a third refusal would be counted
         finally:
             dlq.close()
-        events.poll_for(1)
+        events.settle()  # the ledger decided every command sent, its events read
         upserts = [e for e in events.job_events() if e.job_id == "owned" and e.kind == "upserted"]
     finally:
         events.close()
@@ -201,7 +201,7 @@ def test_a_registration_forged_with_a_workers_access_registers_nothing(
     assert fire not in relayed
     events = EventReader(topics, "forged-check")
     try:
-        events.poll_for(1)
+        events.settle()  # the gate and the ledger past every record written, events read
         assert not [e for e in events.job_events() if e.job_id == "forged"]
     finally:
         events.close()

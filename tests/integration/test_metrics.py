@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from schemas.records import FINAL_STATES
 from streams.metrics import MetricsServer
 from streams.settings import Settings
 from tests.support.nodes import (
@@ -135,7 +136,17 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
     try:
         events.poll_for(10)
         send_commands(topics, [{"type": "job.pause", "job_id": j} for j in jobs])
-        events.poll_for(8)  # paused, and every run still due finished
+        # Paused (decided: no run of them is made after), and every run made ended.
+        events.settle()
+        events.wait_until(
+            lambda: all(
+                evs[-1].state in FINAL_STATES
+                for evs in runs_by_id(events).values()
+                if evs[0].job_id in jobs
+            ),
+            60,
+            "every run of the paused jobs ended",
+        )
         started = {
             run_id
             for run_id, evs in runs_by_id(events).items()

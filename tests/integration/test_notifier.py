@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
+from schemas.records import FINAL_STATES
 from streams.settings import Settings
 from tests.support.kafka import consumer, drain
 from tests.support.nodes import (
@@ -29,10 +31,12 @@ from tests.support.nodes import (
     EventReader,
     Node,
     WorkerProc,
+    committed_past,
     job,
+    runs_by_id,
     send_commands,
 )
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, until_passes
 
 ATTEMPTS = 3
 
@@ -113,9 +117,29 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
                 ),
             ],
         )
+
+        def failed(job_id: str) -> dict[str, int]:
+            """Its runs that failed (a `lost` failure, its worker declared dead under a
+            loaded machine, is another kind, which this route does not ask for), by event
+            id, with when the ledger wrote each."""
+            return {
+                e.event_id: written_ms
+                for e, written_ms in events.run_events()
+                if e.job_id == job_id and e.state == "failed" and not e.reason.startswith("lost")
+            }
+
+        def failed_ids(job_id: str) -> set[str]:
+            return set(failed(job_id))
+
         eventually(lambda: len(receiver.received("/ok", "failed")) >= 3, "three deliveries")
         notifier.kill()  # SIGKILL mid-stream: deliveries in flight, offsets not committed
-        time.sleep(3)  # failures go on meanwhile
+        killed_ms = int(time.time() * 1000)
+        # Failures go on meanwhile: three written after the kill, which no notifier read.
+        events.wait_until(
+            lambda: sum(ms > killed_ms for ms in failed("nt-fail").values()) >= 3,
+            60,
+            "failures while the notifier is down",
+        )
         notifier = _notifier(topics, tmp_path, "127.0.0.1/32").start()
         # Fired after the restart, so its calls are all this notifier's.
         refuse = {"url": f"{receiver.url}/fail", "on": ["failed"]}
@@ -125,15 +149,6 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
         )
         eventually(lambda: len(receiver.received("/ok", "failed")) >= 8, "more deliveries")
         send_commands(topics, [{"type": "job.pause", "job_id": "nt-fail"}])
-
-        def failed_ids(job_id: str) -> set[str]:
-            """Its runs that failed (a `lost` failure, its worker declared dead under a
-            loaded machine, is another kind, which this route does not ask for)."""
-            return {
-                e.event_id
-                for e, _ in events.run_events()
-                if e.job_id == job_id and e.state == "failed" and not e.reason.startswith("lost")
-            }
 
         # Every failed run of nt-fail delivered, and nothing else.
         differ: list[object] = []
@@ -149,8 +164,24 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
             eventually(all_delivered, "a delivery for every failed run", timeout_s=90)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; not delivered, unexpected: {differ}") from None
-        time.sleep(3)  # anything more that might come (it must not)
-        events.poll_for(1)
+        # Anything more that might come (it must not) has come once: the pause is decided
+        # (no new run of nt-fail), every run of nt-fail has ended (no event of it follows),
+        # and the notifier's group committed past every event read, which it does only
+        # once each one's notifications are settled (the receiver records a call before
+        # it answers) and which it reads again only after a rebalance (there is none).
+        events.settle()
+        events.wait_until(
+            lambda: all(
+                evs[-1].state in FINAL_STATES
+                for evs in runs_by_id(events).values()
+                if evs[0].job_id == "nt-fail"
+            ),
+            60,
+            "every run of nt-fail ended",
+        )
+        until_passes(
+            partial(committed_past, topics, "notifier", "run-events", dict(events.after_last))
+        )
         deliveries = receiver.received("/ok", "failed")
         ids = [d for d, _ in deliveries]
         assert set(ids) == failed_ids("nt-fail")

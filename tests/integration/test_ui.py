@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -227,7 +226,14 @@ def test_the_dashboard_in_a_real_browser(topics: Settings, stack: str) -> None:
         "/ui/jobs/ui-a/resume", data={"back": "/ui"}, cookies={COOKIE: "tok-a-0123456789ab"}
     )
     assert forged.status_code == 403
-    time.sleep(1)
-    assert api.get("/jobs/ui-a", headers=A).json()["paused"] is True
+    # Not resumed: a later change of ui-a, once shown, took the path a resume would have
+    # (commands, job-log, run-events, the projection: one partition each, in order).
+    later = api.patch("/jobs/ui-a", json={"priority": 7}, headers=A)
+    assert later.status_code in (200, 202), later.text
+    shown = eventually(
+        lambda: (j := api.get("/jobs/ui-a", headers=A).json())["spec"]["priority"] == 7 and j,
+        "the later change of ui-a",
+    )
+    assert shown["paused"] is True
     assert api.get("/ui", follow_redirects=False).status_code == 303  # no cookie: sign in
     api.close()

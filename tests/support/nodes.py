@@ -166,12 +166,19 @@ class EventReader:
         self.topic = settings.topic("run-events")
         self.consumer.subscribe([self.topic])
         self.seen: list[Seen] = []
+        # Per partition, the offset after the last record read (transaction markers not
+        # counted): where a consumer that has handled every record read commits.
+        self.after_last: dict[int, int] = {}
 
     def poll_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             for msg in self.consumer.consume(1000, timeout=0.2):
-                if msg.error() is None and msg.value():
+                if msg.error() is not None:
+                    continue
+                partition, offset = msg.partition() or 0, msg.offset() or 0
+                self.after_last[partition] = max(offset + 1, self.after_last.get(partition, 0))
+                if msg.value():
                     try:
                         event = RUN_EVENTS.decode(msg.value() or b"")
                     except CodecError:

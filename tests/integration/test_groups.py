@@ -4,9 +4,6 @@ reported with what to change."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -19,6 +16,7 @@ from streams.core.timing import TIMING
 from streams.groups import GROUPS, ensure_groups, group_settings, refusal_advice
 from streams.kafka import admin_config
 from streams.settings import Settings
+from tests.integration.test_topics import topics_create
 
 
 def _described(admin: AdminClient, group: str) -> dict[str, str]:
@@ -55,20 +53,7 @@ def test_a_session_below_the_brokers_minimum_is_refused_with_the_remedy(
 
 
 def test_topics_create_sets_the_groups(settings: Settings) -> None:
-    env = {
-        **os.environ,
-        "CRONLOG_KAFKA": settings.kafka,
-        "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
-        "CRONLOG_PARTITIONS": str(settings.partitions),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "topics", "create"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = topics_create(settings)
     assert done.returncode == 0, done.stderr
     ledger = settings.group("ledger")
     assert f"group   {ledger} (session 6000 ms, heartbeat 1500 ms)" in done.stdout

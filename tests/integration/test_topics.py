@@ -20,7 +20,7 @@ from streams.topics import CATALOGUE, TopicError, delete_topics, ensure_topics
 from tests.support.waiting import eventually
 
 
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+def topics_create(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "CRONLOG_KAFKA": settings.kafka,
@@ -38,10 +38,10 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_creates_every_topic_then_finds_them(settings: Settings) -> None:
-    first = _cli(settings)
+    first = topics_create(settings)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("created ") == len(CATALOGUE)
-    second = _cli(settings)
+    second = topics_create(settings)
     assert second.returncode == 0, second.stderr
     assert second.stdout.count("exists ") == len(CATALOGUE)
     assert "created" not in second.stdout
@@ -63,7 +63,7 @@ def test_a_different_partition_count_is_refused(settings: Settings) -> None:
     other = settings.with_(partitions=settings.partitions + 1)
     with pytest.raises(TopicError, match="fixed at creation"):
         ensure_topics(other)
-    result = _cli(other)
+    result = topics_create(other)
     assert result.returncode == 1
     assert f"CRONLOG_PARTITIONS is {other.partitions}" in result.stderr
     assert "Traceback" not in result.stderr

@@ -43,7 +43,7 @@ from streams.core.commands import (
     validate_command,
 )
 from streams.core.dag import cycle_through
-from streams.core.ids import iso_utc, manual_run_id
+from streams.core.ids import iso_utc, manual_run_id, parse_run_id
 from streams.core.params import ParamError, ParamValues, required, resolve
 from streams.core.schedule import fire_window
 from streams.kafka import producer_config
@@ -538,8 +538,14 @@ class Service:
         return [_jsonable(r) for r in self._query(query)]
 
     def run_command(self, who: Principal, run_id: str, kind: str, **fields: Any) -> Accepted:
-        """cancel or rerun of a run the caller may see."""
-        self._run_row(who, run_id)
+        """cancel or rerun of a run the caller may see. A run the projection does not hold
+        yet is commanded when its id is a run id of a job the caller may see: run-now
+        answers with the id before the projector has read the run, and cancelling it at
+        once is what a user does (the ledger ignores a command for a run it never made)."""
+        if not self._query(queries.run(run_id)) and (parsed := parse_run_id(run_id)):
+            self.job(who, parsed.job_id)
+        else:
+            self._run_row(who, run_id)
         doc: dict[str, Any] = {"type": f"run.{kind}", "run_id": run_id, **fields}
         if kind == "rerun":
             doc.setdefault("request_id", uuid.uuid4().hex)

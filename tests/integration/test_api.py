@@ -291,6 +291,11 @@ def test_other_error_paths(api: httpx.Client) -> None:
     assert bad_patch.status_code == 422
     bad_backfill = api.post("/jobs/errs/backfill", json={"from": "x", "to": "y"}, headers=A)
     assert bad_backfill.status_code == 422
+    # A run the projection does not hold yet (run-now answered its id a moment ago) is
+    # commanded through its job's owner; another owner's, or a malformed id, is not found.
+    assert api.post("/runs/errs@manual:not-yet/cancel", headers=A).status_code == 202
+    assert api.post("/runs/errs@manual:not-yet/cancel", headers=B).status_code == 404
+    assert api.post("/runs/errs@yesterday/cancel", headers=A).status_code == 404
     assert api.get("/nowhere", headers=A).status_code == 404
 
 

@@ -41,7 +41,7 @@ def test_committed_or_starts_where_the_group_committed_else_at_the_default(
         start = committed_or(second, [TopicPartition(topic, 0)], default=OFFSET_END)
         assert [(tp.partition, tp.offset) for tp in start] == [(0, 3)]
         second.assign(start)
-        got = drain(second, 2, settle_s=1.0)
+        got = drain(second, 2, to_end=True)
         assert [m.value() for m in got] == [b"m3", b"m4"]
         start = committed_or(second, [TopicPartition(topic, 1)], default=OFFSET_END)
         assert [tp.offset for tp in start] == [OFFSET_END]

@@ -202,7 +202,7 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
         (refused_id,) = failed_ids("nt-refuse")
         eventually(lambda: len(receiver.received("/fail", "failed")) >= ATTEMPTS, "the retries")
         dlq = consumer(topics, "notifications.dlq")
-        letters = [orjson.loads(m.value() or b"") for m in drain(dlq, 1, timeout_s=30, settle_s=2)]
+        letters = [orjson.loads(m.value() or b"") for m in drain(dlq, 1, timeout_s=30, to_end=True)]
         letters = [d for d in letters if d["body"]["job_id"] == "nt-refuse"]
         dlq.close()
         assert [(d["delivery_id"], d["attempts"], d["error"]) for d in letters] == [

@@ -75,7 +75,7 @@ def test_committed_outputs_are_seen_and_aborted_ones_are_not(topics: Settings) -
 
     reader = consumer(topics, "run-events", isolation="read_committed")
     try:
-        visible = drain(reader, 5, settle_s=2.0)
+        visible = drain(reader, 5, to_end=True)
     finally:
         reader.close()
     assert [m.value() for m in visible] == [f"out-{i}".encode() for i in range(5)]
@@ -83,7 +83,7 @@ def test_committed_outputs_are_seen_and_aborted_ones_are_not(topics: Settings) -
     # The aborted records were written (read_uncommitted shows them): the broker hid them.
     raw = consumer(topics, "run-events", isolation="read_uncommitted")
     try:
-        everything = drain(raw, 10, settle_s=1.0)
+        everything = drain(raw, 10, to_end=True)
     finally:
         raw.close()
     assert sorted(m.value() or b"" for m in everything) == sorted(
@@ -93,7 +93,7 @@ def test_committed_outputs_are_seen_and_aborted_ones_are_not(topics: Settings) -
     # A restarted processor resumes at the committed offset: it redoes the aborted five.
     again = consumer(topics, "job-log", group=group)
     try:
-        redo = drain(again, 5, settle_s=1.0)
+        redo = drain(again, 5, to_end=True)
     finally:
         again.close()
     assert [m.value() for m in redo] == [f"in-{i}".encode() for i in range(5, 10)]
@@ -122,7 +122,7 @@ def test_a_zombie_producer_is_fenced(topics: Settings) -> None:
 
     reader = consumer(topics, "runs")
     try:
-        seen = [m.value() for m in drain(reader, 1, settle_s=2.0)]
+        seen = [m.value() for m in drain(reader, 1, to_end=True)]
     finally:
         reader.close()
     assert seen == [b"from-successor"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.core.timing import TIMING
 from streams.kafka import (
     admin_config,
     connection_config,
@@ -183,3 +184,21 @@ def test_group_consumers_use_the_kip_848_protocol_with_co_partitioning() -> None
     assert config["group.remote.assignor"] == "range"
     for classic in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
         assert classic not in config
+
+
+def test_every_client_learns_moved_leaders_within_the_budgets_refresh() -> None:
+    # A client with nothing in flight to a paused broker must send its next request to the
+    # new leader, not wait for a request to the old one to time out: the refresh is part
+    # of the broker failover F the lease outlives (streams/core/timing.py).
+    refresh_ms = int(TIMING.metadata_refresh_s * 1000)
+    for config in (
+        connection_config(Settings()),
+        admin_config(Settings()),
+        producer_config(Settings()),
+        transactional_producer_config(Settings(), "t"),
+        consumer_config(Settings(), "cronlog.ledger"),
+        consumer_config(Settings(), None),
+    ):
+        assert config["topic.metadata.refresh.interval.ms"] == refresh_ms
+        assert config["socket.timeout.ms"] == int(TIMING.request_timeout_s * 1000)
+    assert refresh_ms < TIMING.request_timeout_s * 1000

@@ -67,6 +67,12 @@ def connection_config(settings: Settings) -> dict[str, Any]:
         # for the metadata again, finding the partitions' new leaders; its default, 60 s,
         # held every client on a broker paused for 20 s (the timing budget).
         "socket.timeout.ms": int(TIMING.request_timeout_s * 1000),
+        # Leaders that moved are learnt within this, not when a request to the old one
+        # times out: a client that has nothing in flight to a paused broker sends its next
+        # request to the new leader (librdkafka's default, 5 min, chained each hop of a
+        # run's way through its own request timeout). One metadata request per client
+        # per second, for the topics it uses.
+        "topic.metadata.refresh.interval.ms": int(TIMING.metadata_refresh_s * 1000),
         **dict(settings.kafka_config),
     }
 

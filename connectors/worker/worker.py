@@ -102,7 +102,13 @@ MAX_HELD = HEARTBEAT_MAX_BYTES // 160
 # heartbeats topic takes (`MAX_HELD` attempts listed).
 # A beat counts only if acknowledged within the ack window: a request a broker does not
 # answer (paused) is given up, and its connection dropped, after that long.
+# Not idempotent: an idempotent producer sends nothing until a broker grants it a
+# producer id, which a producer made fresh during a failover (the replacement in
+# heartbeat.py) waits for while the ids' coordinator moves and loads, for longer than
+# the lease. A beat repeated is harmless; one request in flight keeps beats in order.
 HEARTBEAT_PRODUCER: dict[str, Any] = {
+    "enable.idempotence": False,
+    "max.in.flight.requests.per.connection": 1,
     "linger.ms": 0,
     "message.max.bytes": HEARTBEAT_MAX_BYTES,
     "socket.timeout.ms": int(TIMING.ack_window_s * 1000),

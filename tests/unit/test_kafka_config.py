@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from connectors.worker.worker import HEARTBEAT_PRODUCER
 from streams.core.timing import TIMING
 from streams.kafka import (
     admin_config,
@@ -202,3 +203,13 @@ def test_every_client_learns_moved_leaders_within_the_budgets_refresh() -> None:
         assert config["topic.metadata.refresh.interval.ms"] == refresh_ms
         assert config["socket.timeout.ms"] == int(TIMING.request_timeout_s * 1000)
     assert refresh_ms < TIMING.request_timeout_s * 1000
+
+
+def test_the_heartbeat_producer_sends_without_waiting_for_a_producer_id() -> None:
+    # A replacement made mid-failover must beat at once, not wait for a producer id from a
+    # coordinator that is moving; every beat still needs every in-sync replica, in order.
+    config = producer_config(Settings(), **HEARTBEAT_PRODUCER)
+    assert config["enable.idempotence"] is False
+    assert config["acks"] == "all"
+    assert config["max.in.flight.requests.per.connection"] == 1
+    assert config["request.timeout.ms"] == config["socket.timeout.ms"] == TIMING.ack_window_s * 1000

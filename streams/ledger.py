@@ -662,9 +662,10 @@ class Ledger:
         partition: int = UNASSIGNED,
         headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
-        """produce(), never failing on a full local queue: poll the delivery reports
-        (which frees the delivered messages) and retry. If nothing drains within the
-        transaction timeout the broker is gone: fail like any transaction error."""
+        """produce(), never failing on a full local queue: send what is queued and serve
+        the delivery reports (which frees the delivered messages), then retry. If nothing
+        drains within the transaction timeout the broker is gone: fail like any
+        transaction error."""
         waited_until = 0.0
         while True:
             try:
@@ -681,7 +682,9 @@ class Ledger:
                     raise KafkaException(
                         KafkaError(KafkaError._QUEUE_FULL, "local producer queue stays full")
                     ) from None
-                self.producer.poll(0.05)
+                # flush, not poll: the queued records linger until the commit otherwise
+                # (TRANSACTION_LINGER_MS), and only their delivery frees the queue.
+                self.producer.flush(0.05)
         self._in_txn += 1
         if self._in_txn % POLL_EVERY == 0:
             self.producer.poll(0)

@@ -12,6 +12,7 @@ import pytest
 from connectors.worker.worker import HEARTBEAT_PRODUCER
 from streams.core.timing import TIMING
 from streams.kafka import (
+    TRANSACTION_LINGER_MS,
     admin_config,
     connection_config,
     consumer_config,
@@ -213,3 +214,13 @@ def test_the_heartbeat_producer_sends_without_waiting_for_a_producer_id() -> Non
     assert config["acks"] == "all"
     assert config["max.in.flight.requests.per.connection"] == 1
     assert config["request.timeout.ms"] == config["socket.timeout.ms"] == TIMING.ack_window_s * 1000
+
+
+def test_the_ledger_sends_a_transactions_records_at_its_commit() -> None:
+    # Nothing the ledger produces is visible before its commit, whose flush sends what is
+    # queued at once: lingering about a transaction's length saves the broker a request
+    # every 5 ms while the transaction decides, and delays no record a reader could see.
+    config = transactional_producer_config(Settings(), "t")
+    assert config["linger.ms"] == TRANSACTION_LINGER_MS
+    assert TRANSACTION_LINGER_MS >= 500
+    assert producer_config(Settings())["linger.ms"] == 5

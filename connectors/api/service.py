@@ -507,8 +507,11 @@ class Service:
             "next": _cursor(last["scheduled_at"].isoformat(), last["run_id"]) if last else None,
         }
 
-    def _run_row(self, who: Principal, run_id: str) -> dict[str, Any]:
-        rows = self._query(queries.run(run_id))
+    def _run_row(
+        self, who: Principal, run_id: str, rows: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The run's row if the caller may see it (`rows`: its query's, if already made)."""
+        rows = self._query(queries.run(run_id)) if rows is None else rows
         if not rows or not who.may_see(rows[0]["owner"]):
             raise ServiceError(404, f"run {run_id!r} not found", "run_id")
         row = _jsonable(rows[0])
@@ -542,10 +545,11 @@ class Service:
         yet is commanded when its id is a run id of a job the caller may see: run-now
         answers with the id before the projector has read the run, and cancelling it at
         once is what a user does (the ledger ignores a command for a run it never made)."""
-        if not self._query(queries.run(run_id)) and (parsed := parse_run_id(run_id)):
+        rows = self._query(queries.run(run_id))
+        if not rows and (parsed := parse_run_id(run_id)):
             self.job(who, parsed.job_id)
         else:
-            self._run_row(who, run_id)
+            self._run_row(who, run_id, rows)
         doc: dict[str, Any] = {"type": f"run.{kind}", "run_id": run_id, **fields}
         if kind == "rerun":
             doc.setdefault("request_id", uuid.uuid4().hex)

@@ -16,7 +16,7 @@ from streams.core.timing import TIMING
 from streams.groups import GROUPS, ensure_groups, group_settings, refusal_advice
 from streams.kafka import admin_config
 from streams.settings import Settings
-from tests.integration.test_topics import topics_create
+from tests.support.nodes import topics_create
 
 
 def _described(admin: AdminClient, group: str) -> dict[str, str]:

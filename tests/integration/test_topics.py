@@ -17,24 +17,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from streams.settings import Settings
 from streams.topics import CATALOGUE, TopicError, delete_topics, ensure_topics
+from tests.support.nodes import topics_create
 from tests.support.waiting import eventually
-
-
-def topics_create(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "CRONLOG_KAFKA": settings.kafka,
-        "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
-        "CRONLOG_PARTITIONS": str(settings.partitions),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "topics", "create", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_cli_creates_every_topic_then_finds_them(settings: Settings) -> None:

@@ -39,6 +39,18 @@ def env_for(settings: Settings) -> dict[str, str]:
     }
 
 
+def topics_create(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """`cronlog topics create` for the module's settings, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "topics", "create", *args],
+        env=env_for(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 class CronlogProcess:
     """A real `cronlog ...` subprocess with its own log file."""
 

@@ -157,6 +157,10 @@ class RunFinished:
     # The seal of this attempt's placement on this worker (streams/core/seals.py), as
     # its assignment carried it: the ledger takes no report of an attempt without it.
     placement: str = ""
+    # The attempt's start, when this report stands for it too: a run that ended before
+    # its worker sent the start (a short job's start is held briefly for its end, so one
+    # record reports both). None: the start went in its own RunStarted, or none was made.
+    started_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

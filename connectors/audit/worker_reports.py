@@ -9,9 +9,10 @@ too. Run-events sanctions, per (run, attempt, worker), an execution by that work
 has a ``running`` event of the attempt by it, or if the ledger accepted its outcome
 while it held the claim (a transition out of ``dispatched`` with an exit code: its start
 report was lost or came late). Evidence of an execution is a ``RunStarted``, or a
-``RunFinished`` with an exit code (a process ran and exited). An execution without a
-sanction is an ``unsanctioned_execution``, reported once per (run, attempt, worker) at
-its first report, saying why:
+``RunFinished`` with an exit code (a process ran and exited) or with its start
+(``started_ms``: one report for both, the ledger records the start from it first). An
+execution without a sanction is an ``unsanctioned_execution``, reported once per (run,
+attempt, worker) at its first report, saying why:
 
 - the worker never held the attempt: it ran something nobody granted it (a run id
   run-events never had, for a registered job, included);
@@ -100,9 +101,13 @@ class WorkerReports:
             if isinstance(inp, RunFinished) and run is not None:
                 self._overlap(job, run, inp, partition, offset)
             return
-        if isinstance(inp, RunFinished) and inp.exit_code is None:
+        if isinstance(inp, RunFinished) and inp.exit_code is None and inp.started_ms is None:
             return  # killed before it ran, or never started: not an execution
-        what = "started" if isinstance(inp, RunStarted) else f"exited {inp.exit_code}"
+        what = (
+            f"exited {inp.exit_code}"
+            if isinstance(inp, RunFinished) and inp.exit_code is not None
+            else "started"
+        )
         if run is None:
             why = f"run-events has no run {inp.run_id}"
         elif found & HELD:

@@ -11,9 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
-from schemas.records import RunEvent
+from schemas.codec import JOB_LOG
+from schemas.records import RunEvent, RunFinished, RunStarted
 from streams.settings import Settings
+from tests.support.kafka import drain
 from tests.support.nodes import (
     EventReader,
     Node,
@@ -205,6 +208,66 @@ def test_timeout_kills_the_group_and_cancel_stops_a_running_run(
         assert not _alive("sleep 31.4159"), "the timed-out run's process group still runs"
 
     until_passes(both_gone, 15, interval_s=0.5)
+
+
+def _reports(topics: Settings, run_ids: set[str]) -> list[RunStarted | RunFinished]:
+    """The start and end reports of `run_ids` on worker-reports, read to its end."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": topics.kafka,
+            "group.id": topics.group("reports-check"),
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        topic = topics.topic("worker-reports")
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(topics.partitions)])
+        records = [JOB_LOG.decode(m.value() or b"") for m in drain(consumer, 0, to_end=True)]
+    finally:
+        consumer.close()
+    return [r for r in records if isinstance(r, RunStarted | RunFinished) and r.run_id in run_ids]
+
+
+def test_a_short_run_is_reported_once_and_a_long_one_when_it_starts(
+    topics: Settings, events: EventReader
+) -> None:
+    """A run that ends within the worker's wait for its start report (`START_WAIT_S`) is
+    reported by one record, start and end; a longer run's start is reported while it
+    runs. The ledger records both starts the same way."""
+    send_commands(
+        topics,
+        [job("brief", ["true"]), job("lasting", ["sh", "-c", "sleep 1.5"])],
+    )
+    events.wait_registered(["brief", "lasting"])
+    send_commands(
+        topics,
+        [
+            {"type": "job.run_now", "job_id": "brief", "request_id": "r1"},
+            {"type": "job.run_now", "job_id": "lasting", "request_id": "r1"},
+        ],
+    )
+    wait_final(events, "brief", 1)
+    wait_final(events, "lasting", 1)
+    brief, lasting = "brief@manual:r1", "lasting@manual:r1"
+    reports = _reports(topics, {brief, lasting})
+    (one,) = [r for r in reports if r.run_id == brief]
+    assert isinstance(one, RunFinished)
+    assert one.exit_code == 0
+    assert one.started_ms is not None
+    assert one.started_ms <= one.at_ms
+    start, end = [r for r in reports if r.run_id == lasting]
+    assert isinstance(start, RunStarted)
+    assert isinstance(end, RunFinished)
+    assert end.started_ms is None
+    assert end.at_ms - start.at_ms >= 1_500
+    runs = runs_by_id(events)
+    assert [e.state for e in runs[brief]] == ["due", "dispatched", "running", "succeeded"]
+    assert [e.state for e in runs[lasting]] == ["due", "dispatched", "running", "succeeded"]
+    assert runs[brief][2].happened_ms == one.started_ms  # the worker's start, vouched
+    assert runs[lasting][2].happened_ms == start.at_ms
+    # The long run's start was on record while it ran, not with its end.
+    assert runs[lasting][3].at_ms - runs[lasting][2].at_ms >= 1_000
 
 
 def test_dependency_chain_and_a_failing_idempotent_job(

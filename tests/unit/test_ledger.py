@@ -625,3 +625,54 @@ def test_a_reported_time_stays_within_what_the_ledger_can_vouch_for(
     last = w.run_events(rid(t))[-1]
     assert last.reported_ms is not None
     assert start <= last.reported_ms <= recorded + lag
+
+
+@given(
+    grant=st.integers(-30_000, 5_000),
+    stamp=st.integers(-60_000, 60_000),
+    took=st.integers(0, 200),
+    lag=st.integers(0, 10_000),
+    exit_code=st.sampled_from([0, 1, None]),
+    error=st.sampled_from(["", "killed", "lost: the executor failed", "fenced"]),
+    reporter=st.sampled_from(["w1", "w2"]),
+    paused=st.booleans(),
+    idempotent=st.booleans(),
+)
+def test_a_finish_that_carries_its_start_decides_as_the_two_reports_would(
+    grant: int,
+    stamp: int,
+    took: int,
+    lag: int,
+    exit_code: int | None,
+    error: str,
+    reporter: str,
+    paused: bool,
+    idempotent: bool,
+) -> None:
+    # A short run's worker sends one report (RunFinished.started_ms) instead of a
+    # RunStarted and a RunFinished: the run and its history must come out the same.
+    w = world(idempotent=idempotent, retry=RetryPolicy(max_attempts=2))
+    t = T0 + MIN
+    w.apply(FireProposed("j", t, t - 40_000, "a"))
+    w.apply(ClaimRequested("j", rid(t), 1, "w1", t + grant))
+    if paused:  # a stop order on its way: the start is recorded, then cancelled
+        w.apply(JobPaused("j", t + grant + 1))
+    recorded = max(t, w.runs[rid(t)].updated_ms) + lag
+    start, end = t + stamp, t + stamp + took
+    apart, together = w.snapshot(), w.snapshot()
+    apart.apply(RunStarted("j", rid(t), 1, reporter, start), now=recorded)
+    apart.apply(RunFinished("j", rid(t), 1, reporter, exit_code, error, end), now=recorded)
+    together.apply(
+        RunFinished("j", rid(t), 1, reporter, exit_code, error, end, started_ms=start),
+        now=recorded,
+    )
+    assert together.runs == apart.runs
+    assert together.run_events() == apart.run_events()
+    assert together.dispatch == apart.dispatch
+    assert together.replies == apart.replies
+    # The second report of the two, after a refused start or a start that settled a
+    # cancel, is refused too: one refusal fewer, never a different one.
+    assert together.rejections == apart.rejections[: len(together.rejections)]
+    assert len(apart.rejections) - len(together.rejections) in (0, 1)
+    if reporter == "w1" and not paused:
+        assert "running" in together.states(rid(t))

@@ -95,6 +95,9 @@ class Holding:
     done_at: int
     fate: str
     started: bool = False
+    # A start not reported yet: it goes with the end (RunFinished.started_ms), as a
+    # worker reports a short run once.
+    unreported_start: int | None = None
 
 
 class Sim:
@@ -328,10 +331,11 @@ class Sim:
                     continue
                 h.started = True
                 self.executed[(run.run_id, run.attempt)] += 1
-                started = RunStarted(
-                    run.job_id, run.run_id, run.attempt, h.worker, self.stamp(h.worker)
-                )
-                self.send(started)
+                stamp = self.stamp(h.worker)
+                if h.fate in ("ok", "fail") and self.rng.random() < 0.3:
+                    h.unreported_start = stamp  # reported with its end, however late
+                else:
+                    self.send(RunStarted(run.job_id, run.run_id, run.attempt, h.worker, stamp))
             if self.now < h.done_at:
                 continue
             if h.fate == "die":
@@ -343,7 +347,8 @@ class Sim:
             elif h.fate != "slow" or self.rng.random() < 0.05:
                 code = 0 if h.fate in ("ok", "slow") else 1
                 at = self.stamp(h.worker)
-                self.send(RunFinished(run.job_id, run.run_id, run.attempt, h.worker, code, "", at))
+                end = RunFinished(run.job_id, run.run_id, run.attempt, h.worker, code, "", at)
+                self.send(replace(end, started_ms=h.unreported_start))
 
     def network(self) -> None:
         self.rng.shuffle(self.inflight)

@@ -130,8 +130,15 @@ class Attempts(Kernel):
             return None
         if self._unsealed(inp, "start"):
             return None
-        if run.worker_id != inp.worker_id or run.state != "dispatched":
-            return self.reject(f"start by {inp.worker_id} while {run.state} on {run.worker_id}")
+        self._start(run, inp.worker_id, inp.at_ms)
+        return None
+
+    def _start(self, run: RunState, worker_id: str, at_ms: int) -> RunState | None:
+        """Record the holder's start of a claimed attempt; the run as it stands after,
+        None if the start was refused or the run was cancelled at it."""
+        if run.worker_id != worker_id or run.state != "dispatched":
+            self.reject(f"start by {worker_id} while {run.state} on {run.worker_id}")
+            return None
         pending = run.cancelling
         # Started no earlier than granted (`updated_ms` of the dispatched state, or a
         # later cancel) and than its start time; the timeout backstop counts from now.
@@ -140,13 +147,15 @@ class Attempts(Kernel):
             run,
             "running",
             deadline=(self._timeout_backstop(self.at), "timeout"),
-            reported_ms=self._vouched(inp.at_ms, earliest),
+            reported_ms=self._vouched(at_ms, earliest),
         )
         if pending:
             # It started before the stop order reached it: recorded, then cancelled (the
             # order, already on its way, stops it; sent again for a restarted worker).
             self._stop_order(running, pending)
             self._move(running, "cancelled", f"{pending} ({STARTED})")
+            return None
+        return running
 
     def _timeout_backstop(self, start: int) -> int:
         return start + int(self.job.spec.timeout_s * 1000) + self.config.timeout_grace_ms
@@ -157,6 +166,13 @@ class Attempts(Kernel):
             return None
         if self._unsealed(inp, "report"):
             return None
+        if inp.started_ms is not None and run.state == "dispatched":
+            # One report for the start and the end (a short run): the start first, as
+            # if reported on its own, then the end against the running run.
+            started = self._start(run, inp.worker_id, inp.started_ms)
+            if started is None:
+                return None  # refused (rejected as a start), or cancelled at its start
+            run = started
         if run.worker_id != inp.worker_id or run.state not in ("dispatched", "running"):
             return self.reject(f"report by {inp.worker_id} while {run.state} on {run.worker_id}")
         ended = self._vouched(inp.at_ms, run.started_ms or run.updated_ms)

@@ -347,8 +347,18 @@ class Sim:
             elif h.fate != "slow" or self.rng.random() < 0.05:
                 code = 0 if h.fate in ("ok", "slow") else 1
                 at = self.stamp(h.worker)
-                end = RunFinished(run.job_id, run.run_id, run.attempt, h.worker, code, "", at)
-                self.send(replace(end, started_ms=h.unreported_start))
+                self.send(
+                    RunFinished(
+                        run.job_id,
+                        run.run_id,
+                        run.attempt,
+                        h.worker,
+                        code,
+                        "",
+                        at,
+                        started_ms=h.unreported_start,
+                    )
+                )
 
     def network(self) -> None:
         self.rng.shuffle(self.inflight)

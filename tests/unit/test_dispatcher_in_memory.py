@@ -297,3 +297,65 @@ def test_a_beat_forged_in_a_workers_name_cannot_silence_it() -> None:
     assert forged
     assert dispatcher.declared_dead == 0
     assert verdicts == []
+
+
+def test_an_assignment_is_kept_for_its_reservations_time_and_no_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the dispatcher placed is remembered (for the worker's releases) for
+    `reservation_ms` from its latest placement: a run placed again is kept from then,
+    though it was first placed before one that is forgotten earlier."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    clock, _, clients, outside = _in_memory()
+    dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
+    beaten = -TIMING.heartbeat_s
+    r1, r2 = "job@manual:r1", "job@manual:r2"
+
+    def turn(with_ledger: bool = True) -> None:
+        nonlocal beaten
+        if clock.monotonic() - beaten >= TIMING.heartbeat_s:
+            beaten = clock.monotonic()
+            now = int(clock.time() * 1000)
+            capacity = WorkerCapacity(4.0, 4096, 0)
+            beat = Heartbeat("w1", now, capacity, capacity, (), ())
+            outside.produce(SETTINGS.topic("heartbeats"), key=b"w1", value=HEARTBEAT.encode(beat))
+        if with_ledger:
+            ledger.step()
+        dispatcher.step()
+
+    def placed(run_id: str, after_ms: int = -1) -> float:
+        """Turns until `run_id` is assigned after `after_ms`: the time (s) it was."""
+        for _ in range(200):
+            found = dispatcher.assigned.get((run_id, 1))
+            if found is not None and found[2] > after_ms:
+                return found[2] / 1000
+            clock.advance(0.5)
+            turn()
+        raise AssertionError(f"{run_id} was never placed")
+
+    def until(t: float) -> None:
+        """Time passes to `t`; the ledger stays still (nothing is dispatched again)."""
+        while clock.time() < t:
+            clock.advance(min(0.5, t - clock.time()))
+            turn(with_ledger=False)
+
+    def kept() -> set[str]:
+        return {run_id for run_id, _ in dispatcher.assigned}
+
+    first = placed(r1)
+    clock.advance(10)
+    now = int(clock.time() * 1000)
+    request = JOB_LOG.encode(RunNowRequested("job", "r2", now))
+    outside.produce(SETTINGS.topic("job-log"), key=b"job", value=request)
+    second = placed(r2)
+    # Nobody claims r1: at its claim deadline the ledger dispatches it again.
+    again = placed(r1, after_ms=int(first * 1000))
+    assert first < second < again
+    reservation_s = CONFIG.reservation_ms / 1000
+    until(second + reservation_s - 0.5)
+    assert kept() == {r1, r2}
+    until(second + reservation_s + 0.5)
+    assert kept() == {r1}
+    until(again + reservation_s + 0.5)
+    assert kept() == set()

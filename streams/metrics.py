@@ -83,7 +83,8 @@ WORKER_ATTEMPTS = Gauge(
 )
 WORKER_REPORTS = Counter(
     "cronlog_worker_reports_total",
-    "Reports sent to the ledger, by kind (started, finished, released).",
+    "What this worker reported to the ledger, by kind (started, finished, released); a "
+    "short run's start and finish go in one record.",
     ["kind"],
     registry=WORKER,
 )

@@ -101,22 +101,29 @@ class WorkerReports:
             if isinstance(inp, RunFinished) and run is not None:
                 self._overlap(job, run, inp, partition, offset)
             return
-        if isinstance(inp, RunFinished) and inp.exit_code is None and inp.started_ms is None:
+        # The execution's start and exit that the report tells of (a finish of a short
+        # run tells both: `started_ms`).
+        started = inp.at_ms if isinstance(inp, RunStarted) else inp.started_ms
+        exited = None if isinstance(inp, RunStarted) or inp.exit_code is None else inp.at_ms
+        if started is None and exited is None:
             return  # killed before it ran, or never started: not an execution
-        what = (
-            f"exited {inp.exit_code}"
-            if isinstance(inp, RunFinished) and inp.exit_code is not None
-            else "started"
+        code = None if isinstance(inp, RunStarted) else inp.exit_code
+        what = " and ".join(
+            ([] if started is None else ["started"])
+            + ([] if exited is None else [f"exited {code}"])
         )
         if run is None:
             why = f"run-events has no run {inp.run_id}"
         elif found & HELD:
             ended = [x for x in self._ended.get(inp.run_id, ()) if x[:2] == (inp.attempt, worker)]
             how, at = ended[-1][2:] if ended else (None, 0)
-            if how == CANCELLED and isinstance(inp, RunFinished):
-                return  # a run stopped by its cancel ends after it
-            if how in (CANCELLED, LOST) and inp.at_ms <= at + self._config.clock_tolerance_ms:
-                return  # under way before the ledger ended the claim, which covers it
+            # Under way before the ledger ended the claim, which covers it: its start then
+            # and, for a lost claim, its exit (a run stopped by its cancel ends after it).
+            times = [t for t in (started, exited if how == LOST else None) if t is not None]
+            if how in (CANCELLED, LOST) and all(
+                t <= at + self._config.clock_tolerance_ms for t in times
+            ):
+                return
             why = (
                 f"it held the attempt, but the ledger never recorded its start: the claim was "
                 f"{ENDED_HOW[how]} at {iso_utc(at)}"

@@ -307,10 +307,19 @@ class Worker:
             # It started, or may have (the executor died between the two lines): what is
             # left of it must not run on, and whether it did its work is unknown.
             d = attempt.dispatch
-            pid = attempt.pid or int(entry.get("started", {}).get("pid", 0))
+            started = entry.get("started") or {}
+            pid = attempt.pid or int(started.get("pid", 0))
             for leader in [pid] if pid else job_processes(d.run_id, d.attempt):
                 _kill_job(leader, d.run_id)
-            self._report(attempt, None, f"lost: {why}", self._now_ms())
+            # A start its log holds and no report told (an earlier incarnation's, whose
+            # start report was still waiting): reported with the loss.
+            unreported = None
+            if attempt.started_ms is None and isinstance(started.get("started_ms"), int):
+                mono = started.get("started_mono")
+                unreported = self._at(
+                    mono if isinstance(mono, float) else None, started["started_ms"]
+                )
+            self._report(attempt, None, f"lost: {why}", self._now_ms(), unreported)
         else:
             self._release(attempt, f"never started: {why}")
 
@@ -716,6 +725,13 @@ class Worker:
         for record, on_ack in resend:
             self._send(record, on_ack)
 
+    def _send_waiting_start(self, key: Key) -> None:
+        """Send the start report of `key` if it waits: it started, which is reported
+        whatever became of it, and before any later report of it."""
+        waiting = self.waiting_starts.pop(key, None)
+        if waiting is not None:
+            self._send(waiting[1])
+
     def _send_waiting_starts(self, made_by: float) -> None:
         """Send the waiting start reports made by `made_by` (monotonic): their runs go on."""
         while self.waiting_starts:
@@ -801,6 +817,7 @@ class Worker:
         record = RunReleased(
             d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at, d.placement
         )
+        self._send_waiting_start(attempt.key)  # first, should one wait (none does today)
         # "released", not "reported": the same attempt may be assigned here again.
         self._send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()
@@ -810,9 +827,7 @@ class Worker:
         self.journal.record(d.run_id, d.attempt, d.job_id, phase)
 
     def _forget(self, attempt: Attempt) -> None:
-        waiting = self.waiting_starts.pop(attempt.key, None)
-        if waiting is not None:  # it started: that is reported whatever became of it
-            self._send(waiting[1])
+        self._send_waiting_start(attempt.key)
         attempt.phase = "done"
         self.attempts.pop(attempt.key, None)
         self.adopted.pop(attempt.key, None)

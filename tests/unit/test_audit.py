@@ -850,6 +850,77 @@ def test_an_execution_under_way_when_the_ledger_ended_the_claim_is_covered(end: 
         assert "exited 0" in report.violations[0].detail
 
 
+def test_a_finish_carrying_a_start_after_the_ledger_cancelled_the_attempt_is_unsanctioned() -> None:
+    """A short run's one report (its start in `started_ms`) is judged by that start, as
+    the start on its own would be, not passed as the end of a run stopped by its cancel."""
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    forged_cancel(led, run_id, t - 1_000)
+    led.reports.append(RunFinished("j", run_id, 1, "w1", 0, "", t + 2_000, started_ms=t + 300))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert kinds(report) == {"unsanctioned_execution": 1}
+    (v,) = report.violations
+    assert "w1 started and exited 0 attempt 1: it held the attempt" in v.detail
+    assert "the claim was cancelled at" in v.detail
+    # Started before the cancel: the cancel covers it, however late it ended.
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    forged_cancel(led, run_id, t + 5_000)
+    led.reports.append(RunFinished("j", run_id, 1, "w1", 0, "", t + 9_000, started_ms=t + 300))
+    assert check_all(led.events(), led.reports, now_ms=t + MIN).clean
+
+
+@pytest.mark.parametrize("combined", [False, True])
+def test_a_start_after_its_holder_released_a_cancelled_attempt_is_unsanctioned(
+    combined: bool,
+) -> None:
+    """The real ledger: a cancel waits for the holder, which releases the attempt
+    (never started, it says); a start after that is found, in two reports or one."""
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    led.w.apply(CancelRequested("j", run_id, t - 2_000))
+    assert not led.report(RunReleased("j", run_id, 1, "w1", "cancelled", t - 1_000))
+    assert led.w.runs[run_id].state == "cancelled"
+    if combined:
+        led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 900, started_ms=t + 300))
+    else:
+        led.report(RunStarted("j", run_id, 1, "w1", t + 300))
+        led.report(RunFinished("j", run_id, 1, "w1", 0, "", t + 900))
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    assert kinds(report) == {"unsanctioned_execution": 1}
+    assert "w1 started" in report.violations[0].detail
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "code", "found"),
+    [
+        (300, 4_000, None, False),  # fenced: started and ended before the verdict
+        (300, 5_500, 0, False),  # ended within the clock tolerance after it
+        (300, 9_000, 0, True),  # still running when the ledger declared it lost
+        (7_000, 7_500, 0, True),  # started after the verdict
+        (7_000, 7_500, None, True),  # started after the verdict, then killed
+    ],
+)
+def test_a_finish_carrying_its_start_is_judged_by_both_against_a_lost_verdict(
+    start: int, end: int, code: int | None, found: bool
+) -> None:
+    t = T0 + HOUR
+    led, run_id = one_run()
+    claimed(led, run_id, "w1", t - 9_000)
+    led.w.apply(WorkerLost("j", run_id, 1, "w1", t + 5_000))
+    error = "" if code is not None else "fenced: the worker could not prove it was alive"
+    report_ = RunFinished("j", run_id, 1, "w1", code, error, t + end, started_ms=t + start)
+    led.report(report_)
+    report = check_all(led.events(), led.reports, now_ms=t + MIN)
+    if found:
+        assert kinds(report) == {"unsanctioned_execution": 1}
+        assert "the claim was ended without a start" in report.violations[0].detail
+    else:
+        assert report.clean, report.violations
+
+
 def test_a_start_after_the_worker_was_declared_dead_is_unsanctioned() -> None:
     t = T0 + HOUR
     led, run_id = one_run()

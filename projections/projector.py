@@ -36,10 +36,10 @@ from psycopg.types.json import Jsonb
 from projections.deployment import TOPICS
 from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
-from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError
+from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError, KnownSpec
 from schemas.convert import capacity_to_avro
 from schemas.json import to_plain
-from schemas.records import FINAL_STATES, JobEvent, JobState, RunEvent
+from schemas.records import FINAL_STATES, JobEvent, RunEvent
 from streams import metrics
 from streams.core.clock import SYSTEM_CLOCK, Clock
 from streams.core.params import values_document
@@ -178,6 +178,9 @@ INSERT INTO run_logs (run_id, attempt, seq, stream, data, at, worker_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 # What one attempt's stream may hold: a worker sends 16 KiB chunks up to 1 MiB (65 of
 # them at most, connectors/worker/runlogs.py); anything past these bounds is not its.
+# The jobs whose spec the projector keeps (with its bytes, ~1-2 KB each), so that their
+# next state is read without its spec: the busiest jobs are the ones written most.
+SPECS_KEPT = 65_536
 MAX_CHUNK_CHARS = 16 * 1024
 MAX_CHUNKS = 256
 DEAD = """
@@ -270,7 +273,9 @@ class Projector:
         self.caught_up = False  # an empty poll since the assignment (readiness)
         self._lag_at = 0.0
         self._live_at = 0.0
-        self.handlers: dict[str, Callable[[bytes, Rows], None]] = {
+        # job id (the record's key) -> its spec as its latest state held it
+        self._specs: dict[bytes, KnownSpec] = {}
+        self.handlers: dict[str, Callable[[bytes | None, bytes, Rows], None]] = {
             "run-events": self._run_event,
             "jobs": self._job_state,
             "heartbeats": self._heartbeat,
@@ -534,14 +539,14 @@ class Projector:
         if value is None or handler is None:
             return  # tombstones (compaction) carry nothing to project
         try:
-            handler(value, rows)
+            handler(msg.key(), value, rows)
         except (CodecError, KeyError, ValueError, TypeError) as exc:
             rows.clear()
             dead = (msg.topic(), msg.partition(), msg.offset(), str(exc)[:2000], value)
             rows.append((DEAD, dead))
             self.dead_lettered += 1
 
-    def _run_event(self, value: bytes, rows: Rows) -> None:
+    def _run_event(self, _key: bytes | None, value: bytes, rows: Rows) -> None:
         event = RUN_EVENTS.decode(value)
         if isinstance(event, JobEvent):
             return  # the jobs table comes from `jobs` (JOB_ROW)
@@ -582,8 +587,14 @@ class Projector:
         }
         rows.append((RUN, run))
 
-    def _job_state(self, value: bytes, rows: Rows) -> None:
-        state: JobState = JOB_STATE.decode(value)
+    def _job_state(self, key: bytes | None, value: bytes, rows: Rows) -> None:
+        # A job's states repeat its spec until the next upsert: read it once per version.
+        known = self._specs.pop(key, None) if key else None
+        state, known = JOB_STATE.decode_knowing(value, known)
+        if key and known is not None:
+            self._specs[key] = known  # the newest last: the oldest go first
+            if len(self._specs) > SPECS_KEPT:
+                del self._specs[next(iter(self._specs))]
         spec = state.spec
         if state.deleted and not spec.owner:
             return  # the ledger's placeholder for a job others depend on: not a job yet
@@ -600,7 +611,7 @@ class Projector:
         )
         rows.append((JOB_ROW, row))
 
-    def _heartbeat(self, value: bytes, rows: Rows) -> None:
+    def _heartbeat(self, _key: bytes | None, value: bytes, rows: Rows) -> None:
         beat = HEARTBEAT.decode(value)
         row = (
             beat.worker_id,
@@ -611,7 +622,7 @@ class Projector:
         )
         rows.append((WORKER, row))
 
-    def _log(self, value: bytes, rows: Rows) -> None:
+    def _log(self, _key: bytes | None, value: bytes, rows: Rows) -> None:
         chunk = RUN_LOG.decode(value)
         if not 0 <= chunk.seq < MAX_CHUNKS:
             return  # past what any worker sends: a log read must stay bounded

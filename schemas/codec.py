@@ -23,7 +23,7 @@ import contextlib
 import io
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -39,12 +39,14 @@ from schemas.convert import (
     heartbeat_from_avro,
     heartbeat_to_avro,
     job_state_from_avro,
+    job_state_from_rest,
     job_state_rest_to_avro,
     job_state_to_avro,
     run_log_from_avro,
     run_log_to_avro,
     run_state_from_avro,
     run_state_to_avro,
+    spec_from_avro,
     spec_to_avro,
 )
 from schemas.records import (
@@ -175,6 +177,14 @@ class Codec(Generic[T]):
             ) from err
 
 
+@dataclass(frozen=True, slots=True)
+class KnownSpec:
+    """A spec and its bytes as a job state holds them (`JobStateCodec.decode_knowing`)."""
+
+    data: bytes
+    spec: JobSpec
+
+
 class JobStateCodec(Codec[JobState]):
     """JOB_STATE, with each spec encoded once rather than on every write of the state.
 
@@ -235,6 +245,50 @@ class JobStateCodec(Codec[JobState]):
             with contextlib.suppress(KeyError):
                 self._specs.popitem(last=False)
         self._specs[id(spec)] = (spec, data)
+
+    def decode_knowing(
+        self, data: bytes, known: KnownSpec | None
+    ) -> tuple[JobState, KnownSpec | None]:
+        """Decode a state without reading its spec again when it begins with `known`'s
+        bytes (those of an earlier state of the job: a spec changes only with an upsert,
+        and its decoding is most of a state's). A spec's binary form is self-delimiting,
+        so a state that begins with the whole of `known.data` holds that very spec.
+        Returns the state and its own spec's bytes and spec, to pass with the next (None
+        for a state an older schema version wrote, whose bytes differ)."""
+        version = self.version_of(data)
+        if version is not self.current:  # an older writer: resolved as a whole
+            return self.decode(data), None
+        buffer = io.BytesIO(data)
+        try:
+            if known is not None and data.startswith(known.data, HEADER_LENGTH):
+                buffer.seek(HEADER_LENGTH + len(known.data))
+                spec = known.spec
+            else:
+                buffer.seek(HEADER_LENGTH)
+                spec = spec_from_avro(self._read(buffer, self._spec_writer))
+                known = KnownSpec(data[HEADER_LENGTH : buffer.tell()], spec)
+            rest = self._read(buffer, self._rest_writer)
+            state = job_state_from_rest(spec, rest)
+        except Exception as err:
+            raise CodecError(
+                f"{self.topic}: undecodable body for {self.schema.name} "
+                f"v{version.version}: {type(err).__name__}: {err}"
+            ) from err
+        if buffer.tell() != len(data):
+            raise CodecError(
+                f"{self.topic}: {len(data) - buffer.tell()} trailing bytes after the record "
+                f"({self.schema.name} v{version.version})"
+            )
+        return state, known
+
+    @staticmethod
+    def _read(buffer: io.BytesIO, schema: Any) -> AvroDict:
+        """A record as `Codec.decode_avro` reads one (union branches by name)."""
+        datum = schemaless_reader(
+            buffer, schema, None, return_record_name=True, return_record_name_override=True
+        )
+        assert isinstance(datum, dict)  # the schemas read here are records
+        return datum
 
     def encode(self, record: JobState) -> bytes:
         buffer = io.BytesIO()

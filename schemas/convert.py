@@ -280,8 +280,13 @@ def job_state_rest_to_avro(s: JobState) -> AvroDict:
 
 
 def job_state_from_avro(d: AvroDict) -> JobState:
+    return job_state_from_rest(spec_from_avro(d["spec"]), d)
+
+
+def job_state_from_rest(spec: JobSpec, d: AvroDict) -> JobState:
+    """A job state of `spec` and the other fields (`d`'s spec, if any, is not read)."""
     return JobState(
-        spec=spec_from_avro(d["spec"]),
+        spec=spec,
         paused=d["paused"],
         deleted=d["deleted"],
         created_ms=d["created_ms"],

@@ -56,7 +56,7 @@ from schemas.records import (
     WorkerCapacity,
     WorkerMessage,
 )
-from schemas.registry import AVRO_DIR, identify
+from schemas.registry import AVRO_DIR, HEADER_LENGTH, identify
 from schemas.spec import (
     CONCURRENCY_POLICIES,
     DST_POLICIES,
@@ -630,6 +630,42 @@ def test_the_spliced_job_state_is_byte_for_byte_the_plain_encoding(
         record = dataclasses.replace(record, version=record.version + 1)
     assert spliced == plain.encode(record)
     assert JOB_STATE.decode(spliced) == record
+
+
+@PROPERTY
+@given(job_states, job_states, st.booleans())
+def test_a_state_decoded_knowing_an_earlier_spec_is_the_state(
+    first: JobState, second: JobState, same_spec: bool
+) -> None:
+    # The projector decodes a job's states passing the spec of the previous one: a state
+    # of the same spec skips reading it, one of another spec reads it, and both come out
+    # as the plain decoding says, with the spec's bytes to pass on.
+    if same_spec:
+        second = dataclasses.replace(second, spec=first.spec)
+    data1, data2 = JOB_STATE.encode(first), JOB_STATE.encode(second)
+    state1, known1 = JOB_STATE.decode_knowing(data1, None)
+    assert state1 == first
+    assert known1 is not None
+    assert data1.startswith(known1.data, HEADER_LENGTH)
+    assert known1.data == JOB_STATE.spec_bytes(first.spec)
+    state2, known2 = JOB_STATE.decode_knowing(data2, known1)
+    assert state2 == second == JOB_STATE.decode(data2)
+    assert known2 is not None
+    assert (known2 is known1) == (same_spec or known1.data == JOB_STATE.spec_bytes(second.spec))
+    assert known2.data == JOB_STATE.spec_bytes(second.spec)
+
+
+def test_a_state_decoded_knowing_a_spec_rejects_what_the_plain_decoding_rejects() -> None:
+    state = job_state(SPEC)
+    data = JOB_STATE.encode(state)
+    _, known = JOB_STATE.decode_knowing(data, None)
+    for bad in (data + b"\x00", data[:-1]):
+        with pytest.raises(CodecError):
+            JOB_STATE.decode(bad)
+        with pytest.raises(CodecError):
+            JOB_STATE.decode_knowing(bad, known)
+        with pytest.raises(CodecError):
+            JOB_STATE.decode_knowing(bad, None)
 
 
 @PROPERTY

@@ -36,7 +36,7 @@ from psycopg.types.json import Jsonb
 from projections.deployment import TOPICS
 from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
-from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError, KnownSpec
+from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError, KnownSpecs
 from schemas.convert import capacity_to_avro
 from schemas.json import to_plain
 from schemas.records import FINAL_STATES, JobEvent, RunEvent
@@ -178,10 +178,11 @@ INSERT INTO run_logs (run_id, attempt, seq, stream, data, at, worker_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 # What one attempt's stream may hold: a worker sends 16 KiB chunks up to 1 MiB (65 of
 # them at most, connectors/worker/runlogs.py); anything past these bounds is not its.
-# The jobs whose spec the projector keeps, the most recently written (a spec and its
-# bytes: ~0.6 KB for a typical one, so ~40 MB when full), so that their next state is
-# read without its spec. Beyond it, states are read whole, as before the cache.
-SPECS_KEPT = 65_536
+# The spec bytes of the jobs whose spec the projector keeps, the most recently written,
+# so that their next state is read without its spec: 8 MB holds ~55,000 specs of 150
+# bytes, ~30 MB with their objects (~560 bytes each in all, measured). Beyond it, states
+# are read whole, as before the cache.
+SPEC_BYTES_KEPT = 8 * 1024 * 1024
 MAX_CHUNK_CHARS = 16 * 1024
 MAX_CHUNKS = 256
 DEAD = """
@@ -274,8 +275,7 @@ class Projector:
         self.caught_up = False  # an empty poll since the assignment (readiness)
         self._lag_at = 0.0
         self._live_at = 0.0
-        # job id (the record's key) -> its spec as its latest state held it
-        self._specs: dict[bytes, KnownSpec] = {}
+        self._specs = KnownSpecs(SPEC_BYTES_KEPT)
         self.handlers: dict[str, Callable[[bytes | None, bytes, Rows], None]] = {
             "run-events": self._run_event,
             "jobs": self._job_state,
@@ -590,12 +590,10 @@ class Projector:
 
     def _job_state(self, key: bytes | None, value: bytes, rows: Rows) -> None:
         # A job's states repeat its spec until the next upsert: read it once per version.
-        known = self._specs.pop(key, None) if key else None
+        known = self._specs.get(key) if key else None
         state, known = JOB_STATE.decode_knowing(value, known)
-        if key and known is not None:
-            self._specs[key] = known  # the newest last: the oldest go first
-            if len(self._specs) > SPECS_KEPT:
-                del self._specs[next(iter(self._specs))]
+        if key:
+            self._specs.put(key, known)
         spec = state.spec
         if state.deleted and not spec.owner:
             return  # the ledger's placeholder for a job others depend on: not a job yet

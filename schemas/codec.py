@@ -185,6 +185,38 @@ class KnownSpec:
     spec: JobSpec
 
 
+class KnownSpecs:
+    """The latest spec of each job, by the key of its state records, for
+    `JobStateCodec.decode_knowing`; the least recently used go first beyond `max_bytes`
+    of spec bytes (a spec may be tens of KB: a count would not bound the memory)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        # An OrderedDict: dropping a plain dict's first entry over and over scans the
+        # holes the drops leave at its front (see `JobStateCodec._specs`).
+        self._known: OrderedDict[bytes, KnownSpec] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def get(self, key: bytes) -> KnownSpec | None:
+        return self._known.get(key)
+
+    def put(self, key: bytes, known: KnownSpec | None) -> None:
+        """Keep `known` as `key`'s (None: forget it), the most recently used."""
+        old = self._known.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old.data)
+        if known is None or len(known.data) > self.max_bytes:
+            return
+        self._known[key] = known
+        self.bytes += len(known.data)
+        while self.bytes > self.max_bytes:
+            _, gone = self._known.popitem(last=False)
+            self.bytes -= len(gone.data)
+
+
 class JobStateCodec(Codec[JobState]):
     """JOB_STATE, with each spec encoded once rather than on every write of the state.
 

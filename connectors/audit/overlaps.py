@@ -36,7 +36,7 @@ from schemas.records import RunFinished
 from streams.core.ids import iso_utc
 
 # Worker reports whose at_ms is the report's time, not the execution's end.
-_END_UNKNOWN: Final = ("lost",)
+END_UNKNOWN: Final = ("lost",)
 
 
 def index_starts(jobs: Iterable[AuditedJob]) -> None:
@@ -68,7 +68,7 @@ def overlap_detail(
     """A sanctioned execution still going, by its worker's word, after the ledger
     started a later attempt of the run or a later run of a `forbid` job: the finding's
     detail, or None."""
-    if inp.error.startswith(_END_UNKNOWN):
+    if inp.error.startswith(END_UNKNOWN):
         return None
     end = inp.at_ms - clock_tolerance_ms
     later: tuple[int, int] | None = None  # (start, attempt)

@@ -49,7 +49,7 @@ from connectors.audit.config import AuditConfig
 from connectors.audit.findings import Findings
 from connectors.audit.grants import CANCELLED, ENDED_HOW, HELD, LOST, RAN, flags, holders, holds
 from connectors.audit.history import AuditedJob, AuditedRun, History
-from connectors.audit.overlaps import overlap_detail
+from connectors.audit.overlaps import END_UNKNOWN, overlap_detail
 from schemas.records import RunFinished, RunStarted
 from streams.core.ids import iso_utc
 
@@ -107,6 +107,11 @@ class WorkerReports:
         exited = None if isinstance(inp, RunStarted) or inp.exit_code is None else inp.at_ms
         if started is None and exited is None:
             return  # killed before it ran, or never started: not an execution
+        # When it ended, by the worker: its exit, or the kill of a run it started (a
+        # timeout, a fence); a `lost` report's time is when the worker learnt of it.
+        stopped = exited
+        if isinstance(inp, RunFinished) and started is not None and stopped is None:
+            stopped = None if inp.error.startswith(END_UNKNOWN) else inp.at_ms
         code = None if isinstance(inp, RunStarted) else inp.exit_code
         what = " and ".join(
             ([] if started is None else ["started"])
@@ -119,7 +124,7 @@ class WorkerReports:
             how, at = ended[-1][2:] if ended else (None, 0)
             # Under way before the ledger ended the claim, which covers it: its start then
             # and, for a lost claim, its exit (a run stopped by its cancel ends after it).
-            times = [t for t in (started, exited if how == LOST else None) if t is not None]
+            times = [t for t in (started, stopped if how == LOST else None) if t is not None]
             if how in (CANCELLED, LOST) and all(
                 t <= at + self._config.clock_tolerance_ms for t in times
             ):

@@ -281,8 +281,11 @@ class Worker:
         return int(self.clock.time() * 1000) if now is None else now
 
     def _at(self, mono: float | None, wall_ms: int) -> int:
-        """An executor's time of an event (monotonic, and wall ms) in broker time."""
-        at = None if mono is None else self.broker.now_ms(mono)
+        """An executor's time of an event (monotonic, and wall ms) in broker time. A
+        monotonic time ahead of this process's is an earlier boot's (an executor's log
+        read after a reboot): its wall time stands in."""
+        usable = mono is not None and mono <= self.clock.monotonic()
+        at = self.broker.now_ms(mono) if usable and mono is not None else None
         return wall_ms if at is None else at
 
     def _replace_executor(self, why: str) -> None:

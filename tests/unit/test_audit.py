@@ -899,6 +899,7 @@ def test_a_start_after_its_holder_released_a_cancelled_attempt_is_unsanctioned(
         (300, 4_000, None, False),  # fenced: started and ended before the verdict
         (300, 5_500, 0, False),  # ended within the clock tolerance after it
         (300, 9_000, 0, True),  # still running when the ledger declared it lost
+        (300, 9_000, None, True),  # still running then, killed (fenced) after it
         (7_000, 7_500, 0, True),  # started after the verdict
         (7_000, 7_500, None, True),  # started after the verdict, then killed
     ],

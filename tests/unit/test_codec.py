@@ -28,6 +28,8 @@ from schemas.codec import (
     CodecError,
     JobLogCodec,
     JobStateCodec,
+    KnownSpec,
+    KnownSpecs,
     _union_body,
 )
 from schemas.convert import LEDGER_CLASSES, job_state_from_avro, job_state_to_avro
@@ -653,6 +655,31 @@ def test_a_state_decoded_knowing_an_earlier_spec_is_the_state(
     assert known2 is not None
     assert (known2 is known1) == (same_spec or known1.data == JOB_STATE.spec_bytes(second.spec))
     assert known2.data == JOB_STATE.spec_bytes(second.spec)
+
+
+def test_the_known_specs_are_bounded_by_their_bytes_and_drop_the_least_recently_used() -> None:
+    def known(size: int) -> KnownSpec:
+        return KnownSpec(b"x" * size, SPEC)
+
+    specs = KnownSpecs(max_bytes=100)
+    for key in (b"a", b"b", b"c"):
+        specs.put(key, known(30))
+    assert (len(specs), specs.bytes) == (3, 90)
+    assert specs.get(b"a") is not None  # a read does not refresh: the next put does
+    specs.put(b"a", known(30))  # a's state written again: the most recent now
+    specs.put(b"d", known(30))  # 120 bytes: b, the least recently used, goes
+    assert [specs.get(k) is not None for k in (b"a", b"b", b"c", b"d")] == [
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert specs.bytes == 90
+    specs.put(b"e", known(101))  # larger than the whole bound: not kept
+    assert specs.get(b"e") is None
+    assert specs.bytes == 90
+    specs.put(b"c", None)  # a state of an older version: forgotten
+    assert (len(specs), specs.bytes) == (2, 60)
 
 
 def test_a_state_decoded_knowing_a_spec_rejects_what_the_plain_decoding_rejects() -> None:

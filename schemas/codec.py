@@ -156,16 +156,23 @@ class Codec(Generic[T]):
                 return_record_name_override=self._record_names,
             )
         except Exception as err:
-            raise CodecError(
-                f"{self.topic}: undecodable body for {self.schema.name} v{version.version}: "
-                f"{type(err).__name__}: {err}"
-            ) from err
+            raise self._undecodable(version, err) from err
+        self._check_end(buffer, data, version)
+        return datum
+
+    def _undecodable(self, version: SchemaVersion, err: Exception) -> CodecError:
+        return CodecError(
+            f"{self.topic}: undecodable body for {self.schema.name} v{version.version}: "
+            f"{type(err).__name__}: {err}"
+        )
+
+    def _check_end(self, buffer: io.BytesIO, data: bytes, version: SchemaVersion) -> None:
+        """The record must end where `data` does."""
         if buffer.tell() != len(data):
             raise CodecError(
                 f"{self.topic}: {len(data) - buffer.tell()} trailing bytes after the record "
                 f"({self.schema.name} v{version.version})"
             )
-        return datum
 
     def decode(self, data: bytes) -> T:
         datum = self.decode_avro(data)
@@ -302,15 +309,8 @@ class JobStateCodec(Codec[JobState]):
             rest = self._read(buffer, self._rest_writer)
             state = job_state_from_rest(spec, rest)
         except Exception as err:
-            raise CodecError(
-                f"{self.topic}: undecodable body for {self.schema.name} "
-                f"v{version.version}: {type(err).__name__}: {err}"
-            ) from err
-        if buffer.tell() != len(data):
-            raise CodecError(
-                f"{self.topic}: {len(data) - buffer.tell()} trailing bytes after the record "
-                f"({self.schema.name} v{version.version})"
-            )
+            raise self._undecodable(version, err) from err
+        self._check_end(buffer, data, version)
         return state, known
 
     @staticmethod

@@ -176,13 +176,13 @@ WHERE workers.last_heartbeat_at <= excluded.last_heartbeat_at"""
 LOG = """
 INSERT INTO run_logs (run_id, attempt, seq, stream, data, at, worker_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
-# What one attempt's stream may hold: a worker sends 16 KiB chunks up to 1 MiB (65 of
-# them at most, connectors/worker/runlogs.py); anything past these bounds is not its.
 # The spec bytes of the jobs whose spec the projector keeps, the most recently written,
 # so that their next state is read without its spec: 8 MB holds ~55,000 specs of 150
 # bytes, ~30 MB with their objects (~560 bytes each in all, measured). Beyond it, states
 # are read whole, as before the cache.
 SPEC_BYTES_KEPT = 8 * 1024 * 1024
+# What one attempt's stream may hold: a worker sends 16 KiB chunks up to 1 MiB (65 of
+# them at most, connectors/worker/runlogs.py); anything past these bounds is not its.
 MAX_CHUNK_CHARS = 16 * 1024
 MAX_CHUNKS = 256
 DEAD = """

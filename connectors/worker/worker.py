@@ -97,10 +97,10 @@ TAIL_EVERY_S = 1.0
 CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
 # A start's report waits this long for its run's end, so that a short run (most are) is
 # reported by one record, start and end (`RunFinished.started_ms`): a record fewer on
-# worker-reports and job-log, and one input fewer for the gate and the ledger. Nothing
-# needs the ledger's record of a start sooner: lateness is the start's own time, a lost
-# worker's attempt is judged by its lease, and the timeout backstop (30 s of grace)
-# moves by as much.
+# worker-reports and job-log, and one input fewer for the gate and the ledger. Little
+# needs the ledger's record of a start sooner (docs/architecture.md, "Dispatch and
+# workers"): lateness is the start's own time, a lost worker's attempt is judged by its
+# lease, and the timeout backstop (30 s of grace) moves by as much.
 START_WAIT_S = 0.1
 # The most attempts a worker holds (claimed ahead, or running): each heartbeat lists them
 # all (~40 bytes each), within the heartbeats topic's record limit with room to spare.
@@ -284,8 +284,9 @@ class Worker:
         """An executor's time of an event (monotonic, and wall ms) in broker time. A
         monotonic time ahead of this process's is an earlier boot's (an executor's log
         read after a reboot): its wall time stands in."""
-        usable = mono is not None and mono <= self.clock.monotonic()
-        at = self.broker.now_ms(mono) if usable and mono is not None else None
+        if mono is None or mono > self.clock.monotonic():
+            return wall_ms
+        at = self.broker.now_ms(mono)
         return wall_ms if at is None else at
 
     def _replace_executor(self, why: str) -> None:

@@ -2,9 +2,11 @@
 
 A private single-node broker (tests/support/broker.py), real scheduler nodes and two
 real workers, jobs firing every second. The broker is killed with SIGKILL and restarted
-on the same data, after 20 s in one test and after 2 minutes in the other (`make chaos`
-runs that one), each with a second node started while it is down, which must wait for
-it rather than exit. Then:
+on the same data, after 20 s in one test and after 2 minutes in the other, each with a
+second node started while it is down, which must wait for it rather than exit. Both are
+long scenarios (`make chaos` runs them); the suite's short version is
+tests/integration/test_edge_outage.py (every process, one node and a second one started
+during a 15 s outage, one run per firing, the audit clean). Then:
 firing resumes within a generous bound of the broker's return (the figure is printed),
 no (job, scheduled time) has two runs, every firing in the window left a run event (run,
 or skipped per the job's misfire policy: never silently absent), every run reaches a
@@ -178,6 +180,7 @@ def _ride_out(outage: Outage, down_s: float, late_node: bool, tag: str) -> None:
     assert_audit_clean(s)
 
 
+@pytest.mark.long
 def test_a_broker_killed_under_load_and_back_in_20_s_with_a_node_started_meanwhile(
     outage: Outage,
 ) -> None:

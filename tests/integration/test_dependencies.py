@@ -103,7 +103,7 @@ def test_downstreams_follow_their_upstreams_outcome(topics: Settings, node: Node
             },
         ],
     )
-    succeeded = play_worker_for_a(topics, 30)
+    succeeded = play_worker_for_a(topics, 20)
     assert len(succeeded) >= 3
 
     events = EventReader(topics, "deps-check")

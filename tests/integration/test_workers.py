@@ -64,10 +64,12 @@ def final_states(events: EventReader, job_id: str) -> dict[str, list[str]]:
     }
 
 
+FINALS = ("succeeded", "failed", "cancelled", "skipped")
+
+
 def wait_final(events: EventReader, job_id: str, count: int, timeout_s: float = 90) -> None:
-    finals = ("succeeded", "failed", "cancelled", "skipped")
     events.wait_until(
-        lambda: sum(s[-1] in finals for s in final_states(events, job_id).values()) >= count,
+        lambda: sum(s[-1] in FINALS for s in final_states(events, job_id).values()) >= count,
         timeout_s,
         f"{count} final runs of {job_id}",
     )
@@ -90,9 +92,20 @@ def test_one_run_per_firing_across_three_workers(
             )
         ],
     )
-    events.poll_for(24)
+    events.wait_until(
+        lambda: sum(s[-1] == "succeeded" for s in final_states(events, "every2").values()) >= 8,
+        90,
+        "8 runs of every2 to succeed",
+    )
     send_commands(topics, [{"type": "job.pause", "job_id": "every2"}])
-    events.poll_for(12)
+    events.wait_until(
+        lambda: (
+            any(e.kind == "paused" and e.job_id == "every2" for e in events.job_events())
+            and all(s[-1] in FINALS for s in final_states(events, "every2").values())
+        ),
+        60,
+        "the pause, and every run of every2 final",
+    )
     states = final_states(events, "every2")
     succeeded = {run for run, s in states.items() if s[-1] == "succeeded"}
     lines = out.read_text().splitlines()
@@ -295,12 +308,25 @@ def test_dependency_chain_and_a_failing_idempotent_job(
             job("after-flaky", ["true"], schedule={"every": "6s"}, depends_on=["flaky"]),
         ],
     )
-    events.poll_for(25)
-    send_commands(
-        topics,
-        [{"type": "job.pause", "job_id": j} for j in ("x", "y", "z", "flaky", "after-flaky")],
+    chain = ("x", "y", "z", "flaky", "after-flaky")
+
+    def ended(job_id: str, state: str) -> int:
+        return sum(s[-1] == state for s in final_states(events, job_id).values())
+
+    events.wait_until(
+        lambda: ended("z", "succeeded") >= 3 and ended("after-flaky", "skipped") >= 1,
+        90,
+        "3 periods of the chain and a flaky run's downstream to end",
     )
-    events.poll_for(15)
+    send_commands(topics, [{"type": "job.pause", "job_id": j} for j in chain])
+    events.wait_until(
+        lambda: (
+            {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(chain)
+            and all(s[-1] in FINALS for j in chain for s in final_states(events, j).values())
+        ),
+        60,
+        "the pauses, and every run of the chain final",
+    )
     runs = runs_by_id(events)
 
     def by_period(job_id: str) -> dict[int, list[RunEvent]]:

@@ -29,7 +29,7 @@ from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.broker import PrivateBroker, private_broker
 from tests.support.cluster import on_brokers
-from tests.support.firings import assert_audit_clean
+from tests.support.firings import assert_audit_clean, first_start_after
 from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
 
 JOBS = 12
@@ -69,16 +69,6 @@ def outage(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
                 proc.stop()
 
 
-def _started_after(events: EventReader, since_ms: int) -> int | None:
-    """When (Kafka timestamp, ms) the first run started after `since_ms`, if one has."""
-    found = [
-        written
-        for event, written in events.run_events()
-        if event.state == "running" and written >= since_ms
-    ]
-    return min(found) if found else None
-
-
 def _ride_out(outage: Outage, down_s: float, late_node: bool, tag: str) -> None:
     s = outage.settings
     nodes = outage.nodes
@@ -114,11 +104,11 @@ def _ride_out(outage: Outage, down_s: float, late_node: bool, tag: str) -> None:
         back_ms = int(time.time() * 1000)
 
         events.wait_until(
-            lambda: _started_after(events, back_ms) is not None,
+            lambda: first_start_after(events, back_ms) is not None,
             RESUME_BOUND_S + 30,
             "a run started after the broker's return",
         )
-        first = _started_after(events, back_ms)
+        first = first_start_after(events, back_ms)
         assert first is not None
         resumed_s = (first - back_ms) / 1000
         print(f"broker outage {down_s:.0f} s: first run started {resumed_s:.1f} s after its return")

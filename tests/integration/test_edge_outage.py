@@ -31,7 +31,7 @@ from schemas.records import FINAL_STATES, RunEvent
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.broker import PrivateBroker, private_broker
-from tests.support.firings import assert_audit_clean
+from tests.support.firings import assert_audit_clean, first_start_after
 from tests.support.isolation import create_database, drop_database, unique_name
 from tests.support.nodes import (
     CronlogProcess,
@@ -103,12 +103,6 @@ def edge(services: Services, tmp_path: Path) -> Iterator[tuple[PrivateBroker, Se
             yield broker, settings
     finally:
         drop_database(services.database_url, name, kind)
-
-
-def _started_after(events: EventReader, since_ms: int) -> int | None:
-    """When (Kafka timestamp, ms) the first run started after `since_ms`, if one has."""
-    found = [w for e, w in events.run_events() if e.state == "running" and w >= since_ms]
-    return min(found) if found else None
 
 
 def _final(events: list[RunEvent]) -> list[RunEvent]:
@@ -243,11 +237,11 @@ def test_worker_projector_and_api_ride_out_a_broker_crash_and_start_while_it_is_
         # Firing resumes by itself, and the workers run what is fired.
         back_ms = int(back * 1000)
         events.wait_until(
-            lambda: _started_after(events, back_ms) is not None,
+            lambda: first_start_after(events, back_ms) is not None,
             RESUME_S,
             "a run started after the broker's return",
         )
-        resumed_s = ((_started_after(events, back_ms) or 0) - back_ms) / 1000
+        resumed_s = ((first_start_after(events, back_ms) or 0) - back_ms) / 1000
         print(f"firing resumed: a run started {resumed_s:.1f} s after the broker's return")
         assert resumed_s <= NODE_S, f"firing resumed {resumed_s:.1f} s after the return"
         before = ticks_succeeded()
@@ -278,9 +272,9 @@ def test_worker_projector_and_api_ride_out_a_broker_crash_and_start_while_it_is_
             RESUME_S,
             "every run final",
         )
-        for each in (node, node2):  # no new events: the projector catches up with a fixed log
-            assert each.alive, f"{each.name} exited after the broker's return"
-            each.stop()
+        for scheduler in (node, node2):  # no new events: the projector catches up with a fixed log
+            assert scheduler.alive, f"{scheduler.name} exited after the broker's return"
+            scheduler.stop()
         events.poll_for(5)
         long_events = runs_by_id(events)[long_run]
         print("long run:", [(e.state, e.reason) for e in long_events])

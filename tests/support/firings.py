@@ -217,3 +217,9 @@ def assert_audit_clean(settings: Settings) -> None:
     text = io.StringIO()
     format_report(report, text)
     assert report.clean, text.getvalue()
+
+
+def first_start_after(events: EventReader, since_ms: int) -> int | None:
+    """When (Kafka timestamp, ms) the first run started at or after `since_ms`, if one has."""
+    found = [w for e, w in events.run_events() if e.state == "running" and w >= since_ms]
+    return min(found) if found else None

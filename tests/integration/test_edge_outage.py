@@ -241,7 +241,9 @@ def test_worker_projector_and_api_ride_out_a_broker_crash_and_start_while_it_is_
             RESUME_S,
             "a run started after the broker's return",
         )
-        resumed_s = ((first_start_after(events, back_ms) or 0) - back_ms) / 1000
+        first = first_start_after(events, back_ms)
+        assert first is not None
+        resumed_s = (first - back_ms) / 1000
         print(f"firing resumed: a run started {resumed_s:.1f} s after the broker's return")
         assert resumed_s <= NODE_S, f"firing resumed {resumed_s:.1f} s after the return"
         before = ticks_succeeded()
@@ -265,7 +267,9 @@ def test_worker_projector_and_api_ride_out_a_broker_crash_and_start_while_it_is_
         )
         send_commands(settings, [{"type": "job.pause", "job_id": "tick"}])
         events.wait_until(
-            lambda: any(e.kind == "paused" for e in events.job_events()), RESUME_S, "the pause"
+            lambda: any(e.kind == "paused" and e.job_id == "tick" for e in events.job_events()),
+            RESUME_S,
+            "the pause",
         )
         events.wait_until(
             lambda: all(bool(_final(evs)) for evs in runs_by_id(events).values()),

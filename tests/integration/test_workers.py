@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from schemas.codec import JOB_LOG
-from schemas.records import RunEvent, RunFinished, RunStarted
+from schemas.records import FINAL_STATES, RunEvent, RunFinished, RunStarted
 from streams.settings import Settings
 from tests.support.kafka import drain
 from tests.support.nodes import (
@@ -64,12 +64,9 @@ def final_states(events: EventReader, job_id: str) -> dict[str, list[str]]:
     }
 
 
-FINALS = ("succeeded", "failed", "cancelled", "skipped")
-
-
 def wait_final(events: EventReader, job_id: str, count: int, timeout_s: float = 90) -> None:
     events.wait_until(
-        lambda: sum(s[-1] in FINALS for s in final_states(events, job_id).values()) >= count,
+        lambda: sum(s[-1] in FINAL_STATES for s in final_states(events, job_id).values()) >= count,
         timeout_s,
         f"{count} final runs of {job_id}",
     )
@@ -101,7 +98,7 @@ def test_one_run_per_firing_across_three_workers(
     events.wait_until(
         lambda: (
             any(e.kind == "paused" and e.job_id == "every2" for e in events.job_events())
-            and all(s[-1] in FINALS for s in final_states(events, "every2").values())
+            and all(s[-1] in FINAL_STATES for s in final_states(events, "every2").values())
         ),
         60,
         "the pause, and every run of every2 final",

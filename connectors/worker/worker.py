@@ -59,6 +59,7 @@ from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
 from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
+from connectors.worker.report_hold import ReportHold
 from connectors.worker.runas import RunAs
 from connectors.worker.rundirs import attempt_dir
 from connectors.worker.runlogs import LogTail
@@ -221,6 +222,8 @@ class Worker:
         # Start reports not sent yet, with when they were made (monotonic): each waits
         # `START_WAIT_S` for its run's end, to go in the same report.
         self.waiting_starts: dict[Key, tuple[float, RunStarted]] = {}
+        # Reports of ended runs held while the executor starts a burst (report_hold.py).
+        self.hold: ReportHold[Callable[[], None]] = ReportHold()
         self.view: tuple[Capacity, tuple[Key, ...]] = (config.capacity, ())
         self.stop_event = threading.Event()
         self.broker = BrokerClock()
@@ -395,6 +398,7 @@ class Worker:
             consumer.close()
             self.executor.close()
             self._send_waiting_starts(math.inf)
+            self._send_held()
             self.producer.flush(10)
             self.journal.flush()
 
@@ -442,7 +446,9 @@ class Worker:
         self.published = self.clock.monotonic()
         now = self._now_ms()  # run start times are broker time
         self.timeline.forget_before(now)
-        self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts))
+        # An attempt whose report is held is still listed: were this worker lost before
+        # sending it, the dispatcher's verdict settles it (the ledger has only its claim).
+        self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts) + self.hold.keys())
 
     # -- sending ---------------------------------------------------------------------------
     def _send(self, record: Any, on_ack: Callable[[], None] | None = None) -> None:
@@ -509,7 +515,7 @@ class Worker:
         expected = self.durations.expected_ms(d.job_id)
         if (
             not labels_match(d.resources.labels, self.config.labels)
-            or len(self.attempts) >= MAX_HELD
+            or len(self.attempts) + len(self.hold) >= MAX_HELD
             or not self.timeline.fits(d.resources, d.not_before_ms, expected)
         ):
             # Release it at once rather than leave it to the claim deadline (30 s
@@ -646,6 +652,7 @@ class Worker:
         for attempt in batch:
             d = attempt.dispatch
             attempt.phase, attempt.executor = "started", executor
+            self.hold.handed(attempt.key, d.not_before_ms)
             assert attempt.run_dir is not None
             executor.start(
                 StartSpec(
@@ -725,9 +732,34 @@ class Worker:
                     self._drop(attempt)
                     self._release(attempt, "no reply to the claim")
         self._send_waiting_starts(now - START_WAIT_S)
+        if self.hold and (self.hold.expired(now) or not self._starts_behind()):
+            self._send_held()
         resend, self.resend = self.resend, []
         for record, on_ack in resend:
             self._send(record, on_ack)
+
+    def _starts_behind(self) -> bool:
+        """Whether the executor is starting a burst: a run handed to it has reached its
+        start time and has not started."""
+
+        def waiting(key: Key) -> bool:
+            attempt = self.attempts.get(key)
+            return attempt is not None and attempt.phase == "started" and attempt.started_ms is None
+
+        return self.hold.behind(self._now_ms(), waiting)
+
+    def _send_report(self, key: Key, send: Callable[[], None]) -> None:
+        """Send an ended run's report (`send`: its last output, then its end), or hold it
+        while the executor starts a burst (report_hold.py); they go in the order made."""
+        if self._starts_behind():
+            self.hold.hold(key, send, self.clock.monotonic())
+            return
+        self._send_held()
+        send()
+
+    def _send_held(self) -> None:
+        for send in self.hold.take():
+            send()
 
     def _send_waiting_start(self, key: Key) -> None:
         """Send the start report of `key` if it waits: it started, which is reported
@@ -782,8 +814,6 @@ class Worker:
             and self.executor.output
         ):
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
-        if attempt.tail is not None:
-            attempt.tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
         at = self._at(event.finished_mono, event.finished_ms)
         self._report(attempt, _exit_code(event), _error(event), at, unreported)
 
@@ -810,7 +840,14 @@ class Worker:
             d.placement,
             started_ms=started_ms if waiting is None else waiting[1].at_ms,
         )
-        self._send(record, lambda: self._reported(d))
+        tail = attempt.tail
+
+        def send() -> None:
+            if tail is not None:  # the rest of its output goes before its end
+                tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
+            self._send(record, lambda: self._reported(d))
+
+        self._send_report(attempt.key, send)
         _FINISHED.inc()
         self._forget(attempt)
 

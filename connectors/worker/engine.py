@@ -44,6 +44,9 @@ and a step of the wall clock (NTP) neither stretches it (a cut-off worker's jobs
 outlive the failure detector's verdict) nor cuts it short. A bare integer is the
 wall-clock form (`lease.write_lease`, epoch ms), still honoured.
 
+A run handed over before its time has its directory and output files made while it waits
+(`_prepare_ahead`), so that the starts of a burst are spawns only.
+
 Resources at the start: a run whose start time has come starts only if what the running
 jobs reserve leaves room for it (cpu, memory, gpu of the worker); otherwise it waits, in
 order of start time, until enough of them end. Memory is limited per job by RLIMIT_AS
@@ -84,7 +87,7 @@ from connectors.worker.procs import (
     spawn,
     spawn_limited,
 )
-from connectors.worker.rundirs import prepare
+from connectors.worker.rundirs import RunDirError, prepare, reopen
 
 Key = tuple[str, int]
 MIB: Final = 1024 * 1024
@@ -92,6 +95,9 @@ TICK_S: Final = 0.1
 ALIVE_EVERY_S: Final = 0.5
 KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long to wait for a group to disappear
 STEP_BUDGET_S: Final = 0.05  # spawning in one pass of the loop, at most
+# Making directories ahead of their starts in one pass, at most: it never delays a start
+# due (that pass's starts come first) by more than this.
+PREPARE_BUDGET_S: Final = 0.02
 
 
 def now_ms() -> int:
@@ -160,6 +166,9 @@ class Job:
     kill_at: float = 0.0  # monotonic: SIGKILL from then on
     give_up_at: float = 0.0
     rlimit_error: str = ""
+    # Its directory made ahead of its start (`_prepare_ahead`), or why that failed.
+    prepared: bool = False
+    prepare_error: str = ""
 
 
 class ExecutorLoop:
@@ -173,6 +182,7 @@ class ExecutorLoop:
         self.starts: list[tuple[float, Key]] = []  # (monotonic start, key) heap
         self.timeouts: list[tuple[float, Key]] = []  # (monotonic deadline, key) heap
         self.queue: deque[Key] = deque()  # due, waiting for room
+        self.unprepared: deque[Key] = deque()  # pending, their directories not made yet
         self.stopping: set[Key] = set()  # being killed: checked every pass
         self.more = False  # due runs left for the next pass (the budget ran out)
         self.in_use = [0.0, 0.0, 0.0]
@@ -243,6 +253,8 @@ class ExecutorLoop:
             self._fence_all(self.stopping_all, outcome="fenced")
         elif self._lease_valid(mono):
             self._start_due(mono)
+            if not self.more:
+                self._prepare_ahead()
         elif self.lease_seen:
             self._fence_all("lease expired")
         # else: no heartbeat acknowledged yet; nothing starts until one is
@@ -305,6 +317,7 @@ class ExecutorLoop:
                 self._finish(job, "not_started", "the worker is going away")
                 return
             heapq.heappush(self.starts, (job.start_mono, key))
+            self.unprepared.append(key)
         elif op["op"] == "cancel":
             held = self.jobs.get(key)
             if held is None:
@@ -356,6 +369,27 @@ class ExecutorLoop:
                 self.more = True
                 return
 
+    def _prepare_ahead(self) -> None:
+        """Make the directories and output files of runs not due yet, so that a burst's
+        starts are spawns only: on the machines this was measured on, making a file or
+        a directory costs about as much CPU as the fork and exec of `sh`
+        (docs/performance.md, "Real processes"). A run whose start comes first is
+        prepared at its start, as before. A run that never starts leaves its directory
+        to the worker, which removes it with the release."""
+        began = time.monotonic()
+        while self.unprepared and time.monotonic() - began < PREPARE_BUDGET_S:
+            job = self.jobs.get(self.unprepared.popleft())
+            if job is None or job.state != "pending":
+                continue
+            try:
+                prepare(job.run_dir, self.config.run_as).close()
+            except OSError as exc:
+                job.prepare_error = str(exc)  # the start fails with it
+            else:
+                job.prepared = True
+        if self.unprepared:
+            self.more = True
+
     def _room_for(self, need: tuple[float, float, float]) -> bool:
         # A job larger than the whole worker is started alone rather than never.
         nothing_runs = not any(self.in_use)
@@ -372,7 +406,9 @@ class ExecutorLoop:
         try:
             # Its directory and output files, made before the job exists; as another
             # user it owns its working directory only (connectors/worker/rundirs.py).
-            made = prepare(job.run_dir, run_as)
+            if job.prepare_error:
+                raise RunDirError(job.prepare_error)
+            made = reopen(job.run_dir) if job.prepared else prepare(job.run_dir, run_as)
             argv = job.argv
             if self.config.confinement is not None:
                 argv = self.config.confinement.wrap(argv, made.work, job.env.get("PATH"))

@@ -36,6 +36,7 @@ from urllib.parse import quote
 # start differently, so a hashed name never equals an encoded one.
 _LONGEST_NAME = 200
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+_REOPEN = os.O_WRONLY | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -103,6 +104,26 @@ def prepare(run_dir: Path, owner: tuple[int, int] | None) -> Prepared:
         os.close(out)
         raise
     return Prepared(work, out, err)
+
+
+def reopen(run_dir: Path) -> Prepared:
+    """The attempt's directory as `prepare` made it ahead of the start: its output files
+    opened again (never created, no symbolic link followed, regular files of this
+    worker's only). Nothing but this process can have changed them: their directory is
+    the worker's (0711), and no job of the attempt exists yet."""
+    fds: list[int] = []
+    try:
+        for name in ("stdout", "stderr"):
+            fd = os.open(run_dir / name, _REOPEN)
+            fds.append(fd)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                raise RunDirError(f"{run_dir / name} is not this worker's output file")
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return Prepared(run_dir / "work", fds[0], fds[1])
 
 
 def open_output(path: Path) -> int | None:

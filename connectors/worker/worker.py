@@ -61,7 +61,7 @@ from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.report_hold import ReportHold
 from connectors.worker.runas import RunAs
-from connectors.worker.rundirs import attempt_dir
+from connectors.worker.rundirs import attempt_dir, remove_run_dir
 from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
@@ -859,6 +859,10 @@ class Worker:
             d.job_id, d.run_id, d.attempt, self.config.worker_id, why, at, d.placement
         )
         self._send_waiting_start(attempt.key)  # first, should one wait (none does today)
+        if attempt.run_dir is not None:
+            # Made ahead of a start that never came (engine.py `_prepare_ahead`): gone
+            # before the attempt may come back here, whose directory is made fresh.
+            remove_run_dir(attempt.run_dir)
         # "released", not "reported": the same attempt may be assigned here again.
         self._send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()

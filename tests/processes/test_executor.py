@@ -146,6 +146,49 @@ def test_starts_at_its_time_with_exit_code_and_output(make: Callable[..., Harnes
     assert read_log(h.log)[0][key]["result"]["exit_code"] == 3  # a restarted worker reads it
 
 
+def test_a_run_s_directory_is_made_ahead_of_its_start_and_used_by_it(
+    make: Callable[..., Harness],
+) -> None:
+    """A run handed over before its time has its directory and output files made while
+    it waits (a burst's starts are then spawns only), and its output goes to them."""
+    h = make()
+    h.renew()
+    at = now_ms() + 3_000
+    key = h.start("ahead", ["sh", "-c", "echo out; echo err >&2; pwd"], at_ms=at)
+    h.passes(2)  # a pass after the one that read the request
+    assert h.started(key) is None
+    made = h.root / "ahead"
+    assert sorted(p.name for p in made.iterdir()) == ["stderr", "stdout", "work"]
+    assert (made / "stdout").stat().st_mode & 0o777 == 0o600
+    result = h.finished(key)
+    started = h.started(key)
+    assert started is not None
+    assert started.started_ms >= at
+    assert (result.outcome, result.exit_code) == ("exited", 0)
+    assert (made / "stdout").read_text() == f"out\n{made / 'work'}\n"
+    assert (made / "stderr").read_text() == "err\n"
+
+
+def test_an_output_file_replaced_before_the_start_is_refused(
+    make: Callable[..., Harness],
+) -> None:
+    """The output files made ahead are opened again at the start only as this worker's
+    regular files: one replaced by a symbolic link meanwhile (nothing but the worker can
+    write there; this plays it anyway) fails the start instead of writing through it."""
+    h = make()
+    h.renew()
+    target = h.root / "elsewhere"
+    target.write_text("")
+    key = h.start("swap", ["sh", "-c", "echo leaked"], at_ms=now_ms() + 2_000)
+    h.wait(lambda: (h.root / "swap" / "stdout").exists(), what="the output files made")
+    (h.root / "swap" / "stdout").unlink()
+    (h.root / "swap" / "stdout").symlink_to(target)
+    result = h.finished(key)
+    assert result.outcome == "error"
+    assert h.started(key) is None
+    assert target.read_text() == ""
+
+
 def test_a_missing_command_is_an_error_not_a_crash(make: Callable[..., Harness]) -> None:
     h = make()
     h.renew()

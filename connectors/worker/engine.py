@@ -382,7 +382,8 @@ class ExecutorLoop:
             if job is None or job.state != "pending":
                 continue
             try:
-                prepare(job.run_dir, self.config.run_as).close()
+                # The worker's alone until the start (`reopen` hands `work/` over then).
+                prepare(job.run_dir, None).close()
             except OSError as exc:
                 job.prepare_error = str(exc)  # the start fails with it
             else:
@@ -408,7 +409,7 @@ class ExecutorLoop:
             # user it owns its working directory only (connectors/worker/rundirs.py).
             if job.prepare_error:
                 raise RunDirError(job.prepare_error)
-            made = reopen(job.run_dir) if job.prepared else prepare(job.run_dir, run_as)
+            made = reopen(job.run_dir, run_as) if job.prepared else prepare(job.run_dir, run_as)
             argv = job.argv
             if self.config.confinement is not None:
                 argv = self.config.confinement.wrap(argv, made.work, job.env.get("PATH"))

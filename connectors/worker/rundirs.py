@@ -36,7 +36,7 @@ from urllib.parse import quote
 # start differently, so a hashed name never equals an encoded one.
 _LONGEST_NAME = 200
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
-_REOPEN = os.O_WRONLY | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+_REOPEN = os.O_WRONLY | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -106,11 +106,13 @@ def prepare(run_dir: Path, owner: tuple[int, int] | None) -> Prepared:
     return Prepared(work, out, err)
 
 
-def reopen(run_dir: Path) -> Prepared:
-    """The attempt's directory as `prepare` made it ahead of the start: its output files
-    opened again (never created, no symbolic link followed, regular files of this
-    worker's only). Nothing but this process can have changed them: their directory is
-    the worker's (0711), and no job of the attempt exists yet."""
+def reopen(run_dir: Path, owner: tuple[int, int] | None) -> Prepared:
+    """The attempt's directory as `prepare(run_dir, None)` made it ahead of the start: its
+    output files opened again (never created, no symbolic link followed, never a blocking
+    open, regular files of this worker's only), and its working directory handed to
+    `owner` only now. Until then all of it is the worker's alone (the attempt's directory
+    0711, `work/` 0700), so no other job, even one running as the same user, can leave
+    anything in it before the job starts."""
     fds: list[int] = []
     try:
         for name in ("stdout", "stderr"):
@@ -119,11 +121,16 @@ def reopen(run_dir: Path) -> Prepared:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
                 raise RunDirError(f"{run_dir / name} is not this worker's output file")
+            os.set_blocking(fd, True)  # the job gets it as its stdout or stderr
+        work = run_dir / "work"
+        _real_dir(work)
+        if owner is not None:
+            os.chown(work, *owner, follow_symlinks=False)
     except OSError:
         for fd in fds:
             os.close(fd)
         raise
-    return Prepared(run_dir / "work", fds[0], fds[1])
+    return Prepared(work, fds[0], fds[1])
 
 
 def open_output(path: Path) -> int | None:

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -61,7 +62,7 @@ from connectors.worker.journal import Entry, Journal
 from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.report_hold import ReportHold
 from connectors.worker.runas import RunAs
-from connectors.worker.rundirs import attempt_dir, remove_run_dir
+from connectors.worker.rundirs import attempt_dir
 from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
@@ -748,10 +749,12 @@ class Worker:
 
         return self.hold.behind(self._now_ms(), waiting)
 
-    def _send_report(self, key: Key, send: Callable[[], None]) -> None:
+    def _send_report(self, key: Key, send: Callable[[], None], ran: bool) -> None:
         """Send an ended run's report (`send`: its last output, then its end), or hold it
-        while the executor starts a burst (report_hold.py); they go in the order made."""
-        if self._starts_behind():
+        while the executor starts a burst (report_hold.py); they go in the order made.
+        Only the report of an attempt the executor had (`ran`) waits: one that never got
+        there (a missing secret) goes at once, its journal line still `claiming`."""
+        if ran and self._starts_behind():
             self.hold.hold(key, send, self.clock.monotonic())
             return
         self._send_held()
@@ -847,7 +850,7 @@ class Worker:
                 tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
             self._send(record, lambda: self._reported(d))
 
-        self._send_report(attempt.key, send)
+        self._send_report(attempt.key, send, ran=attempt.phase == "started")
         _FINISHED.inc()
         self._forget(attempt)
 
@@ -861,8 +864,11 @@ class Worker:
         self._send_waiting_start(attempt.key)  # first, should one wait (none does today)
         if attempt.run_dir is not None:
             # Made ahead of a start that never came (engine.py `_prepare_ahead`): gone
-            # before the attempt may come back here, whose directory is made fresh.
-            remove_run_dir(attempt.run_dir)
+            # before the attempt may come back here, whose directory is made fresh. The
+            # attempt's only: the run's may be in use by another attempt being made.
+            shutil.rmtree(attempt.run_dir, ignore_errors=True)
+            if attempt.run_dir.exists():
+                log.warning("the directory of %s could not be removed", attempt.run_dir)
         # "released", not "reported": the same attempt may be assigned here again.
         self._send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()

@@ -274,8 +274,8 @@ def test_a_node_with_no_worker_learns_the_broker_time_before_it_proposes(
     """A node 10 minutes ahead with no worker (no heartbeats) learns the broker's time from
     its own clock probe as it starts, before it proposes anything by its wrong clock (were
     it to propose by it first, it would rebuild its timers once synced: `_resync`): a
-    one-off 60 s away is proposed on time, not 10 minutes early nor late. By its own
-    clock it would be proposed at once, 60 s ahead, beyond the 45 s look-ahead allowed."""
+    one-off 50 s away is proposed on time, not 10 minutes early nor late. By its own
+    clock it would be proposed at once, 50 s ahead, beyond the 45 s look-ahead allowed."""
     alone = topics.with_(topic_prefix=f"{topics.topic_prefix}alone.")
     ensure_topics(alone)
     node = Node(alone, "alone-n1", tmp_path, extra_env=skewed(NODE_SKEW[0])).start()
@@ -283,7 +283,7 @@ def test_a_node_with_no_worker_learns_the_broker_time_before_it_proposes(
     try:
         send_commands(alone, [job("warmup", ["true"])])
         reader.wait_until(lambda: bool(reader.job_events()), 90, "the node to be up")
-        at_ms = (int(time.time()) + 60) * 1000
+        at_ms = (int(time.time()) + 50) * 1000
         send_commands(alone, [job("once", ["true"], schedule={"at": iso_utc(at_ms)})])
         reader.wait_until(
             lambda: any(e.job_id == "once" for e, _ in reader.run_events()),

@@ -305,12 +305,37 @@ def test_dependency_chain_and_a_failing_idempotent_job(
             job("after-flaky", ["true"], schedule={"every": "6s"}, depends_on=["flaky"]),
         ],
     )
-    events.poll_for(25)
-    send_commands(
-        topics,
-        [{"type": "job.pause", "job_id": j} for j in ("x", "y", "z", "flaky", "after-flaky")],
+    chain = ("x", "y", "z", "flaky", "after-flaky")
+
+    def final_of(job_id: str) -> list[RunEvent]:
+        return [
+            evs[-1]
+            for evs in runs_by_id(events).values()
+            if evs[0].job_id == job_id and evs[-1].state in FINAL_STATES
+        ]
+
+    def enough() -> bool:
+        """Three periods of the chain through z, and a flaky run failed with its
+        downstream skipped: what the checks below need."""
+        skipped = {e.scheduled_ms for e in final_of("after-flaky") if e.state == "skipped"}
+        return len([e for e in final_of("z") if e.state == "succeeded"]) >= 3 and any(
+            e.state == "failed" and e.scheduled_ms in skipped for e in final_of("flaky")
+        )
+
+    events.wait_until(enough, 90, "three periods of the chain and a flaky failure")
+    send_commands(topics, [{"type": "job.pause", "job_id": j} for j in chain])
+    events.wait_until(
+        lambda: (
+            {e.job_id for e in events.job_events() if e.kind == "paused"} >= set(chain)
+            and all(
+                evs[-1].state in FINAL_STATES
+                for evs in runs_by_id(events).values()
+                if evs[0].job_id in chain
+            )
+        ),
+        60,
+        "the pauses, and every run of the chain final",
     )
-    events.poll_for(15)
     runs = runs_by_id(events)
 
     def by_period(job_id: str) -> dict[int, list[RunEvent]]:

@@ -6,7 +6,9 @@ start-time room and giving back runs that never started."""
 from __future__ import annotations
 
 import os
+import pwd
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,7 +29,13 @@ def now_ms() -> int:
 
 
 class Harness:
-    def __init__(self, root: Path, capacity: tuple[float, float, float], max_gap_s: float):
+    def __init__(
+        self,
+        root: Path,
+        capacity: tuple[float, float, float],
+        max_gap_s: float,
+        run_as: tuple[int, int] | None = None,
+    ):
         self.root = root
         self.lease = root / "lease"
         self.log = root / "executor.log"
@@ -38,6 +46,7 @@ class Harness:
             grace_s=0.5,
             max_gap_s=max_gap_s,
             stderr=root / "executor.stderr",
+            run_as=run_as,
         )
         self.seen: list[Event] = []
 
@@ -111,9 +120,11 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
     def factory(
-        capacity: tuple[float, float, float] = (100.0, 1e9, 10.0), max_gap_s: float = 2.5
+        capacity: tuple[float, float, float] = (100.0, 1e9, 10.0),
+        max_gap_s: float = 2.5,
+        run_as: tuple[int, int] | None = None,
     ) -> Harness:
-        harness = Harness(tmp_path, capacity, max_gap_s)
+        harness = Harness(tmp_path, capacity, max_gap_s, run_as)
         made.append(harness)
         return harness
 
@@ -187,6 +198,35 @@ def test_an_output_file_replaced_before_the_start_is_refused(
     assert result.outcome == "error"
     assert h.started(key) is None
     assert target.read_text() == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing the jobs' user needs root")
+def test_a_directory_made_ahead_is_the_worker_s_until_the_start(
+    make: Callable[..., Harness],
+) -> None:
+    """Jobs run as one user (`--run-as`): another job of that user cannot leave anything
+    in a run's working directory while the run waits for its time (it is the worker's
+    until the start), and the run gets it, its own, at the start."""
+    nobody = pwd.getpwnam("nobody")
+    h = make(run_as=(nobody.pw_uid, nobody.pw_gid))
+    for folder in (h.root, h.root.parent, h.root.parent.parent):
+        folder.chmod(0o711)  # traversable by the job's user, as a worker's state folder is
+    h.renew()
+    key = h.start("later", ["sh", "-c", "stat -c %u .; ls -A"], at_ms=now_ms() + 3_000)
+    work = h.root / "later" / "work"
+    h.wait(work.exists, what="the directory made ahead")
+    assert (work.stat().st_uid, work.stat().st_mode & 0o777) == (os.geteuid(), 0o700)
+    planted = subprocess.run(
+        ["touch", str(work / "planted")],
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        capture_output=True,
+        check=False,
+    )
+    assert planted.returncode != 0
+    result = h.finished(key)
+    assert (result.outcome, result.exit_code) == ("exited", 0)
+    assert (h.root / "later" / "stdout").read_text() == f"{nobody.pw_uid}\n"
 
 
 def test_a_missing_command_is_an_error_not_a_crash(make: Callable[..., Harness]) -> None:

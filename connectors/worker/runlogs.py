@@ -49,21 +49,27 @@ class LogTail:
                 piece = data[i : i + CHUNK]
                 last = i + CHUNK >= len(data)
                 truncated = last and more and offset + len(data) >= MAX_LOG_BYTES
-                producer.produce(
-                    topic,
-                    key=self.run_id.encode(),
-                    value=RUN_LOG.encode(
-                        RunLogChunk(
-                            self.run_id,
-                            self.attempt,
-                            stream,
-                            self.seq[stream],
-                            piece.decode(errors="replace"),
-                            truncated,
-                            worker_id,
-                            int(time.time() * 1000),
-                        )
-                    ),
-                )
+                try:
+                    producer.produce(
+                        topic,
+                        key=self.run_id.encode(),
+                        value=RUN_LOG.encode(
+                            RunLogChunk(
+                                self.run_id,
+                                self.attempt,
+                                stream,
+                                self.seq[stream],
+                                piece.decode(errors="replace"),
+                                truncated,
+                                worker_id,
+                                int(time.time() * 1000),
+                            )
+                        ),
+                    )
+                except BufferError:
+                    # The producer's queue is full (the broker is away): what is not
+                    # queued stays in the file, read again from here at the next pass.
+                    self.offsets[stream] = offset + i
+                    return
                 self.seq[stream] += 1
             self.offsets[stream] = offset + len(data)

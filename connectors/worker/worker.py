@@ -219,7 +219,7 @@ class Worker:
         self.durations = DurationEstimates()
         self.granted: list[Attempt] = []  # granted this pass, started together
         self.adopted: dict[Key, tuple[Attempt, Entry]] = {}  # an earlier incarnation's
-        self.resend: list[Any] = []  # reports whose delivery failed
+        self.resend: list[Any] = []  # reports not delivered or not queued, oldest first
         # Start reports not sent yet, with when they were made (monotonic): each waits
         # `START_WAIT_S` for its run's end, to go in the same report.
         self.waiting_starts: dict[Key, tuple[float, RunStarted]] = {}
@@ -390,7 +390,7 @@ class Worker:
                     # Replays after a crash are harmless (the journal and the attempt
                     # table ignore repeats); committing keeps them short.
                     consumer.commit(asynchronous=True)
-                self._pump()
+                self.pump()
                 self._publish()
                 self.producer.poll(0)
                 lag.report(consumer)
@@ -452,7 +452,7 @@ class Worker:
         self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts) + self.hold.keys())
 
     # -- sending ---------------------------------------------------------------------------
-    def _send(self, record: Any, on_ack: Callable[[], None] | None = None) -> None:
+    def send(self, record: Any, on_ack: Callable[[], None] | None = None) -> None:
         """Produce to worker-reports (relayed to job-log by ingress); `on_ack()` once Kafka
         acknowledged it. The acknowledgement carries the broker's append time: a sample
         for the broker clock."""
@@ -468,12 +468,20 @@ class Worker:
                 log.warning("report not delivered (%s); sending it again", err)
                 self.resend.append((record, on_ack))
 
-        self.producer.produce(
-            self.topics["worker-reports"],
-            key=record.job_id.encode(),
-            value=JOB_LOG.encode(record),
-            on_delivery=delivered,
-        )
+        if self.resend:
+            self.resend.append((record, on_ack))  # after those already waiting, in order
+            return
+        try:
+            self.producer.produce(
+                self.topics["worker-reports"],
+                key=record.job_id.encode(),
+                value=JOB_LOG.encode(record),
+                on_delivery=delivered,
+            )
+        except BufferError:
+            # The producer's queue is full (a long broker outage, a burst of output):
+            # the report waits here, and goes again at the next pass.
+            self.resend.append((record, on_ack))
 
     def _observe(self, stamp: int) -> None:
         """A broker time from a delivery report (of a beat, on the heartbeat thread, or of
@@ -550,7 +558,7 @@ class Worker:
 
     def _claim(self, d: DispatchRequest) -> int:
         at = self._now_ms()
-        self._send(
+        self.send(
             ClaimRequested(d.job_id, d.run_id, d.attempt, self.config.worker_id, at, d.placement)
         )
         return at
@@ -593,7 +601,7 @@ class Worker:
             return
         job_id = self.journal.entries[key].job_id if phase else job_of(reply.run_id)
         at = self._now_ms()
-        self._send(
+        self.send(
             RunReleased(
                 job_id, reply.run_id, reply.attempt, self.config.worker_id, why, at, reply.placement
             )
@@ -701,7 +709,7 @@ class Worker:
             "CRONLOG_ATTEMPT": str(d.attempt),
         }
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         """Executor events, its health, the logs of long runs, failed deliveries."""
         for event in self.executor.events():
             attempt = self.attempts.get(event.key)
@@ -737,7 +745,7 @@ class Worker:
             self._send_held()
         resend, self.resend = self.resend, []
         for record, on_ack in resend:
-            self._send(record, on_ack)
+            self.send(record, on_ack)
 
     def _starts_behind(self) -> bool:
         """Whether the executor is starting a burst: a run handed to it has reached its
@@ -769,7 +777,7 @@ class Worker:
         whatever became of it, and before any later report of it."""
         waiting = self.waiting_starts.pop(key, None)
         if waiting is not None:
-            self._send(waiting[1])
+            self.send(waiting[1])
 
     def _send_waiting_starts(self, made_by: float) -> None:
         """Send the waiting start reports made by `made_by` (monotonic): their runs go on."""
@@ -778,7 +786,7 @@ class Worker:
             if made > made_by:
                 return  # they wait in the order they were made
             del self.waiting_starts[key]
-            self._send(record)
+            self.send(record)
 
     def _started(self, attempt: Attempt, event: Started) -> None:
         d = attempt.dispatch
@@ -848,7 +856,7 @@ class Worker:
         def send() -> None:
             if tail is not None:  # the rest of its output goes before its end
                 tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
-            self._send(record, lambda: self._reported(d))
+            self.send(record, lambda: self._reported(d))
 
         self._send_report(attempt.key, send, ran=attempt.phase == "started")
         _FINISHED.inc()
@@ -870,7 +878,7 @@ class Worker:
             if attempt.run_dir.exists():
                 log.warning("the directory of %s could not be removed", attempt.run_dir)
         # "released", not "reported": the same attempt may be assigned here again.
-        self._send(record, lambda: self._reported(d, "released"))
+        self.send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()
         self._forget(attempt)
 

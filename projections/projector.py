@@ -23,17 +23,20 @@ and retries, then catches up from its stored offsets.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import psycopg
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
 from projections.deployment import TOPICS
+from projections.job_rows import WrittenRows
 from projections.migrate import migrate_for
 from projections.retention import Pruner, RetentionPolicy
 from schemas.codec import HEARTBEAT, JOB_STATE, RUN_EVENTS, RUN_LOG, CodecError, KnownSpecs
@@ -223,6 +226,20 @@ ORDER = (
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
+def _json(value: Any) -> bytes:
+    """jsonb's text, by orjson (several times faster than the json module, which psycopg
+    uses by default; the projector writes a document per transition and per job row),
+    or by the json module for what orjson does not take (an integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value).encode()
+
+
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=_json)
+
+
 def _text(value: str) -> str:
     """PostgreSQL text and jsonb cannot hold NUL; a job may well print one."""
     return value.replace("\x00", "\ufffd")
@@ -276,6 +293,7 @@ class Projector:
         self._lag_at = 0.0
         self._live_at = 0.0
         self._specs = KnownSpecs(SPEC_BYTES_KEPT)
+        self._job_rows = WrittenRows()
         self.handlers: dict[str, Callable[[bytes | None, bytes, Rows], None]] = {
             "run-events": self._run_event,
             "jobs": self._job_state,
@@ -319,6 +337,7 @@ class Projector:
 
     def _rewind(self, conn: psycopg.Connection[Any]) -> None:
         """Position every assigned partition at the offset PostgreSQL says comes next."""
+        self._job_rows.forget()  # what it wrote may have been replaced since
         stored = self._stored_offsets(conn)
         conn.rollback()
         for tp in self.consumer.assignment():
@@ -428,6 +447,7 @@ class Projector:
                 with self.conn.transaction(), self.conn.cursor() as cur:
                     self._fence(cur, batch)
                     self._write_bulk(cur, batch)
+                self._job_rows.commit()
             except TRANSIENT:
                 raise
             except psycopg.Error as exc:
@@ -500,6 +520,7 @@ class Projector:
 
     def _write_isolated(self, batch: Batch) -> None:
         assert self.conn is not None
+        self._job_rows.forget()  # which of its rows get written is known record by record
         with self.conn.transaction(), self.conn.cursor() as cur:
             self._fence(cur, batch)
             self._write_one_by_one(cur, batch)
@@ -557,7 +578,7 @@ class Projector:
         seq = event_seq(e.event_id, e.run_id)
         at = _ts(e.at_ms)
         reason = _text(e.reason)
-        detail = Jsonb({"reason": reason, "exit_code": e.exit_code, "trigger": e.trigger})
+        detail = _jsonb({"reason": reason, "exit_code": e.exit_code, "trigger": e.trigger})
         worker = e.worker_id or None
         transition = (e.event_id, e.run_id, e.attempt, e.state, at, worker, detail, seq)
         rows.append((TRANSITION, transition))
@@ -580,7 +601,7 @@ class Projector:
             "error": reason or None,
             "seq": seq,
             # The run's values ride on its first event only; later upserts keep them.
-            "params": Jsonb(values_document(e.params)) if e.params else None,
+            "params": _jsonb(values_document(e.params)) if e.params else None,
             # Start lateness is the first attempt's (a retry's start is not lateness).
             "first_started_at": _ts(e.happened_ms)
             if e.state == "running" and e.attempt == 1
@@ -597,10 +618,23 @@ class Projector:
         spec = state.spec
         if state.deleted and not spec.owner:
             return  # the ledger's placeholder for a job others depend on: not a job yet
+        if key and known is not None:
+            written = (
+                len(known.data),
+                hash(known.data),  # the spec's bytes: computed once per bytes object
+                state.paused,
+                state.deleted,
+                state.next_due_ms,
+                state.created_ms,
+                state.updated_ms,  # moves with every change of the spec
+                state.cycle,
+            )
+            if self._job_rows.unchanged(key, written):
+                return  # a run's end: only the run lists changed, which the row lacks
         row = (
             spec.job_id,
             spec.owner,
-            Jsonb(to_plain(spec)),
+            _jsonb(to_plain(spec)),
             state.paused,
             state.deleted,
             _ts(state.next_due_ms),

@@ -26,8 +26,8 @@ from connectors.stack import Stack, StackPaths
 from projections.migrate import MIGRATIONS_DIR, load_migrations, migrate
 from projections.projector import Projector, _ts
 from projections.queries import logs
-from schemas.codec import RUN_EVENTS, RUN_LOG
-from schemas.records import RunEvent, RunLogChunk, RunStateName
+from schemas.codec import JOB_STATE, RUN_EVENTS, RUN_LOG
+from schemas.records import JobState, RunEvent, RunLogChunk, RunStateName
 from streams.core.ids import scheduled_run_id
 from streams.kafka import producer_config
 from streams.settings import Settings
@@ -43,6 +43,7 @@ from tests.support.nodes import (
     send_commands,
 )
 from tests.support.services import Services
+from tests.support.specs import upsert
 from tests.support.waiting import eventually, until_passes
 
 TABLES = {
@@ -610,3 +611,71 @@ def test_log_chunks_shown_are_the_holders_and_bounded(topics: Settings, tmp_path
     assert len(texts[1]) < 17_000
     assert not any("FORGED" in t for t in texts)
     assert stored == [(0, "evil"), (0, "w1"), (1, "w1")]  # kept apart, the far one not at all
+
+
+# -- a job state that changes none of the row's columns is not written again -------------
+class KeyedMessage(FakeMessage):
+    def __init__(self, topic: str, offset: int, value: bytes, key: bytes):
+        super().__init__(topic, offset, value)
+        self._key = key
+
+    def key(self) -> bytes:
+        return self._key
+
+
+def test_a_job_state_that_changes_no_column_is_not_written_again(
+    topics: Settings, second_database: str
+) -> None:
+    """A run's end rewrites the job's state with only its run lists changed: the jobs
+    row is left as it is (its xmin, the transaction that last wrote it, stays). A state
+    that moves a column is written, also after a batch that was never committed
+    (another writer's offsets ahead of it: rolled back and rewound)."""
+    projector = Projector(topics.with_(database_url=second_database))
+    conn = projector.conn = projector.connect()
+    topic = topics.topic("jobs")
+    spec = upsert("rows-a").spec
+    fired = JobState(spec, False, False, 1_000, 1_000, 60_000, 120_000, ("rows-a@1",), (), (), 3)
+    ended = dataclasses.replace(fired, live_runs=(), final_runs=("rows-a@1",), version=4)
+    moved = dataclasses.replace(ended, fired_ms=120_000, next_due_ms=180_000, version=5)
+    offset = 0
+
+    def write(state: JobState) -> None:
+        nonlocal offset
+        message: Any = KeyedMessage(topic, offset, JOB_STATE.encode(state), b"rows-a")
+        projector.write([message])
+        offset += 1
+
+    def row() -> tuple[Any, ...]:
+        found = conn.execute(
+            "SELECT xmin::text, next_due_at FROM jobs WHERE job_id = 'rows-a'"
+        ).fetchone()
+        conn.rollback()
+        assert found is not None
+        return tuple(found)
+
+    try:
+        write(fired)
+        first = row()
+        assert first[1] == _ts(120_000)
+        write(ended)
+        assert row() == first  # not written again
+        # Another writer's offsets ahead of this batch: it is refused, nothing written.
+        conn.execute(
+            "INSERT INTO projector_offsets VALUES (%s, 0, 1000)"
+            " ON CONFLICT (topic, partition) DO UPDATE SET next_offset = 1000",
+            (topic,),
+        )
+        conn.commit()
+        write(moved)
+        assert row() == first
+        conn.execute("UPDATE projector_offsets SET next_offset = 0 WHERE topic = %s", (topic,))
+        conn.commit()
+        write(moved)  # read again after the rewind: written
+        again = row()
+        assert again[0] != first[0]
+        assert again[1] == _ts(180_000)
+        write(dataclasses.replace(moved, final_runs=("rows-a@1", "rows-a@2"), version=6))
+        assert row() == again
+    finally:
+        conn.close()
+        projector.consumer.close()

@@ -162,29 +162,60 @@ def _ranges(
         why = found.error if found is not None and found.error is not None else "not found"
         raise AuditError(f"topic {topic} is not available ({why})")
     partitions = sorted(found.partitions)
-    try:
-        bounds = {
-            p: consumer.get_watermark_offsets(
-                TopicPartition(topic, p), timeout=timeout_s, cached=False
-            )
-            for p in partitions
-        }
-        starts = {p: low for p, (low, _) in bounds.items()}
-        ends = {p: high for p, (_, high) in bounds.items()}
-        if from_ms is not None:
-            for tp in consumer.offsets_for_times(
-                [TopicPartition(topic, p, from_ms) for p in partitions], timeout=timeout_s
-            ):
-                # -1 (OFFSET_END): no record at or after from_ms.
-                starts[tp.partition] = ends[tp.partition] if tp.offset < 0 else tp.offset
-        if to_ms is not None:
-            for tp in consumer.offsets_for_times(
-                [TopicPartition(topic, p, to_ms + 1) for p in partitions], timeout=timeout_s
-            ):
-                if tp.offset >= 0:
-                    ends[tp.partition] = min(ends[tp.partition], tp.offset)
-    except KafkaException as exc:
-        raise AuditError(f"cannot read the offsets of {topic}: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _offsets(consumer, topic, partitions, from_ms, to_ms, timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            moving = isinstance(error, KafkaError) and error.code() in _LEADERS_MOVING
+            if not moving or time.monotonic() >= deadline:
+                raise AuditError(f"cannot read the offsets of {topic}: {exc}") from exc
+            # A partition's leader is moving (a broker restarted, a topic just made): the
+            # metadata is asked again by the next try.
+            time.sleep(0.5)
+
+
+# Errors of a partition whose leader is being elected or moved: asked again until the
+# audit's timeout rather than failing the audit.
+_LEADERS_MOVING: Final = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+    }
+)
+
+
+def _offsets(
+    consumer: Any,
+    topic: str,
+    partitions: list[int],
+    from_ms: int | None,
+    to_ms: int | None,
+    timeout_s: float,
+) -> dict[int, tuple[int, int]]:
+    """partition -> [start, end) offsets of `partitions`, from their watermarks and the
+    time bounds."""
+    bounds = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
+        for p in partitions
+    }
+    starts = {p: low for p, (low, _) in bounds.items()}
+    ends = {p: high for p, (_, high) in bounds.items()}
+    if from_ms is not None:
+        for tp in consumer.offsets_for_times(
+            [TopicPartition(topic, p, from_ms) for p in partitions], timeout=timeout_s
+        ):
+            # -1 (OFFSET_END): no record at or after from_ms.
+            starts[tp.partition] = ends[tp.partition] if tp.offset < 0 else tp.offset
+    if to_ms is not None:
+        for tp in consumer.offsets_for_times(
+            [TopicPartition(topic, p, to_ms + 1) for p in partitions], timeout=timeout_s
+        ):
+            if tp.offset >= 0:
+                ends[tp.partition] = min(ends[tp.partition], tp.offset)
     return {p: (max(starts[p], bounds[p][0]), ends[p]) for p in partitions}
 
 

@@ -6,8 +6,9 @@ run ends (only its run lists, which the `jobs` table does not hold, change): abo
 of the states the projector reads leave the row as it is, and writing it anyway costs
 an upsert of the whole spec (jsonb). A row is skipped only when this projector wrote the
 same one in a transaction PostgreSQL committed: rows of a batch are `pending` until
-`commit`, dropped by `discard` (the batch was rolled back) and everything is forgotten
-by `forget` (the projector rewound, or wrote record by record). Pure: no database here.
+`commit`, and everything is forgotten by `forget` (a batch not committed makes the
+projector rewind, and a batch written record by record may leave some rows out). Pure:
+no database here.
 """
 
 from __future__ import annotations
@@ -46,10 +47,6 @@ class WrittenRows:
         self._pending.clear()
         while len(committed) > self.most:
             committed.popitem(last=False)
-
-    def discard(self) -> None:
-        """The batch's rows were not written."""
-        self._pending.clear()
 
     def forget(self) -> None:
         self._pending.clear()

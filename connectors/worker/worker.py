@@ -400,6 +400,7 @@ class Worker:
             self.executor.close()
             self._send_waiting_starts(math.inf)
             self._send_held()
+            self._send_again()
             self.producer.flush(10)
             self.journal.flush()
 
@@ -743,6 +744,10 @@ class Worker:
         self._send_waiting_starts(now - START_WAIT_S)
         if self.hold and (self.hold.expired(now) or not self._starts_behind()):
             self._send_held()
+        self._send_again()
+
+    def _send_again(self) -> None:
+        """The reports not delivered, or not queued (a full queue), in the order made."""
         resend, self.resend = self.resend, []
         for record, on_ack in resend:
             self.send(record, on_ack)

@@ -391,7 +391,12 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:  # the stdlib's signature
                 return  # scrapes every few seconds are not worth a log line
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:  # a port in use is the operator's to fix, not a traceback
+            raise SystemExit(
+                f"cronlog: cannot serve metrics and health on port {port}: {exc.strerror}"
+            ) from exc
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)

@@ -26,8 +26,9 @@ from tests.support.nodes import (
     env_for,
     send_commands,
 )
+from tests.support.ports import free_port
 from tests.support.secure import role_env
-from tests.support.waiting import eventually, free_port
+from tests.support.waiting import eventually
 
 TOKENS = {
     "CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a,tok-b-0123456789ab=team-b",

@@ -28,7 +28,8 @@ from connectors.client import (
 from streams.settings import Settings
 from tests.support.kafka import consumer
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
-from tests.support.waiting import eventually, free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 TOKENS = {
     "CRONLOG_API_TOKENS": "tok-ca-0123456789ab=team-ca,tok-cb-0123456789ab=team-cb",

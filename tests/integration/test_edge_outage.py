@@ -43,8 +43,9 @@ from tests.support.nodes import (
     runs_by_id,
     send_commands,
 )
+from tests.support.ports import free_port
 from tests.support.services import Services
-from tests.support.waiting import eventually, free_port
+from tests.support.waiting import eventually
 
 ADMIN = {"Authorization": "Bearer tok-admin-0123456789ab"}
 OUTAGE_S = 15

@@ -21,7 +21,8 @@ import pytest
 
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc
-from tests.support.waiting import eventually, free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 N = int(os.environ.get("CRONLOG_FUZZ_API_N", "25"))
 OWNER = "tok-fuzz-0123456789ab"

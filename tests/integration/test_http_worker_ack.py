@@ -32,7 +32,8 @@ from schemas.spec import Resources
 from streams.kafka import producer_config
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess
-from tests.support.waiting import eventually, free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 W = {"Authorization": "Bearer tok-w-0123456789ab"}
 KINDS = ("assignments", "grants", "kills")

@@ -29,8 +29,9 @@ from confluent_kafka.admin import AdminClient
 from connectors.stack import Stack, StackPaths, StackPorts
 from streams.settings import Settings
 from streams.topics import CATALOGUE
+from tests.support.ports import free_port
 from tests.support.services import Services
-from tests.support.waiting import eventually, free_port
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_ASSETS = ("log4j2.properties", "pom.xml", "server.properties.in")

@@ -23,7 +23,8 @@ import yaml
 
 from streams.settings import Settings
 from tests.support.nodes import ROOT, Node, env_for
-from tests.support.waiting import eventually, free_port, until_passes
+from tests.support.ports import free_port
+from tests.support.waiting import eventually, until_passes
 
 CLI = [sys.executable, "-m", "connectors.cli"]
 JOB_MARK = "613"  # `sleep 613`: the long job the demo below runs, found by its argv

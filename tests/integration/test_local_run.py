@@ -18,7 +18,8 @@ import yaml
 
 from streams.settings import Settings
 from tests.support.nodes import ROOT, env_for
-from tests.support.waiting import eventually, free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 CLI = [sys.executable, "-m", "connectors.cli"]
 DEMO = {

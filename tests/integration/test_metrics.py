@@ -4,7 +4,6 @@ the same processes' `--log-format json` (streams/logs.py)."""
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,13 +28,8 @@ from tests.support.nodes import (
     runs_by_id,
     send_commands,
 )
+from tests.support.ports import free_ports
 from tests.support.waiting import eventually
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -82,8 +76,9 @@ def test_the_server_answers_metrics_health_and_readiness() -> None:
 @pytest.fixture
 def processes(topics: Settings, tmp_path: Path) -> Iterator[dict[str, int]]:
     """The ports of each process; their logs (JSON lines) under tmp_path."""
-    ports = {"node": free_port(), "worker": free_port(), "projector": free_port()}
-    ports["ledger"] = ports["node"] + 1
+    node_port, worker_port, projector_port = free_ports(3, span=2)  # the node's + 1: its ledger's
+    ports = {"node": node_port, "worker": worker_port, "projector": projector_port}
+    ports["ledger"] = node_port + 1
     node = CronlogProcess(
         topics,
         "m-node",

@@ -26,7 +26,8 @@ from tests.support.nodes import (
     job,
     send_commands,
 )
-from tests.support.waiting import eventually, free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 CANARY = "canary-7f3a9c1e-do-not-leak"
 A = {"Authorization": "Bearer tok-s-0123456789ab"}

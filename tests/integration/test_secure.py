@@ -36,8 +36,9 @@ from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.nodes import ROOT, CronlogProcess, Node, ProjectorProc, WorkerProc, env_for
+from tests.support.ports import free_port
 from tests.support.secure import SecureBroker
-from tests.support.waiting import eventually, free_port
+from tests.support.waiting import eventually
 
 TOKENS = {"CRONLOG_API_TOKENS": "tok-a-0123456789ab=team-a"}
 A = {"Authorization": "Bearer tok-a-0123456789ab"}

@@ -21,6 +21,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from connectors.stack import Stack, StackPaths, StackPorts
 from connectors.stack.process import port_open
+from tests.support.ports import free_port
 from tests.support.services import Services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +37,6 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         timeout=300,
         check=False,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -79,7 +74,7 @@ def private_stack(native: Services, tmp_path: Path) -> Iterator[Stack]:
     shared = StackPaths.default(os.environ.get("CRONLOG_STATE_DIR"))
     stack = Stack(
         StackPaths(tmp_path / "state", libs=shared.kafka_libs),
-        StackPorts(_free_port(), _free_port(), _free_port()),
+        StackPorts(free_port(), free_port(), free_port()),
     )
     yield stack
     stack.down()
@@ -126,8 +121,8 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(
             env={
                 "CRONLOG_STATE_DIR": str(tmp_path / "state"),
                 "CRONLOG_STACK_KAFKA_PORT": str(port),
-                "CRONLOG_STACK_CONTROLLER_PORT": str(_free_port()),
-                "CRONLOG_STACK_POSTGRES_PORT": str(_free_port()),
+                "CRONLOG_STACK_CONTROLLER_PORT": str(free_port()),
+                "CRONLOG_STACK_POSTGRES_PORT": str(free_port()),
             },
         )
     assert result.returncode == 1

@@ -18,7 +18,8 @@ import pytest
 from connectors.api.ui import COOKIE
 from streams.settings import Settings
 from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
-from tests.support.waiting import eventually, free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENS = Path(__file__).resolve().parents[2] / ".state" / "screens"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,13 +17,8 @@ from pathlib import Path
 from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
 from connectors.stack.process import pid_alive
+from tests.support.ports import free_port
 from tests.support.waiting import eventually
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrivateBroker:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,20 +24,10 @@ from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
 from connectors.stack.process import pid_alive, stop_pid
 from streams.settings import Settings
+from tests.support.ports import free_ports
 from tests.support.waiting import eventually, until_passes
 
 BROKERS = 3
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all held open until every one is chosen)."""
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
 
 
 def java_hash(text: str) -> int:

@@ -17,7 +17,7 @@ from connectors.stack import StackPaths
 from connectors.stack.kafka import KafkaStack
 from connectors.stack.secure import SecureMaterial, add_worker, apply_acls
 from streams.settings import Settings
-from tests.support.cluster import free_ports
+from tests.support.ports import free_ports
 
 
 class SecureBroker:

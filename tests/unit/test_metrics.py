@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import typer
 from hypothesis import given
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from connectors.cli.common import chosen_metrics_port
 from streams import metrics
-from streams.metrics import BoundedLabels, metrics_port, reason_kind
+from streams.metrics import BoundedLabels, MetricsServer, metrics_port, reason_kind
 
 
 def test_every_metric_is_named_by_the_conventions() -> None:
@@ -96,3 +98,15 @@ def test_no_metric_is_defined_twice_in_one_module_name_or_one_metric_name() -> N
             named.append((str(first.value), registry[0] if registry else "default"))
     assert len(assigned) == len(set(assigned)), sorted(assigned)
     assert len(named) == len(set(named)), sorted(named)
+
+
+def test_a_port_in_use_ends_the_process_saying_which_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as stopped:
+            MetricsServer(port, [], lambda: None, host="127.0.0.1")
+    assert str(stopped.value) == (
+        f"cronlog: cannot serve metrics and health on port {port}: Address already in use"
+    )

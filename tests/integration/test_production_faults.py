@@ -52,7 +52,11 @@ from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, 
 
 SHORT, SHORT_EVERY_S = 16, 2
 LONG, LONG_EVERY_S, LONG_SLEEP_S = 6, 20, 15
-WATCH_S = 30  # how long each fault is watched before the next
+# How long each fault is watched before the next: three times a broker's failover at
+# worst (TIMING.broker_failover_s, 6 s), and past a lost worker's lease with its margin
+# (9 s) and the dead verdict (11 s), so each fault's effects show in its own window;
+# every run is then settled to its end (pause_and_settle).
+WATCH_S = 20
 CALM_S = 12  # watched before the first fault (the registration's first runs are over)
 # A lost worker's lease ended by the broker's time of its last beat (at or before its
 # kill) plus the lease; the dispatcher adds its margin. Runs due later never started.

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import platform
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,7 +37,10 @@ def bench_settings(name: str, partitions: int = 12) -> Iterator[Settings]:
         try:
             yield settings
         finally:
-            delete_topics_with_prefix(settings, settings.topic_prefix)
+            if os.environ.get("CRONLOG_BENCH_KEEP_TOPICS") == "1":  # to read them afterwards
+                print(f"topics kept: {settings.topic_prefix}*", file=sys.stderr)
+            else:
+                delete_topics_with_prefix(settings, settings.topic_prefix)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -323,3 +323,78 @@ def test_a_burst_is_decided_before_it_is_due_at_the_ledgers_rate(
     assert not late, (len(late), pacer.rate)
     assert min(proposed.values()) >= due - policy.horizon_ms
     assert pacer.rate <= Pacer.CEILING_PER_S
+
+
+# A short run's report carries its start and its end: two transitions to the ledger,
+# where a proposal or a claim is one.
+REPORT_COST = 2
+
+
+def _play_runs(
+    jobs: dict[str, int], capacity_per_s: float, policy: ProposalPolicy, until: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """As `_play`, with what a decided firing brings the same ledger after it: its
+    worker's claim (a pass after the decision: dispatch and the claim's trip) and, at
+    its due time, its worker's report. The ledger decides all three in arrival order,
+    `capacity_per_s` a second. Returns when each firing was first proposed and when its
+    claim was granted."""
+    timers = FireTimers(policy)
+    for job_id, due in jobs.items():
+        timers.learn(job_id, due, fired_ms=T)
+    pacer = Pacer(policy, T)
+    queue: deque[tuple[str, str, int]] = deque()  # (kind, job, due), in arrival order
+    reports: list[tuple[int, str]] = []  # (due, job): sent at their time
+    claims: list[tuple[str, int]] = []  # sent on the next pass
+    proposed: dict[str, int] = {}
+    decided: set[str] = set()
+    granted: dict[str, int] = {}
+    budget = 0.0
+    for now in range(T, until, 100):
+        queue.extend(("claim", job_id, due) for job_id, due in claims)
+        claims = []
+        reports.sort()
+        while reports and reports[0][0] <= now:
+            due, job_id = reports.pop(0)
+            queue.append(("report", job_id, due))
+        budget = min(capacity_per_s, budget + capacity_per_s / 10)
+        while queue and budget >= 1:
+            kind, job_id, due = queue.popleft()
+            budget -= REPORT_COST if kind == "report" else 1
+            if kind == "proposal" and job_id not in decided:
+                decided.add(job_id)
+                timers.learn(job_id, None)  # a one-off: nothing more to propose
+                claims.append((job_id, due))
+            elif kind == "claim":
+                granted[job_id] = now
+                reports.append((due, job_id))
+        pacer.judge(now, [timers.waiting], timers.early_out)
+        fires, early = timers.take(now, pacer.grant(now))
+        pacer.spend(early)
+        for job_id, due in fires:
+            proposed.setdefault(job_id, now)
+            queue.append(("proposal", job_id, due))
+    return proposed, granted
+
+
+@pytest.mark.parametrize(
+    ("burst", "capacity", "spread_s"),
+    [(20_000, 1_000.0, 1), (20_000, 1_000.0, 60), (60_000, 3_000.0, 1), (60_000, 3_000.0, 60)],
+)
+def test_a_burst_is_claimed_before_it_is_due_while_its_first_runs_report(
+    burst: int, capacity: float, spread_s: int
+) -> None:
+    """N jobs due in one second or spread over a minute (job i in second i mod 60), on
+    a ledger that also grants the claims of what it decided and takes the reports of the
+    runs that started: a burst's first seconds report while its last are still to be
+    proposed and claimed, and a claim not granted by its time waits behind them. Every
+    claim is granted before its run is due. (The reports of a minute's burst take two
+    thirds of these ledgers: one that only just keeps up with them cannot be planned
+    around.)"""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=1000)
+    first = T + 620 * S
+    jobs = {f"b{i:06d}": first + (i % spread_s) * S for i in range(burst)}
+    proposed, granted = _play_runs(jobs, capacity, policy, first + spread_s * S + S)
+    assert set(granted) == set(jobs)
+    late = sorted(granted[j] - jobs[j] for j in jobs if granted[j] > jobs[j])
+    assert not late, (len(late), late[-1])
+    assert min(proposed.values()) >= first - policy.horizon_ms

@@ -107,8 +107,9 @@ class Pacer:
     # rate is measured on proposals alone, but the claims of a burst's first seconds
     # compete with the proposals of its last, and in a burst spread over time the reports
     # of its first seconds with both; a claim not granted by its time waits behind them.
-    # Counting two (the proposal and the claim), a burst of 100,000 over one minute left
-    # 11 % of its claims granted after their time, up to 36 s late, on a slower machine.
+    # This budgets the node's total only: how a pass's allowance is shared between its
+    # partitions (they take turns) is not planned here (docs/performance.md, "Bursts
+    # with default options").
     WORK = 4
     FLOOR_PER_S = 100.0
     CEILING_PER_S = 20_000.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import replace
 
@@ -343,7 +344,7 @@ def _play_runs(
         timers.learn(job_id, due, fired_ms=T)
     pacer = Pacer(policy, T)
     queue: deque[tuple[str, str, int]] = deque()  # (kind, job, due), in arrival order
-    reports: list[tuple[int, str]] = []  # (due, job): sent at their time
+    reports: list[tuple[int, str]] = []  # a heap of (due, job): sent at their time
     claims: list[tuple[str, int]] = []  # sent on the next pass
     proposed: dict[str, int] = {}
     decided: set[str] = set()
@@ -352,9 +353,8 @@ def _play_runs(
     for now in range(T, until, 100):
         queue.extend(("claim", job_id, due) for job_id, due in claims)
         claims = []
-        reports.sort()
         while reports and reports[0][0] <= now:
-            due, job_id = reports.pop(0)
+            due, job_id = heapq.heappop(reports)
             queue.append(("report", job_id, due))
         budget = min(capacity_per_s, budget + capacity_per_s / 10)
         while queue and budget >= 1:
@@ -366,7 +366,7 @@ def _play_runs(
                 claims.append((job_id, due))
             elif kind == "claim":
                 granted[job_id] = now
-                reports.append((due, job_id))
+                heapq.heappush(reports, (due, job_id))
         pacer.judge(now, [timers.waiting], timers.early_out)
         fires, early = timers.take(now, pacer.grant(now))
         pacer.spend(early)

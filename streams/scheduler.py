@@ -84,6 +84,7 @@ from streams.core.proposals import (
     FireTimers,
     Pacer,
     ProposalPolicy,
+    take_early,
 )
 from streams.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
 from streams.kafka import (
@@ -177,7 +178,6 @@ class Scheduler:
         self.assigned = False  # a first assignment came (readiness)
         self._gauged = 0.0
         self.early = Pacer(config.proposals, self.propose_at())
-        self._turn = 0
         self.proposed = 0
         self.dropped = 0  # proposals the full local queue refused (broker down)
         self._stop = threading.Event()
@@ -597,19 +597,10 @@ class Scheduler:
                 self.early.needed,
                 self.early.rate,
             )
-        allowed = self.early.grant(now)
-        # Rotate the partition served first, so the early allowance is shared fairly.
-        self._turn += 1
-        order = list(self.timers.values())
-        if order:
-            start = self._turn % len(order)
-            order = order[start:] + order[:start]
-        for timers in order:
+        for timers in owned:
             # Each proposal surfaces again after `repeat` unless the ledger's answer (a
             # new state record) replaces it first.
-            fires, early = timers.fires.take(now, allowed)
-            allowed -= early
-            self.early.spend(early)
+            fires, _ = timers.fires.take(now)
             for job_id, due in fires:
                 self._send(job_id, FireProposed(job_id, due, now, self.node_id))
             _FIRES.inc(len(fires))
@@ -618,6 +609,13 @@ class Scheduler:
                 self._send(job_id, DeadlineReached(job_id, run_id, attempt, kind, now))
                 timers.deadlines.set(run_id, now + repeat)
                 _DEADLINES.inc()
+        allowed = self.early.grant(now)
+        if allowed > 0:
+            for fires in take_early([t.fires for t in owned], now, allowed):
+                self.early.spend(len(fires))
+                for job_id, due in fires:
+                    self._send(job_id, FireProposed(job_id, due, now, self.node_id))
+                _FIRES.inc(len(fires))
 
     def _send(self, job_id: str, record: FireProposed | DeadlineReached) -> None:
         if self._own_clock and not self.broker.synced:

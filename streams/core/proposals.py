@@ -7,25 +7,25 @@ every `repeat_ms` until the ledger's answer (the job's new state) arrives.
 Look-ahead: a burst (ten thousand jobs due in the same second) cannot be decided,
 dispatched and claimed within `lead_ms`: the ledger decides on the order of a thousand
 inputs per second per core. So, besides what is due within `lead_ms`, fires due within
-`horizon_ms` are proposed early, earliest first, at a bounded rate shared by the node's
-partitions (`Allowance`): a burst is spread over the minute before it instead of being
-squeezed into the lead. Only once the job's previous firing time has passed, so a job
-every few seconds never has more runs decided ahead than the lead gives it; and only
-jobs whose runs may overlap (concurrency `allow`) without upstreams. `forbid` and
-`replace` jobs are not proposed before their time at all (no lead either): the previous
-run's state at the firing time decides, and deciding even the lead early would skip or
-cancel on a run that was about to finish. An early
-proposal is not repeated before its normal time (due minus lead), so a slow ledger is
-never flooded with repeats of it; should the ledger reject it, the normal proposal
-follows. `horizon_ms` must stay below the ledger's `max_lead_ms`, which rejects
-proposals that come earlier than that.
+`horizon_ms` are proposed early, earliest first over all the node's partitions
+(`take_early`), at a bounded rate (`Pacer`): a burst is spread over the minute before
+it instead of being squeezed into the lead. Only once the job's previous firing time
+has passed, so a job every few seconds never has more runs decided ahead than the lead
+gives it; and only jobs whose runs may overlap (concurrency `allow`) without upstreams.
+`forbid` and `replace` jobs are not proposed before their time at all (no lead
+either): the previous run's state at the firing time decides, and deciding even the
+lead early would skip or cancel on a run that was about to finish. An early proposal
+is not repeated before its normal time (due minus lead), so a slow ledger is never
+flooded with repeats of it; should the ledger reject it, the normal proposal follows.
+`horizon_ms` must stay below the ledger's `max_lead_ms`, which rejects proposals that
+come earlier than that.
 """
 
 from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from schemas.spec import JobSpec
@@ -107,9 +107,8 @@ class Pacer:
     # rate is measured on proposals alone, but the claims of a burst's first seconds
     # compete with the proposals of its last, and in a burst spread over time the reports
     # of its first seconds with both; a claim not granted by its time waits behind them.
-    # This budgets the node's total only: how a pass's allowance is shared between its
-    # partitions (they take turns) is not planned here (docs/performance.md, "Bursts
-    # with default options").
+    # The plan holds for a node's partitions together because `take_early` shares the
+    # allowance earliest first over all of them.
     WORK = 4
     FLOOR_PER_S = 100.0
     CEILING_PER_S = 20_000.0
@@ -286,11 +285,11 @@ class FireTimers:
             self._rebuild()
 
     def take(self, now: int, early_limit: int = 0) -> tuple[list[tuple[str, int]], int]:
-        """The (job_id, scheduled_ms) to propose now, and how many of them are early."""
+        """The (job_id, scheduled_ms) to propose now, and how many of them are early (at
+        most `early_limit`, this partition's earliest: a node's partitions share theirs
+        with `take_early`)."""
         policy = self.policy
-        self._now = now
-        if self._unheaped_after is not None and now >= self._unheaped_after:
-            self._rebuild()  # a time without a heap item may be due
+        self._catch_up(now)
         ids, dues = self._ids, self._due
         out: list[tuple[str, int]] = []
         for slot in self._pop(self._normal, self._normal_heap, now, 10_000):
@@ -300,24 +299,42 @@ class FireTimers:
             if self._awaiting[slot]:  # not answered by its normal time: proposed again
                 self._answered(slot)
             self._arm(self._normal, self._normal_heap, slot, now + policy.repeat_ms)
-        early = 0
-        if early_limit > 0:
-            for slot in self._pop_early(now, early_limit):
-                due = dues[slot]
-                out.append((ids[slot], due))
-                early += 1
-                self._awaiting[slot] = 1
-                self.early_out += 1
-                normal = max(now + policy.repeat_ms, due - policy.lead_ms)
-                self._arm(self._normal, self._normal_heap, slot, normal)
-        return out, early
+        early = self.pop_early(now, early_limit) if early_limit > 0 else []
+        return out + early, len(early)
 
-    def _pop_early(self, now: int, limit: int) -> list[int]:
-        slots = []
-        for slot in self._pop(self._early, self._early_heap, now, limit):
+    def early_head(self, now: int) -> int | None:
+        """The order (time, slot, packed) of the next firing that may be proposed early
+        now, None when there is none: `take_early` merges the partitions by it."""
+        self._catch_up(now)
+        heap, times = self._early_heap, self._early
+        while heap:
+            at, slot = divmod(heap[0], _SLOTS)
+            if times[slot] != at:
+                heapq.heappop(heap)  # stale
+                continue
+            return heap[0] if at <= now else None
+        return None
+
+    def pop_early(self, now: int, limit: int, until: int | None = None) -> list[tuple[str, int]]:
+        """Up to `limit` firings proposed early now, earliest first, none ordered after
+        `until` (an `early_head` of another partition)."""
+        policy = self.policy
+        ids, dues = self._ids, self._due
+        out: list[tuple[str, int]] = []
+        for slot in self._pop(self._early, self._early_heap, now, limit, until):
             self._uncount(slot)  # `_pop` disarmed its early time already
-            slots.append(slot)
-        return slots
+            due = dues[slot]
+            out.append((ids[slot], due))
+            self._awaiting[slot] = 1
+            self.early_out += 1
+            normal = max(now + policy.repeat_ms, due - policy.lead_ms)
+            self._arm(self._normal, self._normal_heap, slot, normal)
+        return out
+
+    def _catch_up(self, now: int) -> None:
+        self._now = now
+        if self._unheaped_after is not None and now >= self._unheaped_after:
+            self._rebuild()  # a time without a heap item may be due
 
     def _slot(self, job_id: str) -> int:
         if self._free:
@@ -353,17 +370,44 @@ class FireTimers:
         self._unheaped_after = None
 
     @staticmethod
-    def _pop(times: array[int], heap: list[int], now: int, limit: int) -> list[int]:
-        """Remove and return up to `limit` slots due at or before `now`, earliest first."""
+    def _pop(
+        times: array[int], heap: list[int], now: int, limit: int, until: int | None = None
+    ) -> list[int]:
+        """Remove and return up to `limit` slots due at or before `now`, earliest first,
+        none whose item is beyond `until`."""
         out: list[int] = []
         while heap and len(out) < limit:
             at, slot = divmod(heap[0], _SLOTS)
             if times[slot] != at:
                 heapq.heappop(heap)  # stale
                 continue
-            if at > now:
+            if at > now or (until is not None and heap[0] > until):
                 break
             heapq.heappop(heap)
             times[slot] = _NONE  # a duplicate item of the same time is stale now
             out.append(slot)
         return out
+
+
+def take_early(
+    partitions: Sequence[FireTimers], now: int, limit: int
+) -> list[list[tuple[str, int]]]:
+    """Up to `limit` firings proposed early now across a node's partitions, earliest first
+    over all of them (each partition's list, in `partitions`' order). The pacer plans a
+    burst in that order: shared any other way (turns, say), a partition served less
+    often leaves its early seconds to the normal lead while another proposes its late
+    ones, and their claims then meet the burst's reports (docs/performance.md, "Bursts
+    with default options")."""
+    taken: list[list[tuple[str, int]]] = [[] for _ in partitions]
+    heads = [(h, i) for i, p in enumerate(partitions) if (h := p.early_head(now)) is not None]
+    heapq.heapify(heads)
+    while heads and limit > 0:
+        _, i = heapq.heappop(heads)
+        # Take this partition's firings up to the next partition's first (ties go by slot).
+        fires = partitions[i].pop_early(now, limit, heads[0][0] if heads else None)
+        taken[i] += fires
+        limit -= len(fires)
+        head = partitions[i].early_head(now)
+        if head is not None:
+            heapq.heappush(heads, (head, i))
+    return taken

@@ -17,6 +17,7 @@ from streams.core.proposals import (
     Pacer,
     ProposalPolicy,
     may_look_ahead,
+    take_early,
 )
 
 T = 1_800_000_000_000
@@ -331,17 +332,52 @@ def test_a_burst_is_decided_before_it_is_due_at_the_ledgers_rate(
 REPORT_COST = 2
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    dues=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 90)), min_size=1, max_size=200),
+    limits=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+)
+def test_early_proposals_are_shared_earliest_first_across_partitions(
+    dues: list[tuple[int, int]], limits: list[int]
+) -> None:
+    """Whatever each pass allows, the firings a node proposes early are the earliest of
+    all its partitions: none taken is due after one left waiting."""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=1000)
+    owned = [FireTimers(policy) for _ in range(6)]
+    waiting: dict[str, int] = {}
+    for i, (partition, second) in enumerate(dues):
+        owned[partition].learn(f"j{i}", T + 600 * S + second * S, fired_ms=T)
+        waiting[f"j{i}"] = T + 600 * S + second * S
+    now = T + 100 * S  # every one within the horizon
+    for limit in limits:
+        taken = [fire for fires in take_early(owned, now, limit) for fire in fires]
+        assert len(taken) == min(limit, len(waiting))
+        for job_id, due in taken:
+            assert waiting.pop(job_id) == due
+        if taken and waiting:
+            assert max(due for _, due in taken) <= min(waiting.values())
+        now += 100
+
+
 def _play_runs(
-    jobs: dict[str, int], capacity_per_s: float, policy: ProposalPolicy, until: int
+    jobs: dict[str, int],
+    capacity_per_s: float,
+    policy: ProposalPolicy,
+    until: int,
+    partitions: int = 1,
+    pass_ms: int = 100,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """As `_play`, with what a decided firing brings the same ledger after it: its
     worker's claim (a pass after the decision: dispatch and the claim's trip) and, at
     its due time, its worker's report. The ledger decides all three in arrival order,
-    `capacity_per_s` a second. Returns when each firing was first proposed and when its
-    claim was granted."""
-    timers = FireTimers(policy)
-    for job_id, due in jobs.items():
-        timers.learn(job_id, due, fired_ms=T)
+    `capacity_per_s` a second. The node holds `partitions` partitions (jobs dealt round
+    robin) and proposes every `pass_ms`, as the scheduler does: the normal proposals of
+    each partition, then the early ones shared by `take_early`. Returns when each
+    firing was first proposed and when its claim was granted."""
+    owned = [FireTimers(policy) for _ in range(partitions)]
+    for i, (job_id, due) in enumerate(jobs.items()):
+        owned[i % partitions].learn(job_id, due, fired_ms=T)
+    home = {job_id: owned[i % partitions] for i, job_id in enumerate(jobs)}
     pacer = Pacer(policy, T)
     queue: deque[tuple[str, str, int]] = deque()  # (kind, job, due), in arrival order
     reports: list[tuple[int, str]] = []  # a heap of (due, job): sent at their time
@@ -350,26 +386,30 @@ def _play_runs(
     decided: set[str] = set()
     granted: dict[str, int] = {}
     budget = 0.0
-    for now in range(T, until, 100):
+    for now in range(T, until, pass_ms):
         queue.extend(("claim", job_id, due) for job_id, due in claims)
         claims = []
         while reports and reports[0][0] <= now:
             due, job_id = heapq.heappop(reports)
             queue.append(("report", job_id, due))
-        budget = min(capacity_per_s, budget + capacity_per_s / 10)
+        budget = min(capacity_per_s, budget + capacity_per_s * pass_ms / 1000)
         while queue and budget >= 1:
             kind, job_id, due = queue.popleft()
             budget -= REPORT_COST if kind == "report" else 1
             if kind == "proposal" and job_id not in decided:
                 decided.add(job_id)
-                timers.learn(job_id, None)  # a one-off: nothing more to propose
+                home[job_id].learn(job_id, None)  # a one-off: nothing more to propose
                 claims.append((job_id, due))
             elif kind == "claim":
                 granted[job_id] = now
                 heapq.heappush(reports, (due, job_id))
-        pacer.judge(now, [timers.waiting], timers.early_out)
-        fires, early = timers.take(now, pacer.grant(now))
-        pacer.spend(early)
+        pacer.judge(now, [t.waiting for t in owned], sum(t.early_out for t in owned))
+        fires = [fire for timers in owned for fire in timers.take(now)[0]]
+        allowed = pacer.grant(now)
+        if allowed > 0:
+            for taken in take_early(owned, now, allowed):
+                pacer.spend(len(taken))
+                fires += taken
         for job_id, due in fires:
             proposed.setdefault(job_id, now)
             queue.append(("proposal", job_id, due))
@@ -377,11 +417,21 @@ def _play_runs(
 
 
 @pytest.mark.parametrize(
-    ("burst", "capacity", "spread_s"),
-    [(20_000, 1_000.0, 1), (20_000, 1_000.0, 60), (60_000, 3_000.0, 1), (60_000, 3_000.0, 60)],
+    ("burst", "capacity", "spread_s", "partitions", "pass_ms"),
+    [
+        (20_000, 1_000.0, 1, 1, 100),
+        (20_000, 1_000.0, 60, 1, 100),
+        (60_000, 3_000.0, 1, 1, 100),
+        (60_000, 3_000.0, 60, 1, 100),
+        # A node's twelve partitions. Shared by turns (each pass another partition
+        # first), the first of these had 3,981 claims late: a partition served less often
+        # left its early seconds to the normal lead while others proposed their late ones.
+        (20_000, 1_000.0, 60, 12, 100),
+        (60_000, 3_000.0, 60, 12, 10),
+    ],
 )
 def test_a_burst_is_claimed_before_it_is_due_while_its_first_runs_report(
-    burst: int, capacity: float, spread_s: int
+    burst: int, capacity: float, spread_s: int, partitions: int, pass_ms: int
 ) -> None:
     """N jobs due in one second or spread over a minute (job i in second i mod 60), on
     a ledger that also grants the claims of what it decided and takes the reports of the
@@ -393,7 +443,9 @@ def test_a_burst_is_claimed_before_it_is_due_while_its_first_runs_report(
     policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=1000)
     first = T + 620 * S
     jobs = {f"b{i:06d}": first + (i % spread_s) * S for i in range(burst)}
-    proposed, granted = _play_runs(jobs, capacity, policy, first + spread_s * S + S)
+    proposed, granted = _play_runs(
+        jobs, capacity, policy, first + spread_s * S + S, partitions, pass_ms
+    )
     assert set(granted) == set(jobs)
     late = sorted(granted[j] - jobs[j] for j in jobs if granted[j] > jobs[j])
     assert not late, (len(late), late[-1])

@@ -173,9 +173,16 @@ class FireTimers:
 
     Compact, since a node holds every job of the partitions it owns (dicts of job id ->
     int and heaps of (time, job id) tuples take far more: docs/performance.md, seventh
-    round): each job gets a slot once, its three times live in arrays of machine integers, and a
-    heap item is one int packing (time, slot). Heap items are replaced lazily, as in
-    `DueQueue`: an item whose time is no longer its slot's is dropped when it surfaces.
+    round): each job gets a slot once, its three times live in arrays of machine integers,
+    and a heap item is one int packing (time, slot). Heap items are replaced lazily, as
+    in `DueQueue`: an item whose time is no longer its slot's is dropped when it surfaces.
+
+    A firing that may be proposed early waits in the early heap by the time it may be
+    (`at`), then in the ready heap by its due time: early proposals go earliest due
+    first, as the pacer plans them. `at` alone is no such order: a job registered
+    within the horizon of its first firing may be proposed from its registration on,
+    so jobs registered together for a minute's burst have their `at`s in registration
+    order, whatever second each is due in.
 
     Catching up (`bulk`, until `settle`), a job learnt with nothing to propose within
     `_BULK_WINDOW_MS` of the last `take` gets no heap item: its times are only written
@@ -199,6 +206,9 @@ class FireTimers:
         self._early = array("q")
         self._normal_heap: list[int] = []
         self._early_heap: list[int] = []
+        # Items (due, slot) of the slots whose early time has come, while `_ready` is 1.
+        self._ready_heap: list[int] = []
+        self._ready = bytearray()
         # Slots with an early time armed, by their due second: the burst ahead (`Pacer`).
         self.waiting: dict[int, int] = {}
         # Early proposals sent and not answered yet (the ledger's backlog of them).
@@ -234,6 +244,9 @@ class FireTimers:
             if self._awaiting[slot] and next_due != self._due[slot]:
                 self._answered(slot)  # the ledger decided the time proposed early
             self._unwait(slot)
+            if self._ready[slot]:  # its ready item goes stale: armed afresh below
+                self._ready[slot] = 0
+                self._early[slot] = _NONE
         if next_due is None:
             if slot is not None:
                 del self._slots[job_id]
@@ -296,6 +309,7 @@ class FireTimers:
             out.append((ids[slot], dues[slot]))
             self._unwait(slot)
             self._early[slot] = _NONE
+            self._ready[slot] = 0
             if self._awaiting[slot]:  # not answered by its normal time: proposed again
                 self._answered(slot)
             self._arm(self._normal, self._normal_heap, slot, now + policy.repeat_ms)
@@ -303,26 +317,35 @@ class FireTimers:
         return out + early, len(early)
 
     def early_head(self, now: int) -> int | None:
-        """The order (time, slot, packed) of the next firing that may be proposed early
-        now, None when there is none: `take_early` merges the partitions by it."""
+        """The order (due, slot, packed) of the earliest due firing that may be proposed
+        early now, None when there is none: `take_early` merges the partitions by it."""
         self._catch_up(now)
-        heap, times = self._early_heap, self._early
-        while heap:
-            at, slot = divmod(heap[0], _SLOTS)
-            if times[slot] != at:
-                heapq.heappop(heap)  # stale
-                continue
-            return heap[0] if at <= now else None
-        return None
+        self._surface(now)
+        heap = self._ready_heap
+        while heap and not self._is_ready(heap[0]):
+            heapq.heappop(heap)  # stale
+        return heap[0] if heap else None
 
     def pop_early(self, now: int, limit: int, until: int | None = None) -> list[tuple[str, int]]:
-        """Up to `limit` firings proposed early now, earliest first, none ordered after
-        `until` (an `early_head` of another partition)."""
+        """Up to `limit` firings proposed early now, earliest due first, none ordered
+        after `until` (an `early_head` of another partition)."""
+        self._catch_up(now)
+        self._surface(now)
         policy = self.policy
-        ids, dues = self._ids, self._due
+        ids, dues, heap = self._ids, self._due, self._ready_heap
         out: list[tuple[str, int]] = []
-        for slot in self._pop(self._early, self._early_heap, now, limit, until):
-            self._uncount(slot)  # `_pop` disarmed its early time already
+        while heap and len(out) < limit:
+            item = heap[0]
+            if not self._is_ready(item):
+                heapq.heappop(heap)  # stale
+                continue
+            if until is not None and item > until:
+                break
+            heapq.heappop(heap)
+            slot = item % _SLOTS
+            self._uncount(slot)
+            self._early[slot] = _NONE
+            self._ready[slot] = 0
             due = dues[slot]
             out.append((ids[slot], due))
             self._awaiting[slot] = 1
@@ -330,6 +353,26 @@ class FireTimers:
             normal = max(now + policy.repeat_ms, due - policy.lead_ms)
             self._arm(self._normal, self._normal_heap, slot, normal)
         return out
+
+    def _surface(self, now: int) -> None:
+        """Move the firings whose early time has come from the early heap to the ready
+        heap (their early time stays armed: they still count as waiting)."""
+        heap, times, dues = self._early_heap, self._early, self._due
+        while heap:
+            at, slot = divmod(heap[0], _SLOTS)
+            if at > now:
+                break
+            heapq.heappop(heap)
+            if times[slot] != at or self._ready[slot]:
+                continue  # stale, or a duplicate of an item already moved
+            self._ready[slot] = 1
+            heapq.heappush(self._ready_heap, dues[slot] * _SLOTS + slot)
+        if len(self._ready_heap) > 2 * len(self._slots) + 1024:
+            self._rebuild()  # stale items piled up
+
+    def _is_ready(self, item: int) -> bool:
+        due, slot = divmod(item, _SLOTS)
+        return bool(self._ready[slot]) and self._due[slot] == due and self._early[slot] != _NONE
 
     def _catch_up(self, now: int) -> None:
         self._now = now
@@ -348,6 +391,7 @@ class FireTimers:
             for times in (self._due, self._normal, self._early):
                 times.append(_NONE)
             self._awaiting.append(0)
+            self._ready.append(0)
         self._slots[job_id] = slot
         return slot
 
@@ -364,24 +408,28 @@ class FireTimers:
 
     def _rebuild(self) -> None:
         """Both heaps afresh from the arrays: one item per slot that has a time."""
-        for times, heap in ((self._normal, self._normal_heap), (self._early, self._early_heap)):
-            heap[:] = [t * _SLOTS + s for s, t in enumerate(times) if t != _NONE]
+        ready, dues = self._ready, self._due
+        self._normal_heap[:] = [t * _SLOTS + s for s, t in enumerate(self._normal) if t != _NONE]
+        self._early_heap[:] = [
+            t * _SLOTS + s for s, t in enumerate(self._early) if t != _NONE and not ready[s]
+        ]
+        self._ready_heap[:] = [
+            dues[s] * _SLOTS + s for s, t in enumerate(self._early) if t != _NONE and ready[s]
+        ]
+        for heap in (self._normal_heap, self._early_heap, self._ready_heap):
             heapq.heapify(heap)
         self._unheaped_after = None
 
     @staticmethod
-    def _pop(
-        times: array[int], heap: list[int], now: int, limit: int, until: int | None = None
-    ) -> list[int]:
-        """Remove and return up to `limit` slots due at or before `now`, earliest first,
-        none whose item is beyond `until`."""
+    def _pop(times: array[int], heap: list[int], now: int, limit: int) -> list[int]:
+        """Remove and return up to `limit` slots due at or before `now`, earliest first."""
         out: list[int] = []
         while heap and len(out) < limit:
             at, slot = divmod(heap[0], _SLOTS)
             if times[slot] != at:
                 heapq.heappop(heap)  # stale
                 continue
-            if at > now or (until is not None and heap[0] > until):
+            if at > now:
                 break
             heapq.heappop(heap)
             times[slot] = _NONE  # a duplicate item of the same time is stale now

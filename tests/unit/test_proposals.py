@@ -59,6 +59,22 @@ def test_a_burst_is_proposed_early_earliest_first_within_the_allowance() -> None
     assert sorted(j for j, _ in late) == [f"j{i:02d}" for i in range(50)]
 
 
+def test_firings_go_early_by_their_due_time_not_by_when_they_may() -> None:
+    """Jobs registered within the horizon of their first firing may be proposed from
+    their registration on: the one registered first but due last still goes last."""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S)
+    first = T + 200 * S
+    timers = FireTimers(policy)
+    for i in range(6):  # registered a millisecond apart, due 5, 4, ... 0 s after `first`
+        timers.learn(f"r{i}", first + (5 - i) * S, fired_ms=T + i)
+    taken = [timers.take(T + 10 * S, early_limit=2)[0] for _ in range(3)]
+    assert taken == [
+        [("r5", first), ("r4", first + S)],
+        [("r3", first + 2 * S), ("r2", first + 3 * S)],
+        [("r1", first + 4 * S), ("r0", first + 5 * S)],
+    ]
+
+
 def test_a_frequent_job_is_not_proposed_ahead_of_its_previous_firing() -> None:
     policy = ProposalPolicy(lead_ms=2 * S, repeat_ms=3 * S, horizon_ms=45 * S)
     timers = FireTimers(policy)
@@ -196,19 +212,24 @@ class _Reference:
         if early and lead and p.horizon_ms and at < next_due:
             self.early[job] = at
 
-    def take(self, now: int, early_limit: int) -> tuple[list[tuple[str, int]], int]:
+    def take(self, now: int, early_limit: int, fires: list[tuple[str, int]], early: int) -> None:
+        """Check what the compact timers took (`fires`, the last `early` of them early)
+        and take the same: every normal one, and `early_limit` of those that may go
+        early, earliest due first (equal dues in any order)."""
         p = self.policy
-        out = []
+        normal = []
         for job in sorted(j for j, t in self.normal.items() if t <= now):
-            out.append((job, self.due[job]))
+            normal.append((job, self.due[job]))
             self.early.pop(job, None)
             self.normal[job] = now + p.repeat_ms
-        ahead = sorted(j for j, t in self.early.items() if t <= now) if early_limit else []
-        for job in ahead:  # the test never limits it: every early one is taken
-            out.append((job, self.due[job]))
-            del self.early[job]
-            self.normal[job] = max(now + p.repeat_ms, self.due[job] - p.lead_ms)
-        return sorted(out), len(ahead)
+        assert sorted(fires[: len(fires) - early]) == normal
+        ready = sorted(self.due[j] for j, t in self.early.items() if t <= now)
+        taken = fires[len(fires) - early :]
+        assert sorted(due for _, due in taken) == ready[:early_limit]
+        for job, due in taken:
+            assert self.early.pop(job) <= now
+            assert self.due[job] == due
+            self.normal[job] = max(now + p.repeat_ms, due - p.lead_ms)
 
 
 _LEARN = st.tuples(
@@ -225,29 +246,29 @@ _LEARN = st.tuples(
     steps=st.lists(st.one_of(_LEARN, st.integers(0, 40 * S)), min_size=1, max_size=80),
     bulk=st.booleans(),
     settle_at=st.integers(0, 80),
-    early=st.booleans(),
+    limit=st.sampled_from((0, 1, 3, 10_000)),
 )
 def test_the_compact_timers_agree_with_plain_dicts(
     steps: list[tuple[str, int | None, int, bool, bool] | int],
     bulk: bool,
     settle_at: int,
-    early: bool,
+    limit: int,
 ) -> None:
     """Learning and taking in any order (time only moving forward), with or without the
-    bulk catch-up and wherever it settles, proposes exactly what the plain model does;
-    freed slots are reused (twelve jobs learnt and dropped again and again)."""
+    bulk catch-up and wherever it settles, and whatever the early limit, proposes
+    exactly what the plain model does; freed slots are reused (twelve jobs learnt and
+    dropped again and again)."""
     policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=45 * S)
     timers = FireTimers(policy, bulk=bulk)
     model = _Reference(policy)
     now = T
-    limit = 10_000 if early else 0
     for i, step in enumerate(steps):
         if i == settle_at:
             timers.settle()
         if isinstance(step, int):
             now += step
             fires, ahead = timers.take(now, limit)
-            assert (sorted(fires), ahead) == model.take(now, limit)
+            model.take(now, limit, fires, ahead)
         else:
             job, due, fired, may_early, lead = step
             timers.learn(job, None if due is None else T + due, T + fired, may_early, lead)
@@ -366,17 +387,20 @@ def _play_runs(
     until: int,
     partitions: int = 1,
     pass_ms: int = 100,
+    registered: dict[str, int] | None = None,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """As `_play`, with what a decided firing brings the same ledger after it: its
     worker's claim (a pass after the decision: dispatch and the claim's trip) and, at
     its due time, its worker's report. The ledger decides all three in arrival order,
     `capacity_per_s` a second. The node holds `partitions` partitions (jobs dealt round
     robin) and proposes every `pass_ms`, as the scheduler does: the normal proposals of
-    each partition, then the early ones shared by `take_early`. Returns when each
+    each partition, then the early ones shared by `take_early`. A job's `registered`
+    time is the newest the ledger decided for it (T if not given). Returns when each
     firing was first proposed and when its claim was granted."""
     owned = [FireTimers(policy) for _ in range(partitions)]
     for i, (job_id, due) in enumerate(jobs.items()):
-        owned[i % partitions].learn(job_id, due, fired_ms=T)
+        fired = T if registered is None else registered[job_id]
+        owned[i % partitions].learn(job_id, due, fired_ms=fired)
     home = {job_id: owned[i % partitions] for i, job_id in enumerate(jobs)}
     pacer = Pacer(policy, T)
     queue: deque[tuple[str, str, int]] = deque()  # (kind, job, due), in arrival order
@@ -450,3 +474,25 @@ def test_a_burst_is_claimed_before_it_is_due_while_its_first_runs_report(
     late = sorted(granted[j] - jobs[j] for j in jobs if granted[j] > jobs[j])
     assert not late, (len(late), late[-1])
     assert min(proposed.values()) >= first - policy.horizon_ms
+
+
+def test_a_burst_registered_within_the_horizon_is_proposed_earliest_due_first() -> None:
+    """20,000 jobs registered one a millisecond, four minutes before the minute they are
+    due in, dealt over its seconds in registration order (job i in second i mod 60), as
+    `bench.burst --spread-s 60` registers them; each may be proposed from its
+    registration on. Proposed in that order (what may be proposed first goes first),
+    the last registered of every second were left to the normal lead: 2,749 claims
+    granted late in this model, 21,545 of 100,000 in the bench. Proposed earliest due
+    first, as the pacer plans, none is late."""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=1000)
+    first = T + 240 * S
+    ids = [f"b{i:06d}" for i in range(20_000)]
+    jobs = {job_id: first + (i % 60) * S for i, job_id in enumerate(ids)}
+    registered = {job_id: T + i for i, job_id in enumerate(ids)}
+    proposed, granted = _play_runs(
+        jobs, 1_000.0, policy, first + 61 * S, 12, 100, registered=registered
+    )
+    assert set(granted) == set(jobs)
+    late = sorted(granted[j] - jobs[j] for j in jobs if granted[j] > jobs[j])
+    assert not late, (len(late), late[-1])
+    assert all(proposed[j] >= registered[j] for j in jobs)

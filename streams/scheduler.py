@@ -584,9 +584,7 @@ class Scheduler:
     def _propose(self, now: int) -> None:
         repeat = self.config.proposals.repeat_ms
         owned = list(self.timers.values())
-        self.early.judge(
-            now, [t.fires.waiting for t in owned], sum(t.fires.early_out for t in owned)
-        )
+        self.early.judge(now, [t.fires for t in owned])
         large = self.early.needed >= BURST_LOGGED
         if large != self._in_burst:  # said of bursts only, not of every quiet job's slack
             self._in_burst = large

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.spec import JobSpec
@@ -84,32 +84,36 @@ class Allowance:
 class Pacer:
     """How many firings to propose early, judged once a second from the burst ahead.
 
-    `waiting` (FireTimers.waiting of the node's partitions) counts, per due second, the
-    firings that may still be proposed early. Proposing at `rate` from now, earliest
-    first, every firing due by second s is proposed after count(<= s) / rate seconds; it
-    must be by s minus the lead, and its claim too, while the reports of the firings due
-    earlier come in (`WORK`: four inputs' worth a firing). So the
-    firings due by s must be in flight once now reaches `s - lead - WORK * count(<= s) /
-    rate` (less `SLACK_MS`): that many, earliest first, are allowed early, at the rate.
-    A quiet job is proposed at most the slack before its lead; a burst as early as it
+    The plan. `FireTimers.waiting` counts, per due second, the firings that may still be
+    proposed early; `FireTimers.decided`, those decided early and not yet due. Proposing
+    at `rate` from now, earliest due first, the firings due by second s must be decided
+    by s minus the lead, and claimed too, while the runs due before s report: every
+    firing still waiting costs the ledger `WORK` proposals' worth, every one decided
+    and due by s its report (`REPORT`). So the firings due by s must be in flight once
+    now reaches `s - lead - (WORK * waiting(<= s) + REPORT * decided(<= s)) / rate`
+    (less `SLACK_MS`): that many, earliest first, are allowed early, at the rate. A
+    quiet job is proposed at most the slack before its lead; a burst as early as it
     needs, within the horizon.
 
-    The rate is the ledger's, measured: in a burst, while the early proposals the ledger
-    has not answered yet (`outstanding`) stay under a second of it and the node used its
-    whole allowance, the rate grows by a fifth a second; past three seconds of it, it
-    shrinks by 30 %. It starts at the
+    The rate is the ledger's, measured on the early proposals it answers. In a burst,
+    while it answers at least 70 % of what the node sent in the last second and the
+    node used its whole allowance, the rate grows by a fifth a second; once the
+    proposals it has not answered (`early_out`) pass three seconds of the rate while it
+    answers less than 90 % of it, the rate shrinks by 30 %. (The answers trail the
+    proposals by the ledger's round trip, about a second with its transactions: the
+    backlog alone would hold the rate down where the ledger keeps up.) It starts at the
     configured rate and stays within [FLOOR_PER_S, CEILING_PER_S]; what it learnt is
     kept for the next burst."""
 
     SLACK_MS = 2000
-    # Ledger inputs a firing decided early costs, counted as proposals: its proposal, its
-    # worker's claim, and its report (a short run's start and end, two transitions). The
-    # rate is measured on proposals alone, but the claims of a burst's first seconds
-    # compete with the proposals of its last, and in a burst spread over time the reports
-    # of its first seconds with both; a claim not granted by its time waits behind them.
+    # Ledger inputs a firing still waiting costs, counted as proposals: its proposal, its
+    # worker's claim, and its report (a short run's start and end, two transitions): a
+    # claim not granted by its time waits behind the reports of the runs due before it.
     # The plan holds for a node's partitions together because `take_early` shares the
     # allowance earliest first over all of them.
     WORK = 4
+    # A firing decided early and due by the second planned for: its report to come.
+    REPORT = 2
     FLOOR_PER_S = 100.0
     CEILING_PER_S = 20_000.0
 
@@ -122,37 +126,51 @@ class Pacer:
         self.needed = 0  # early proposals the burst needs in flight by now
         self._judged_ms: int | None = None
         self._spent = 0  # early proposals since the last judgement
+        self._answered = 0  # `FireTimers.answered` of the partitions at the last one
 
-    def judge(self, now_ms: int, waiting: Iterable[dict[int, int]], outstanding: int) -> None:
+    def judge(self, now_ms: int, partitions: Sequence[FireTimers]) -> None:
         """At most once a second: is a burst on, and at what rate?"""
         if self._judged_ms is not None and now_ms - self._judged_ms < 1000:
             return
+        elapsed_ms = 1000 if self._judged_ms is None else now_ms - self._judged_ms
         self._judged_ms = now_ms
+        answered = sum(p.answered for p in partitions)
+        answered_per_s = max(0, answered - self._answered) * 1000 / elapsed_ms
+        self._answered = answered
+        spent, self._spent = self._spent, 0
         policy = self.policy
         if policy.early_per_s <= 0 or policy.horizon_ms <= 0:
             self.burst, self.start_ms, self.needed = False, None, 0
             return
-        until = (now_ms + policy.horizon_ms) // 1000
+        since, until = now_ms // 1000, (now_ms + policy.horizon_ms) // 1000
         counts: dict[int, int] = {}
-        for partition in waiting:
-            for second, n in partition.items():
+        reports: dict[int, int] = {}
+        for partition in partitions:
+            for second, n in partition.waiting.items():
                 if second <= until:
                     counts[second] = counts.get(second, 0) + n
-        total, start, needed = 0, None, 0
-        for second in sorted(counts):
+            for second, n in partition.decided.items():
+                if since <= second <= until:
+                    reports[second] = reports.get(second, 0) + n
+        total, done, start, needed = 0, 0, None, 0
+        for second in sorted(counts.keys() | reports.keys()):
+            done += reports.get(second, 0)
+            if second not in counts:
+                continue
             total += counts[second]
-            begin = second * 1000 - policy.lead_ms - int(total * self.WORK * 1000 / self.rate)
+            work = self.WORK * total + self.REPORT * done
+            begin = second * 1000 - policy.lead_ms - int(work * 1000 / self.rate)
             start = begin if start is None else min(start, begin)
             if begin <= now_ms + self.SLACK_MS:
                 needed = total  # these must be in flight by now, earliest first
         self.start_ms = start
         self.needed = needed
         self.burst = needed > 0
-        spent, self._spent = self._spent, 0
         if self.burst:
-            if outstanding > 3 * self.rate:
+            outstanding = sum(p.early_out for p in partitions)
+            if outstanding > 3 * self.rate and answered_per_s < 0.9 * self.rate:
                 self.rate = max(self.FLOOR_PER_S, self.rate * 0.7)
-            elif outstanding < self.rate and spent >= 0.9 * self.rate:
+            elif spent >= 0.9 * self.rate and answered_per_s >= 0.7 * spent:
                 # The whole allowance was used and the ledger kept up: it can take more.
                 self.rate = min(self.CEILING_PER_S, self.rate * 1.2)
             self.bucket.per_s = self.rate
@@ -211,8 +229,13 @@ class FireTimers:
         self._ready = bytearray()
         # Slots with an early time armed, by their due second: the burst ahead (`Pacer`).
         self.waiting: dict[int, int] = {}
-        # Early proposals sent and not answered yet (the ledger's backlog of them).
+        # Early proposals sent and not answered yet (the ledger's backlog of them), and
+        # those answered with a decision so far.
         self.early_out = 0
+        self.answered = 0
+        # Firings decided early and not yet due, by due second: their reports to come.
+        self.decided: dict[int, int] = {}
+        self._pruned_s = 0  # `decided` holds no second before this
         self._awaiting = bytearray()  # slot -> 1 while its early proposal is unanswered
 
     def __len__(self) -> int:
@@ -243,6 +266,10 @@ class FireTimers:
         if slot is not None:
             if self._awaiting[slot] and next_due != self._due[slot]:
                 self._answered(slot)  # the ledger decided the time proposed early
+                self.answered += 1
+                second = self._due[slot] // 1000
+                if second >= self._pruned_s:
+                    self.decided[second] = self.decided.get(second, 0) + 1
             self._unwait(slot)
             if self._ready[slot]:  # its ready item goes stale: armed afresh below
                 self._ready[slot] = 0
@@ -376,6 +403,10 @@ class FireTimers:
 
     def _catch_up(self, now: int) -> None:
         self._now = now
+        if now // 1000 > self._pruned_s:  # once a second: the seconds gone by
+            self._pruned_s = now // 1000
+            for second in [s for s in self.decided if s < self._pruned_s]:
+                del self.decided[second]
         if self._unheaped_after is not None and now >= self._unheaped_after:
             self._rebuild()  # a time without a heap item may be due
 

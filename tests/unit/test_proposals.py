@@ -523,3 +523,4 @@ def test_the_rate_grows_while_the_ledger_keeps_up_however_late_its_answers_come(
     assert set(granted) == set(jobs)
     late = sorted(granted[j] - jobs[j] for j in jobs if granted[j] > jobs[j])
     assert not late, (len(late), late[-1])
+    assert all(proposed[j] >= registered[j] for j in jobs)

@@ -129,6 +129,16 @@ _PLACED = metrics.PLACEMENTS.labels("placed")
 _NEVER_FITS = metrics.PLACEMENTS.labels("never_fits")
 # A placement not listed by a heartbeat fetched this long after it was refused or lost.
 REFUSAL_MARGIN_S = 1.0
+# A beat lists every attempt its worker holds. Holding a burst claimed ahead, that is tens
+# of thousands, a beat a second from each worker: decoding those lists took 58 % of the
+# dispatcher's time and placements fell behind by a minute (100,000 jobs over one
+# minute, docs/performance.md, "Bursts with default options"). So a list this long is
+# read at most every LIST_EVERY_S; the beats between are read without it (their
+# capacity, free figure and liveness count at once). What the list decides waits that
+# long: the reservations it confirms or ends hold a little longer. A verdict reads the
+# newest beat's list whole.
+LONG_LIST = 1000
+LIST_EVERY_S = 5.0
 # How often the handled dispatch offsets are committed.
 COMMIT_EVERY_S = 1.0
 # While the broker cannot say where heartbeat partitions end, say so this often.
@@ -194,6 +204,8 @@ class WorkerInfo:
     cut: tuple[str, ...] = ()  # what the worker limits cut from its last offer
     beat_ms: int | None = None  # the broker's append time of the newest beat read
     taken_back: bool = False  # its unclaimed placements were placed again (suspected)
+    listed_s: float = float("-inf")  # when `running` was read from a beat's list
+    unlisted: bytes = b""  # the newest beat, when read without its list (else empty)
 
     def view(self, at_ms: int) -> WorkerView:
         """What this dispatcher believes is free on the worker in the second of `at_ms`."""
@@ -472,6 +484,7 @@ class Dispatcher:
                         msg.offset() or 0,
                         received_s,
                         broker_stamp(msg.timestamp()),
+                        msg.key(),
                     )
             if len(batch) < 1000:
                 break
@@ -484,9 +497,14 @@ class Dispatcher:
         offset: int,
         received_s: float,
         appended_ms: int | None = None,
+        beat_key: bytes | None = None,
     ) -> None:
+        known = self.workers.get(beat_key.decode(errors="replace")) if beat_key else None
+        skim = known is not None and self._skims(known, received_s)
         try:
-            beat = HEARTBEAT.decode(raw)
+            beat = HEARTBEAT.decode_without(raw, "running") if skim else HEARTBEAT.decode(raw)
+            if skim and self.workers.get(beat.worker_id) is not known:
+                skim, beat = False, HEARTBEAT.decode(raw)  # keyed as another worker
         except CodecError as exc:
             log.error("undecodable heartbeat: %s", exc)
             return
@@ -500,7 +518,6 @@ class Dispatcher:
         offer = self.settings.worker_limits.bound(
             _capacity(beat.capacity), _capacity(beat.free), beat.labels
         )
-        running = {(r.run_id, r.attempt) for r in beat.running}
         if info is None:
             info = WorkerInfo(worker_id, offer.capacity, offer.free, offer.labels, mark, received_s)
             self.workers[worker_id] = info
@@ -522,8 +539,12 @@ class Dispatcher:
             False,
         )
         info.labels = offer.labels
-        info.running = running
         info.beat_ms, info.taken_back = appended_ms, False
+        if skim:
+            info.unlisted = raw
+            return
+        running = {(r.run_id, r.attempt) for r in beat.running}
+        info.running, info.listed_s, info.unlisted = running, received_s, b""
         for key, (_, _, placed_s) in list(info.reserved.items()):
             if key in running:
                 info.release(key)  # the worker's own free figure now includes it
@@ -535,6 +556,22 @@ class Dispatcher:
                 # ended.
                 info.maybe[key] = info.reserved[key][1]
                 info.release(key)
+
+    @staticmethod
+    def _skims(info: WorkerInfo, received_s: float) -> bool:
+        """Whether to read this worker's next beat without its list (`LIST_EVERY_S`)."""
+        return len(info.running) >= LONG_LIST and received_s - info.listed_s < LIST_EVERY_S
+
+    @staticmethod
+    def _held(info: WorkerInfo) -> set[Key]:
+        """The attempts the worker's newest beat lists (read now if it was skimmed)."""
+        if info.unlisted:
+            try:
+                beat = HEARTBEAT.decode(info.unlisted)
+            except CodecError:  # it decoded when read: it cannot fail now
+                return info.running
+            return {(r.run_id, r.attempt) for r in beat.running}
+        return info.running
 
     def _read_releases(self) -> None:
         """Assignments a worker had no room for: placed again at once, elsewhere (the
@@ -767,7 +804,7 @@ class Dispatcher:
             info.dead = True
             self.declared_dead += 1
             metrics.WORKER_VERDICTS.labels("lost").inc()
-            held = info.running | set(info.reserved) | set(info.maybe)
+            held = self._held(info) | set(info.reserved) | set(info.maybe)
             log.warning(
                 "worker %s: no beat received for %.1f s: declared dead, %d attempts lost",
                 info.worker_id,

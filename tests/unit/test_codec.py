@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, get_args
 
 import orjson
@@ -356,6 +356,14 @@ def test_dispatch_round_trip(record: DispatchRequest) -> None:
 @given(heartbeats)
 def test_heartbeat_round_trip(record: Heartbeat) -> None:
     assert HEARTBEAT.decode(HEARTBEAT.encode(record)) == record
+
+
+@given(heartbeats)
+def test_a_heartbeat_read_without_its_list_is_the_rest_of_it(record: Heartbeat) -> None:
+    data = HEARTBEAT.encode(record)
+    assert HEARTBEAT.decode_without(data, "running") == replace(record, running=())
+    with pytest.raises(CodecError):
+        HEARTBEAT.decode_without(data + b"\x00", "running")  # trailing bytes
 
 
 @PROPERTY

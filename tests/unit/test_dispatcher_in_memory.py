@@ -26,7 +26,7 @@ from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
 from streams.core.seals import sealed
 from streams.core.timing import TIMING
-from streams.dispatcher import Dispatcher, DispatcherConfig
+from streams.dispatcher import LIST_EVERY_S, LONG_LIST, Dispatcher, DispatcherConfig
 from streams.kafka import partition_for, producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog
@@ -359,3 +359,55 @@ def test_an_assignment_is_kept_for_its_reservations_time_and_no_longer(
     assert kept() == {r1}
     until(again + reservation_s + 0.5)
     assert kept() == set()
+
+
+def test_a_long_list_is_read_now_and_then_and_a_verdict_names_the_newest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker holding a burst lists thousands of attempts a beat. The dispatcher reads
+    such a list at most every LIST_EVERY_S (the beats between count for liveness and
+    capacity at once); should the worker fall silent, the verdict still names exactly
+    the attempts its newest beat listed, not those of the last list it read."""
+    clock, log, clients, outside = _in_memory()
+    capacity = WorkerCapacity(4.0, 4096, 0)
+    skimmed: list[bytes] = []
+    decode_without = HEARTBEAT.decode_without
+
+    def counted(data: bytes, field: str) -> Heartbeat:
+        skimmed.append(data)
+        return decode_without(data, field)
+
+    monkeypatch.setattr(HEARTBEAT, "decode_without", counted)
+
+    def beat(held: tuple[RunningAttempt, ...]) -> None:
+        record = Heartbeat("w1", int(clock.time() * 1000), capacity, capacity, (), held)
+        outside.produce(SETTINGS.topic("heartbeats"), key=b"w1", value=HEARTBEAT.encode(record))
+
+    first = tuple(RunningAttempt(f"job-a#{i}", 1) for i in range(2 * LONG_LIST))
+    newest = tuple(RunningAttempt(f"job-b#{i}", 1) for i in range(2 * LONG_LIST))
+    dispatcher = Dispatcher(SETTINGS, "d1", CONFIG, clock=clock, clients=clients)
+    assert dispatcher.open()
+    beat(first)
+    dispatcher.step()
+    assert skimmed == []  # the first beat of a worker is read whole
+    clock.advance(TIMING.heartbeat_s)
+    beat(newest)
+    dispatcher.step()
+    assert len(skimmed) == 1  # within LIST_EVERY_S of the list read: skimmed
+    assert TIMING.heartbeat_s < LIST_EVERY_S
+    silent_since = clock.monotonic()
+    lost: list[WorkerLost] = []
+    while clock.monotonic() - silent_since < 3 * CONFIG.dead_after_s and not lost:
+        dispatcher.step()
+        clock.advance(0.5)
+        lost = [
+            r
+            for r in (
+                JOB_LOG.decode(m.value() or b"") for m in log.records(SETTINGS.topic("job-log"))
+            )
+            if isinstance(r, WorkerLost)
+        ]
+    assert dispatcher.declared_dead == 1
+    assert sorted((r.run_id, r.attempt) for r in lost) == sorted(
+        (a.run_id, a.attempt) for a in newest
+    )

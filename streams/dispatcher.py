@@ -568,7 +568,7 @@ class Dispatcher:
         if info.unlisted:
             try:
                 beat = HEARTBEAT.decode(info.unlisted)
-            except CodecError:  # it decoded when read: it cannot fail now
+            except CodecError:  # its list is undecodable (read without it, it was not)
                 return info.running
             return {(r.run_id, r.attempt) for r in beat.running}
         return info.running
@@ -614,10 +614,13 @@ class Dispatcher:
             if info.dead or info.taken_back or not self.liveness.suspected(info.received_s, now_s):
                 continue
             info.taken_back = True
+            listed = self._held(info) if info.unlisted else set()  # a skimmed beat's list
             again = [
                 key
                 for key in info.reserved
-                if (placed := self.assigned.get(key)) is not None and placed[1] == info.worker_id
+                if key not in listed
+                and (placed := self.assigned.get(key)) is not None
+                and placed[1] == info.worker_id
             ]
             for key in again:
                 self._place_again(self.assigned.pop(key)[0])

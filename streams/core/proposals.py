@@ -135,9 +135,11 @@ class Pacer:
         elapsed_ms = 1000 if self._judged_ms is None else now_ms - self._judged_ms
         self._judged_ms = now_ms
         answered = sum(p.answered for p in partitions)
-        answered_per_s = max(0, answered - self._answered) * 1000 / elapsed_ms
+        # Fewer than before: a partition left with its count; no measure this time.
+        measured = answered >= self._answered
+        answered_per_s = (answered - self._answered) * 1000 / elapsed_ms
         self._answered = answered
-        spent, self._spent = self._spent, 0
+        spent_per_s, self._spent = self._spent * 1000 / elapsed_ms, 0
         policy = self.policy
         if policy.early_per_s <= 0 or policy.horizon_ms <= 0:
             self.burst, self.start_ms, self.needed = False, None, 0
@@ -166,11 +168,11 @@ class Pacer:
         self.start_ms = start
         self.needed = needed
         self.burst = needed > 0
-        if self.burst:
+        if self.burst and measured:
             outstanding = sum(p.early_out for p in partitions)
             if outstanding > 3 * self.rate and answered_per_s < 0.9 * self.rate:
                 self.rate = max(self.FLOOR_PER_S, self.rate * 0.7)
-            elif spent >= 0.9 * self.rate and answered_per_s >= 0.7 * spent:
+            elif spent_per_s >= 0.9 * self.rate and answered_per_s >= 0.7 * spent_per_s:
                 # The whole allowance was used and the ledger kept up: it can take more.
                 self.rate = min(self.CEILING_PER_S, self.rate * 1.2)
             self.bucket.per_s = self.rate

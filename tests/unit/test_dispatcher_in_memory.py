@@ -21,6 +21,7 @@ from schemas.records import (
     WorkerLost,
 )
 from schemas.spec import JobSpec
+from streams import dispatcher as dispatcher_module
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
@@ -411,3 +412,73 @@ def test_a_long_list_is_read_now_and_then_and_a_verdict_names_the_newest(
     assert sorted((r.run_id, r.attempt) for r in lost) == sorted(
         (a.run_id, a.attempt) for a in newest
     )
+
+
+def test_a_placement_listed_by_a_skimmed_beat_is_not_taken_back_at_suspicion(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker holding a long list claims a run and lists it in beats the dispatcher
+    reads without their lists, then falls silent. At suspicion its placements nobody
+    listed are placed again elsewhere; this one was listed (the newest beat says so), so
+    it is not, and the verdict names it."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(dispatcher_module, "LIST_EVERY_S", 600.0)  # every list skimmed
+    clock, log, clients, outside = _in_memory()
+    capacity = WorkerCapacity(4.0, 4096, 0)
+    filler = tuple(RunningAttempt(f"other#{i}", 1) for i in range(LONG_LIST))
+
+    def beat(worker: str, held: tuple[RunningAttempt, ...]) -> None:
+        record = Heartbeat(worker, int(clock.time() * 1000), capacity, capacity, (), held)
+        outside.produce(
+            SETTINGS.topic("heartbeats"), key=worker.encode(), value=HEARTBEAT.encode(record)
+        )
+
+    def assignments() -> list[WorkerAssignment]:
+        return [
+            m
+            for m in (
+                WORKER_INBOX.decode(r.value() or b"")
+                for r in log.records(SETTINGS.topic("worker-inbox"))
+            )
+            if isinstance(m, WorkerAssignment)
+        ]
+
+    dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
+    held = filler
+    beaten = -TIMING.heartbeat_s
+    for _ in range(2000):  # only w1 beats: the run goes there
+        if clock.monotonic() - beaten >= TIMING.heartbeat_s:
+            beaten = clock.monotonic()
+            beat("w1", held)
+        ledger.step()
+        dispatcher.step()
+        if assignments():
+            break
+    [placed] = assignments()
+    assert placed.worker_id == "w1"
+    d = placed.dispatch
+    held = (*filler, RunningAttempt(d.run_id, d.attempt))  # claimed: listed from now on
+    for _ in range(2):
+        clock.advance(TIMING.heartbeat_s)
+        beat("w1", held)
+        dispatcher.step()
+    assert dispatcher.workers["w1"].unlisted  # its newest beat was read without the list
+    silent_since = clock.monotonic()
+    lost: list[WorkerLost] = []
+    while clock.monotonic() - silent_since < 3 * CONFIG.dead_after_s and not lost:
+        if clock.monotonic() - beaten >= TIMING.heartbeat_s:
+            beaten = clock.monotonic()
+            beat("w2", ())
+        dispatcher.step()
+        clock.advance(0.25)
+        lost = [
+            r
+            for r in (
+                JOB_LOG.decode(m.value() or b"") for m in log.records(SETTINGS.topic("job-log"))
+            )
+            if isinstance(r, WorkerLost)
+        ]
+    assert clock.monotonic() - silent_since > CONFIG.suspect_after_s
+    assert [a.worker_id for a in assignments()] == ["w1"]  # never placed again
+    assert (d.run_id, d.attempt) in {(r.run_id, r.attempt) for r in lost}

@@ -524,3 +524,23 @@ def test_the_rate_grows_while_the_ledger_keeps_up_however_late_its_answers_come(
     late = sorted(granted[j] - jobs[j] for j in jobs if granted[j] > jobs[j])
     assert not late, (len(late), late[-1])
     assert all(proposed[j] >= registered[j] for j in jobs)
+
+
+def test_a_partition_leaving_is_not_taken_for_a_ledger_that_stopped_answering() -> None:
+    """The answers are counted per partition: when one is revoked, its count leaves the
+    sum. That second says nothing of the ledger's pace, so the rate stays."""
+    policy = ProposalPolicy(lead_ms=10 * S, repeat_ms=3 * S, horizon_ms=600 * S, early_per_s=1000)
+    kept, revoked = FireTimers(policy), FireTimers(policy)
+    for i in range(20_000):  # a burst half a minute ahead: needed at once
+        (kept if i % 2 else revoked).learn(f"b{i}", T + 30 * S, fired_ms=T)
+    pacer = Pacer(policy, T)
+    pacer.judge(T, [kept, revoked])
+    assert pacer.burst
+    revoked.answered = 5_000
+    pacer.judge(T + S, [kept, revoked])
+    rate = pacer.rate
+    kept.early_out = 10 * int(rate)  # a backlog that, with no answers, would shrink it
+    pacer.judge(T + 2 * S, [kept])
+    assert pacer.rate == rate
+    pacer.judge(T + 3 * S, [kept])  # measured again: no answers, a backlog
+    assert pacer.rate < rate

@@ -146,6 +146,10 @@ class Codec(Generic[T]):
         """The record as fastavro reads it (dicts), in the current schema's shape."""
         version = self.version_of(data)
         writer, reader = self._readers[version.fingerprint][1]
+        return self._read_body(data, version, writer, reader)
+
+    def _read_body(self, data: bytes, version: SchemaVersion, writer: Any, reader: Any) -> Any:
+        """The body of `data` (written in `version`) read with `reader` (None: as written)."""
         buffer = io.BytesIO(data)
         buffer.seek(HEADER_LENGTH)
         try:
@@ -187,20 +191,7 @@ class Codec(Generic[T]):
             schema = dict(self.current.schema)
             schema["fields"] = [f for f in schema["fields"] if f["name"] != field]
             reader = self._without[field] = parse_schema(schema)
-        buffer = io.BytesIO(data)
-        buffer.seek(HEADER_LENGTH)
-        try:
-            datum = schemaless_reader(
-                buffer,
-                writer,
-                reader,
-                return_record_name=self._record_names,
-                return_record_name_override=self._record_names,
-            )
-        except Exception as err:
-            raise self._undecodable(version, err) from err
-        self._check_end(buffer, data, version)
-        return self._converted(datum)
+        return self._converted(self._read_body(data, version, writer, reader))
 
     def decode(self, data: bytes) -> T:
         return self._converted(self.decode_avro(data))

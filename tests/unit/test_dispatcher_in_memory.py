@@ -61,6 +61,18 @@ def _in_memory() -> tuple[ManualClock, MemoryLog, MemoryClients, Any]:
     return clock, log, clients, clients.producer(producer_config(SETTINGS))
 
 
+def _assignments(log: MemoryLog) -> list[WorkerAssignment]:
+    """Every assignment written to the shared worker inbox so far."""
+    return [
+        m
+        for m in (
+            WORKER_INBOX.decode(r.value() or b"")
+            for r in log.records(SETTINGS.topic("worker-inbox"))
+        )
+        if isinstance(m, WorkerAssignment)
+    ]
+
+
 def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_silent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -86,14 +98,7 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
             beat()
         ledger.step()
         dispatcher.step()
-        assignments = [
-            m
-            for m in (
-                WORKER_INBOX.decode(r.value() or b"")
-                for r in log.records(SETTINGS.topic("worker-inbox"))
-            )
-            if isinstance(m, WorkerAssignment)
-        ]
+        assignments = _assignments(log)
         if assignments:
             break
     assert len(assignments) == 1, "the run was not placed"
@@ -148,16 +153,6 @@ def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
             SETTINGS.topic("heartbeats"), key=worker.encode(), value=HEARTBEAT.encode(record)
         )
 
-    def assignments() -> list[WorkerAssignment]:
-        return [
-            m
-            for m in (
-                WORKER_INBOX.decode(r.value() or b"")
-                for r in log.records(SETTINGS.topic("worker-inbox"))
-            )
-            if isinstance(m, WorkerAssignment)
-        ]
-
     dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
 
     silent: str | None = None
@@ -172,7 +167,7 @@ def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
                     beat(worker)
         ledger.step()
         dispatcher.step()
-        placed = assignments()
+        placed = _assignments(log)
         if silent is None and placed:
             silent, silent_since = placed[0].worker_id, clock.monotonic()
         if len(placed) >= 2:
@@ -434,16 +429,6 @@ def test_a_placement_listed_by_a_skimmed_beat_is_not_taken_back_at_suspicion(
             SETTINGS.topic("heartbeats"), key=worker.encode(), value=HEARTBEAT.encode(record)
         )
 
-    def assignments() -> list[WorkerAssignment]:
-        return [
-            m
-            for m in (
-                WORKER_INBOX.decode(r.value() or b"")
-                for r in log.records(SETTINGS.topic("worker-inbox"))
-            )
-            if isinstance(m, WorkerAssignment)
-        ]
-
     dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
     held = filler
     beaten = -TIMING.heartbeat_s
@@ -453,9 +438,9 @@ def test_a_placement_listed_by_a_skimmed_beat_is_not_taken_back_at_suspicion(
             beat("w1", held)
         ledger.step()
         dispatcher.step()
-        if assignments():
+        if _assignments(log):
             break
-    [placed] = assignments()
+    [placed] = _assignments(log)
     assert placed.worker_id == "w1"
     d = placed.dispatch
     held = (*filler, RunningAttempt(d.run_id, d.attempt))  # claimed: listed from now on
@@ -480,5 +465,5 @@ def test_a_placement_listed_by_a_skimmed_beat_is_not_taken_back_at_suspicion(
             if isinstance(r, WorkerLost)
         ]
     assert clock.monotonic() - silent_since > CONFIG.suspect_after_s
-    assert [a.worker_id for a in assignments()] == ["w1"]  # never placed again
+    assert [a.worker_id for a in _assignments(log)] == ["w1"]  # never placed again
     assert (d.run_id, d.attempt) in {(r.run_id, r.attempt) for r in lost}

@@ -39,7 +39,7 @@ from confluent_kafka import KafkaException, Producer
 
 from connectors.worker.engine import lease_text
 from connectors.worker.lease import write_atomic
-from schemas.codec import HEARTBEAT
+from schemas.codec import HeartbeatWriter
 from schemas.records import Heartbeat as Beat
 from schemas.records import RunningAttempt, WorkerCapacity
 from streams.core.clock import broker_stamp
@@ -94,6 +94,7 @@ class Heartbeat:
         self.acknowledged = 0  # beats acknowledged so far
         self.unacked_since: float | None = None  # monotonic: first beat left unacknowledged
         self.unacked_logged = 0.0
+        self.writer = HeartbeatWriter()  # reuses the held attempts' bytes beat to beat
 
     def beat(self) -> bool:
         """Send one heartbeat; renew the lease if Kafka acknowledged it in time."""
@@ -121,7 +122,7 @@ class Heartbeat:
             self.producer.produce(
                 self.topic,
                 key=self.worker_id.encode(),
-                value=HEARTBEAT.encode(record),
+                value=self.writer.encode(record),
                 on_delivery=acked,
             )
         except (KafkaException, BufferError) as exc:

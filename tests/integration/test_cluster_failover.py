@@ -33,7 +33,7 @@ from tests.support.firings import (
     pause_and_settle,
     start_lateness,
 )
-from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
+from tests.support.nodes import EventReader, Node, WorkerProc, deaths, job, send_commands
 
 JOBS = 8
 EVERY_S = 1
@@ -102,7 +102,7 @@ def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World
         steps_done = 3
         _second_kill_and_rolling_restart(world, first, events, request_manual_runs, faults)
 
-        alive = {p.name: p.alive for p in (*nodes, *workers)}
+        dead = deaths([*nodes, *workers])
         pause_and_settle(s, events, ids)
     finally:
         events.close()
@@ -119,7 +119,7 @@ def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World
     for what, figure in figures.items():
         print(f"{what}: {figure}")
 
-    assert all(alive.values()), f"a process died on its own: {alive}"
+    assert not dead, f"a process died on its own:\n{dead}"
     verdict = check_firings(events, ids, EVERY_S * 1000, manual)
     print("verdict:", verdict.summary())
     assert verdict.firings_checked > JOBS * 20 * steps_done

@@ -38,7 +38,15 @@ from tests.support.firings import (
 )
 from tests.support.long import LONG_TESTS
 from tests.support.netns import Namespace, available, namespace
-from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    WorkerProc,
+    deaths,
+    job,
+    runs_by_id,
+    send_commands,
+)
 from tests.support.skew import Skew, skew_env
 
 pytestmark = [
@@ -237,9 +245,7 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
             ns.heal()
             world.faults.append(("worker cut off, then killed", began, int(time.time() * 1000)))
             events.poll_for(AFTER_S)
-        alive = {p.name: p.alive for p in (node, near, *others)}
-        if not LONG_TESTS:
-            alive[far.name] = far.alive
+        dead = deaths([node, near, *others, *([] if LONG_TESTS else [far])])
         pause_and_settle(s, events, jobs)
     finally:
         events.close()
@@ -250,7 +256,7 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
         window = (began - 1000, ended + AFTER_S * 1000)
         print(f"{what}: first attempts {start_lateness(events, *window)}")
         print(f"{what}: with retries {start_lateness(events, *window, any_attempt=True)}")
-    assert all(alive.values()), f"a process died on its own: {alive}"
+    assert not dead, f"a process died on its own:\n{dead}"
     for names, every_s in ((short, SHORT_EVERY_S), (long, LONG_EVERY_S)):
         verdict = check_firings(events, names, every_s * 1000, require_success=False)
         print("verdict:", verdict.summary())

@@ -48,7 +48,15 @@ from tests.support.firings import (
     timeline,
 )
 from tests.support.long import LONG_TESTS
-from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    WorkerProc,
+    deaths,
+    job,
+    runs_by_id,
+    send_commands,
+)
 
 SHORT, SHORT_EVERY_S = 16, 2
 LONG, LONG_EVERY_S, LONG_SLEEP_S = 6, 20, 15
@@ -176,7 +184,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             cluster.kill(coordinator)
             events.poll_for(WATCH_S)
 
-        alive = {p.name: p.alive for p in (*nodes, *workers[1:])}
+        dead = deaths([*nodes, *workers[1:]])
         pause_and_settle(s, events, short + long)
     finally:
         events.close()
@@ -193,7 +201,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
             print(f"  {late_s:.2f} s {run_id}: {' '.join(timeline(events, run_id))}")
     latest = latest_starts(events, broker_ms, worker_ms)
     print(f"latest after the broker's death: {latest}")
-    assert all(alive.values()), f"a process died on its own: {alive}"
+    assert not dead, f"a process died on its own:\n{dead}"
 
     requested = [f"{short[i]}@manual:{r}" for i, r in enumerate(manual)]
     short_verdict = check_firings(

@@ -111,6 +111,24 @@ class CronlogProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def last_words(self, lines: int = 40) -> str:
+        """The end of this process's log: why it died, when a test finds it dead."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def deaths(procs: list[CronlogProcess]) -> str:
+    """Each dead process of `procs` with its exit code and the end of its log ('' if
+    none died): the message of a test's "no process died on its own" check."""
+    return "\n".join(
+        f"--- {p.name} exited {p.proc.returncode if p.proc else None}:\n{p.last_words()}"
+        for p in procs
+        if not p.alive
+    )
+
 
 class Node(CronlogProcess):
     """A node: ingress, gate, ledger, scheduler, dispatcher. `extra_env` reaches

@@ -26,6 +26,7 @@ from schemas.codec import (
     WORKER_INBOX,
     Codec,
     CodecError,
+    HeartbeatWriter,
     JobLogCodec,
     JobStateCodec,
     KnownSpec,
@@ -364,6 +365,52 @@ def test_a_heartbeat_read_without_its_list_is_the_rest_of_it(record: Heartbeat) 
     assert HEARTBEAT.decode_without(data, "running") == replace(record, running=())
     with pytest.raises(CodecError):
         HEARTBEAT.decode_without(data + b"\x00", "running")  # trailing bytes
+
+
+@PROPERTY
+@given(st.lists(heartbeats, min_size=1, max_size=6), st.data())
+def test_a_workers_beats_are_written_as_the_codec_writes_them(
+    beats: list[Heartbeat], data: st.DataObject
+) -> None:
+    """One writer over a worker's beats, each holding some of the attempts of the beat
+    before (kept bytes) and some new ones: every beat is the codec's encoding, byte for
+    byte, so every reader of any version reads it."""
+    writer = HeartbeatWriter()
+    held: tuple[RunningAttempt, ...] = ()
+    for beat in beats:
+        kept = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
+        beat = replace(beat, running=(*kept, *beat.running))
+        assert writer.encode(beat) == HEARTBEAT.encode(beat)
+        held = beat.running
+
+
+def test_a_heartbeat_list_is_written_as_an_avro_array_of_any_length() -> None:
+    """Counts past one byte of varint (64 and more items), and back to none."""
+    writer = HeartbeatWriter()
+    for count in (1, 63, 64, 200, 9000, 0, 5):
+        running = tuple(
+            RunningAttempt(f"job-{i}@2026-12-07T01:00:00Z", i % 3) for i in range(count)
+        )
+        beat = Heartbeat("w1", 7, CAPACITY, CAPACITY, (), running)
+        data = writer.encode(beat)
+        assert data == HEARTBEAT.encode(beat)
+        assert HEARTBEAT.decode(data) == beat
+
+
+def test_a_heartbeat_schema_whose_list_is_not_last_is_refused() -> None:
+    """The writer splices the list at the end of the body: a schema that moved it would
+    be written wrong, so it refuses to start."""
+    current = HEARTBEAT.current
+    moved = dict(
+        current.schema, fields=[current.schema["fields"][-1], *current.schema["fields"][:-1]]
+    )
+    codec = Codec(
+        dataclasses.replace(HEARTBEAT.schema, current=dataclasses.replace(current, schema=moved)),
+        HEARTBEAT.to_avro,
+        HEARTBEAT.from_avro,
+    )
+    with pytest.raises(ValueError, match="running"):
+        HeartbeatWriter(codec)
 
 
 @PROPERTY

@@ -113,10 +113,10 @@ class Codec(Generic[T]):
         try:
             schemaless_writer(buffer, self._writer, self.to_avro(record))
         except ENCODE_ERRORS as err:
-            raise self._unwritable(record, err) from err
+            raise self.unwritable(record, err) from err
         return buffer.getvalue()
 
-    def _unwritable(self, record: Any, err: Exception) -> CodecError:
+    def unwritable(self, record: Any, err: Exception) -> CodecError:
         return CodecError(
             f"cannot encode {type(record).__name__} as {self.schema.name} "
             f"v{self.current.version}: {type(err).__name__}: {err}"
@@ -351,7 +351,7 @@ class JobStateCodec(Codec[JobState]):
             buffer.write(self.spec_bytes(record.spec))
             schemaless_writer(buffer, self._rest_writer, job_state_rest_to_avro(record))
         except ENCODE_ERRORS as err:
-            raise self._unwritable(record, err) from err
+            raise self.unwritable(record, err) from err
         return buffer.getvalue()
 
 
@@ -379,7 +379,7 @@ class RunEventsCodec(Codec[RunEvent | JobEvent]):
         try:
             spec = self._specs.spec_bytes(record.spec)
         except ENCODE_ERRORS as err:
-            raise self._unwritable(record, err) from err
+            raise self.unwritable(record, err) from err
         return head[:-1] + b"\x02" + spec
 
 
@@ -520,7 +520,7 @@ class HeartbeatWriter:
                 buffer, self._item, {"run_id": attempt.run_id, "attempt": attempt.attempt}
             )
         except ENCODE_ERRORS as err:
-            raise self.codec._unwritable(attempt, err) from err
+            raise self.codec.unwritable(attempt, err) from err
         return buffer.getvalue()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -478,11 +478,10 @@ def _avro_long(n: int) -> bytes:
 
 class HeartbeatWriter:
     """One worker's beats, byte for byte as `HEARTBEAT.encode` writes them, with each held
-    attempt's bytes kept from the beat before: a beat lists every attempt the worker
+    attempt's bytes kept from the beats before. A beat lists every attempt the worker
     holds, once a second, and in a burst that is tens of thousands, of which a few are
-    new each beat (the full encoding of 50,000 took 0.10-0.26 s of the worker's CPU a
-    second, the reuse a tenth of that: docs/performance.md). Not thread-safe: one per
-    beating thread.
+    new each beat: building and encoding them all took 40 % of a worker's time in a
+    burst of 100,000 (docs/performance.md). Not thread-safe: one per beating thread.
 
     The body of a record is its fields' encodings in order, and `running` is the last
     field: an empty array (one 0 byte) is replaced by the count, the items and the 0
@@ -494,34 +493,30 @@ class HeartbeatWriter:
             raise ValueError(f"{codec}: `running` is not the last field: cannot splice it")
         self.codec = codec
         self._item = parse_schema(last["type"]["items"])
-        self._items: dict[tuple[str, int], bytes] = {}
+        self._known: dict[tuple[str, int], bytes] = {}  # (run id, attempt) -> its item
 
-    def encode(self, record: Heartbeat) -> bytes:
+    def encode(self, record: Heartbeat, held: Sequence[tuple[str, int]] = ()) -> bytes:
+        """`record` with the attempts `held`, (run id, attempt) pairs, listed after its
+        own `running` (a caller holding pairs need not build a record of each)."""
         head = self.codec.encode(replace(record, running=()))
-        if not record.running:
-            self._items = {}
+        keys = [(a.run_id, a.attempt) for a in record.running]
+        keys += held
+        known = self._known
+        if len(known) > 2 * len(keys) + 1024:  # mostly attempts no longer held
+            self._known = known = {k: known[k] for k in keys if k in known}
+        parts = [known.get(key) or self._encoded(key) for key in keys]
+        if not parts:
             return head
-        known, items = self._items, {}
-        parts = []
-        for attempt in record.running:
-            key = (attempt.run_id, attempt.attempt)
-            data = known.get(key)
-            if data is None:
-                data = self._encoded(attempt)
-            items[key] = data
-            parts.append(data)
-        self._items = items
         return b"".join((head[:-1], _avro_long(len(parts)), *parts, b"\x00"))
 
-    def _encoded(self, attempt: RunningAttempt) -> bytes:
+    def _encoded(self, key: tuple[str, int]) -> bytes:
         buffer = io.BytesIO()
         try:
-            schemaless_writer(
-                buffer, self._item, {"run_id": attempt.run_id, "attempt": attempt.attempt}
-            )
+            schemaless_writer(buffer, self._item, {"run_id": key[0], "attempt": key[1]})
         except ENCODE_ERRORS as err:
-            raise self.codec.unwritable(attempt, err) from err
-        return buffer.getvalue()
+            raise self.codec.unwritable(RunningAttempt(*key), err) from err
+        data = self._known[key] = buffer.getvalue()
+        return data
 
 
 # topic (without prefix) -> its codec

@@ -41,7 +41,7 @@ from connectors.worker.engine import lease_text
 from connectors.worker.lease import write_atomic
 from schemas.codec import HeartbeatWriter
 from schemas.records import Heartbeat as Beat
-from schemas.records import RunningAttempt, WorkerCapacity
+from schemas.records import WorkerCapacity
 from streams.core.clock import broker_stamp
 from streams.core.placement import Capacity
 
@@ -108,7 +108,6 @@ class Heartbeat:
             WorkerCapacity(capacity.cpu, capacity.memory_mb, capacity.gpu),
             WorkerCapacity(max(free.cpu, 0.0), max(free.memory_mb, 0), max(free.gpu, 0)),
             tuple(sorted(self.labels)),
-            tuple(RunningAttempt(r, a) for r, a in held),
         )
         delivered: list[bool] = []
 
@@ -122,7 +121,7 @@ class Heartbeat:
             self.producer.produce(
                 self.topic,
                 key=self.worker_id.encode(),
-                value=self.writer.encode(record),
+                value=self.writer.encode(record, held),
                 on_delivery=acked,
             )
         except (KafkaException, BufferError) as exc:

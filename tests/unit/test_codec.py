@@ -380,7 +380,11 @@ def test_a_workers_beats_are_written_as_the_codec_writes_them(
     for beat in beats:
         kept = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
         beat = replace(beat, running=(*kept, *beat.running))
-        assert writer.encode(beat) == HEARTBEAT.encode(beat)
+        # As records, or (as a worker does) as (run id, attempt) pairs after the record's.
+        split = data.draw(st.integers(0, len(beat.running)))
+        pairs = [(a.run_id, a.attempt) for a in beat.running[split:]]
+        written = writer.encode(replace(beat, running=beat.running[:split]), pairs)
+        assert written == HEARTBEAT.encode(beat)
         held = beat.running
 
 
@@ -393,6 +397,10 @@ def test_a_heartbeat_list_is_written_as_an_avro_array_of_any_length() -> None:
         )
         beat = Heartbeat("w1", 7, CAPACITY, CAPACITY, (), running)
         data = writer.encode(beat)
+        assert (
+            writer.encode(replace(beat, running=()), [(r.run_id, r.attempt) for r in running])
+            == data
+        )
         assert data == HEARTBEAT.encode(beat)
         assert HEARTBEAT.decode(data) == beat
 

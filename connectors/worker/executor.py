@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from typing import Protocol
 import orjson
 
 from connectors.worker.confine import Confinement
+from streams.core.clock import BrokerClock
 
 Key = tuple[str, int]
 
@@ -122,14 +124,25 @@ class NoopExecutor:
     Its clock runs on a thread of its own, as the executor process runs apart from the
     worker's loop: a run starts when its instant comes, whatever the loop is doing (at
     a burst, reporting the first thousands of starts takes the loop seconds, which must
-    not delay the starts behind them). The loop collects the events (`events`)."""
+    not delay the starts behind them). The loop collects the events (`events`).
+
+    Given the worker's broker clock, a run starts when that clock's newest bound reaches
+    its start time (`start_at_ms`, broker time), not at the instant translated when it
+    was handed over: the bound carried forward loses up to 1 ms a second
+    (streams/core/clock.py), so a run handed over two minutes ahead, as a burst's are,
+    would start 0.12 s late. Samples only move the instants earlier, never before the
+    broker's time, so the thread looks again as a start nears."""
 
     log_path = ""
     pid = 0
     output = False
+    RECHECK_S = 0.02
 
-    def __init__(self) -> None:
-        self.due: list[tuple[float, Key]] = []  # (monotonic start, attempt), a heap
+    def __init__(self, broker: BrokerClock | None = None) -> None:
+        self.broker = broker
+        # (order, attempt), a heap: the start time (broker ms) given a broker clock,
+        # else the monotonic instant.
+        self.due: list[tuple[float, Key]] = []
         self.waiting: set[Key] = set()
         self._out: list[Event] = []
         self._changed = threading.Condition()
@@ -137,16 +150,24 @@ class NoopExecutor:
         self._thread: threading.Thread | None = None
 
     def start(self, spec: StartSpec) -> None:
+        order = spec.start_at_ms if self.broker is not None else spec.start_mono()
         with self._changed:
             if spec.key not in self.waiting:
                 self.waiting.add(spec.key)
-                heapq.heappush(self.due, (spec.start_mono(), spec.key))
+                heapq.heappush(self.due, (order, spec.key))
                 self._changed.notify()
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._clock, name="noop executor", daemon=True
                 )
                 self._thread.start()
+
+    def _instant(self, order: float) -> float:
+        """The monotonic instant of a heap order (see `due`)."""
+        if self.broker is None:
+            return order
+        at = self.broker.mono_at(int(order))
+        return math.inf if at is None else at
 
     def cancel(self, key: Key) -> None:
         with self._changed:
@@ -159,7 +180,7 @@ class NoopExecutor:
         with self._changed:
             while not self._closed:
                 now = time.monotonic()
-                while self.due and self.due[0][0] <= now:
+                while self.due and self._instant(self.due[0][0]) <= now:
                     _, key = heapq.heappop(self.due)
                     if key in self.waiting:
                         self.waiting.discard(key)
@@ -168,7 +189,14 @@ class NoopExecutor:
                             Started(key, 0, at, mono),
                             Finished(key, "exited", 0, None, at, at, "", mono, mono),
                         ]
-                self._changed.wait(None if not self.due else max(0.0, self.due[0][0] - now))
+                if not self.due:
+                    self._changed.wait(None)
+                    continue
+                wait = max(0.0, self._instant(self.due[0][0]) - now)
+                # With a broker clock, looked at again as the instant nears: a sample can
+                # move it earlier by a few ms (halving the wait, then every RECHECK_S).
+                recheck = self.RECHECK_S + wait / 2
+                self._changed.wait(wait if self.broker is None else min(wait, recheck))
 
     def events(self) -> list[Event]:
         with self._changed:

@@ -264,7 +264,7 @@ class Worker:
     # -- the executor ----------------------------------------------------------------------
     def _new_executor(self) -> Executor:
         if self.config.executor == "noop":
-            return NoopExecutor()
+            return NoopExecutor(self.broker)
         incarnation = time.time_ns()
         self.lease = self.dir / f"lease.{incarnation}"
         cap = self.config.capacity

@@ -7,11 +7,14 @@ import time
 from pathlib import Path
 
 from connectors.worker.executor import Finished, NoopExecutor, Started, StartSpec
+from streams.core.clock import BrokerClock
 from tests.support.waiting import eventually
 
 
-def _spec(key: tuple[str, int], at_mono: float) -> StartSpec:
-    return StartSpec(key, Path("/nonexistent"), ("true",), {}, 60.0, 0, 0, (0.0, 0.0, 0.0), at_mono)
+def _spec(key: tuple[str, int], at_mono: float, at_ms: int = 0) -> StartSpec:
+    return StartSpec(
+        key, Path("/nonexistent"), ("true",), {}, 60.0, 0, at_ms, (0.0, 0.0, 0.0), at_mono
+    )
 
 
 def test_runs_start_at_their_instant_without_the_loop_and_a_cancel_stops_one() -> None:
@@ -38,5 +41,36 @@ def test_runs_start_at_their_instant_without_the_loop_and_a_cancel_stops_one() -
         finished = {e.key: e.outcome for e in events if isinstance(e, Finished)}
         assert finished == {("a", 1): "exited", ("b", 1): "not_started"}
         assert executor.events() == []  # each event once
+    finally:
+        executor.close()
+
+
+def test_given_the_broker_clock_a_run_starts_when_its_newest_bound_reaches_the_start() -> None:
+    """A run handed over while the worker's only sample is old (its bound carried forward
+    a second behind) starts when a fresh sample says the broker's time has come, a second
+    before the instant translated at the hand-over, and never before the bound says."""
+    now = time.monotonic()
+
+    def broker_ms(mono: float) -> int:  # the broker's true time, ticking with this clock
+        return 5_000_000 + round((mono - now) * 1000)
+
+    broker = BrokerClock()
+    broker.observe(broker_ms(now - 1000), now - 1000)  # carried forward 1000 s: 1 s behind
+    start_ms = broker_ms(now) + 400
+    handed = broker.mono_at(start_ms)
+    assert handed is not None
+    assert handed > now + 1.3
+    executor = NoopExecutor(broker)
+    try:
+        executor.start(_spec(("a", 1), handed, start_ms))
+        broker.observe(broker_ms(now), now)  # a fresh sample: the start is 0.4 s away
+        fresh = broker.mono_at(start_ms)
+        assert fresh is not None
+        assert fresh < handed - 0.9
+        eventually(lambda: executor.heap_keys() == [], "the run to start", 10, interval_s=0.01)
+        started = [e for e in executor.events() if isinstance(e, Started)]
+        assert [e.key for e in started] == [("a", 1)]
+        assert started[0].started_mono is not None
+        assert fresh <= started[0].started_mono < handed - 0.5
     finally:
         executor.close()

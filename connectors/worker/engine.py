@@ -21,10 +21,15 @@ Protocol (JSON lines). The worker writes to stdin:
   {"op": "start", "key": [run_id, attempt], "run_dir", "argv", "env", "timeout_s",
    "memory_mb", "start_at_ms", "start_at_mono", "need": [cpu, memory_mb, gpu]}
   {"op": "cancel", "key": [...]}
+  {"op": "clock", "clock": [base, rate_ms]}
 A run starts at `start_at_mono`, an instant of CLOCK_MONOTONIC (system-wide on Linux):
 the worker translates the run's start time, which is broker time, into it with its
 broker clock (streams/core/clock.py), so a wrong wall clock cannot start a run early.
-Without it, `start_at_ms` is a time on this machine's wall clock, translated on receipt.
+With "clock" (the worker's broker clock's bound, in a start op and alone whenever it
+moves), `start_at_ms` is that broker time and the run starts when the newest bound
+reaches it: the bound carried forward from the hand-over loses up to 1 ms a second,
+which a burst's runs, handed over minutes ahead, would start late by. Without either,
+`start_at_ms` is a time on this machine's wall clock, translated on receipt.
 This process writes to stdout, and appends to `--log` (so a restarted worker can read the
 outcome of what an earlier incarnation ran):
   {"ev": "started", "key", "pid", "started_ms", "started_mono"}
@@ -63,6 +68,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
+import math
 import os
 import selectors
 import signal
@@ -180,6 +186,10 @@ class ExecutorLoop:
         self.jobs: dict[Key, Job] = {}
         self.by_pid: dict[int, Job] = {}
         self.starts: list[tuple[float, Key]] = []  # (monotonic start, key) heap
+        # Runs timed by the worker's broker clock: (start time in broker ms, key), a heap,
+        # and that clock's newest bound (base, rate_ms): broker ms >= base + rate_ms * mono.
+        self.timed: list[tuple[int, Key]] = []
+        self.clock = (-math.inf, 1000.0)
         self.timeouts: list[tuple[float, Key]] = []  # (monotonic deadline, key) heap
         self.queue: deque[Key] = deque()  # due, waiting for room
         self.unprepared: deque[Key] = deque()  # pending, their directories not made yet
@@ -238,7 +248,21 @@ class ExecutorLoop:
         sleep = TICK_S
         if self.starts:
             sleep = min(sleep, max(0.0, self.starts[0][0] - time.monotonic()))
+        if self.timed:
+            sleep = min(sleep, max(0.0, self._timed_mono(self.timed[0][0]) - time.monotonic()))
         return sleep
+
+    def _timed_mono(self, broker_ms: int) -> float:
+        """When the worker's broker clock, as last told, reaches `broker_ms` (on
+        CLOCK_MONOTONIC; a microsecond late against rounding, as `BrokerClock.mono_at`)."""
+        base, rate_ms = self.clock
+        return (broker_ms - base) / rate_ms + 1e-6
+
+    def _clock_told(self, bound: Any) -> None:
+        """The worker's broker clock moved: its bound only rises (a late op is ignored)."""
+        base, rate_ms = float(bound[0]), float(bound[1])
+        if base > self.clock[0] and rate_ms > 0:
+            self.clock = (base, rate_ms)
 
     def step(self) -> None:
         """One pass: reap, check the lease, start what is due, enforce timeouts, stop."""
@@ -297,6 +321,9 @@ class ExecutorLoop:
                 self.handle(orjson.loads(line))
 
     def handle(self, op: dict[str, Any]) -> None:
+        if op["op"] == "clock":
+            self._clock_told(op["clock"])
+            return
         key: Key = (op["key"][0], int(op["key"][1]))
         if op["op"] == "start":
             if key in self.jobs:
@@ -316,7 +343,14 @@ class ExecutorLoop:
             if self.orphaned or self.stopping_all:
                 self._finish(job, "not_started", "the worker is going away")
                 return
-            heapq.heappush(self.starts, (job.start_mono, key))
+            if op.get("clock") is not None and op.get("start_at_mono") is not None:
+                # Its start time is broker time: it starts when the newest bound of the
+                # worker's clock reaches it, which is never later than `start_at_mono`
+                # (translated at the hand-over, when the bound was older).
+                self._clock_told(op["clock"])
+                heapq.heappush(self.timed, (job.start_at_ms, key))
+            else:
+                heapq.heappush(self.starts, (job.start_mono, key))
             self.unprepared.append(key)
         elif op["op"] == "cancel":
             held = self.jobs.get(key)
@@ -337,8 +371,13 @@ class ExecutorLoop:
 
     # -- starting ------------------------------------------------------------------------
     def _start_due(self, mono: float) -> None:
-        while self.starts and self.starts[0][0] <= time.monotonic():
-            _, key = heapq.heappop(self.starts)
+        now = time.monotonic()
+        due = []
+        while self.starts and self.starts[0][0] <= now:
+            due.append(heapq.heappop(self.starts)[1])
+        while self.timed and self._timed_mono(self.timed[0][0]) <= now:
+            due.append(heapq.heappop(self.timed)[1])
+        for key in due:
             job = self.jobs.get(key)
             if job is not None and job.state == "pending":
                 job.state, job.queued_mono = "queued", mono

@@ -224,6 +224,10 @@ class NoopExecutor:
             self._changed.notify()
 
 
+# How often, at most, the executor process is told the broker clock moved.
+CLOCK_EVERY_S = 0.2
+
+
 class ProcessExecutor:
     """The worker's end of the executor process: JSON lines both ways, never blocking."""
 
@@ -239,8 +243,15 @@ class ProcessExecutor:
         stderr: Path | None = None,
         run_as: tuple[int, int] | None = None,
         confinement: Confinement | None = None,
+        broker: BrokerClock | None = None,
     ) -> None:
         self.log_path = str(log_file)
+        # The worker's broker clock, handed on to the executor process as it improves:
+        # starts follow its newest bound (see `NoopExecutor`), not the instants
+        # translated at the hand-over.
+        self.broker = broker
+        self.clock_sent: tuple[float, float] | None = None
+        self.clock_sent_mono = 0.0
         self.output = True
         self.silence_s = silence_s
         argv = [
@@ -302,8 +313,25 @@ class ProcessExecutor:
                 "start_at_ms": spec.start_at_ms,
                 "start_at_mono": spec.start_at_mono,
                 "need": spec.need,
+                **self._clock(),
             }
         )
+
+    def _clock(self) -> dict[str, object]:
+        """The broker clock's bound, for an op: with a start (its time is broker time),
+        and alone (`events`) when it moved a millisecond or more."""
+        bound = None if self.broker is None else self.broker.bound()
+        if bound is None:
+            return {}
+        self.clock_sent, self.clock_sent_mono = bound, time.monotonic()
+        return {"clock": bound}
+
+    def _send_clock(self) -> None:
+        if self.broker is None or time.monotonic() - self.clock_sent_mono < CLOCK_EVERY_S:
+            return
+        bound = self.broker.bound()
+        if bound is not None and (self.clock_sent is None or bound[0] - self.clock_sent[0] >= 1):
+            self._send({"op": "clock", **self._clock()})
 
     def cancel(self, key: Key) -> None:
         self._send({"op": "cancel", "key": key})
@@ -329,6 +357,7 @@ class ProcessExecutor:
         self.stuck_since = None
 
     def events(self) -> list[Event]:
+        self._send_clock()
         self._flush()
         out: list[Event] = []
         while True:

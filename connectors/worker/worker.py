@@ -277,6 +277,7 @@ class Worker:
             stderr=self.dir / "executor.stderr",
             run_as=None if self.config.run_as is None else self.config.run_as.ids,
             confinement=self.config.confinement,
+            broker=self.broker,
         )
 
     def _now_ms(self) -> int:

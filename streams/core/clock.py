@@ -130,6 +130,14 @@ class BrokerClock:
             self._base = max(self._base, stamp_ms - self.rate_ms * mono_seen)
             self.samples += 1
 
+    def bound(self) -> tuple[float, float] | None:
+        """(base, rate_ms): the broker's time at local monotonic `mono` is at least
+        `base + rate_ms * mono` (None before the first sample). For another process of
+        this machine that times starts by it (the executor, connectors/worker/engine.py):
+        `mono_at` there is `(broker_ms - base) / rate_ms`, plus a microsecond."""
+        base = self._base
+        return None if base == -math.inf else (base, self.rate_ms)
+
     def now_ms(self, mono: float) -> int | None:
         """The broker's time at local monotonic time `mono`, from below (None before
         the first sample)."""

@@ -21,6 +21,7 @@ from connectors.stack.process import pid_alive
 from connectors.worker.engine import read_log
 from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
 from connectors.worker.lease import write_lease
+from streams.core.clock import BrokerClock
 from tests.support.waiting import until_passes
 
 
@@ -35,6 +36,7 @@ class Harness:
         capacity: tuple[float, float, float],
         max_gap_s: float,
         run_as: tuple[int, int] | None = None,
+        broker: BrokerClock | None = None,
     ):
         self.root = root
         self.lease = root / "lease"
@@ -47,6 +49,7 @@ class Harness:
             max_gap_s=max_gap_s,
             stderr=root / "executor.stderr",
             run_as=run_as,
+            broker=broker,
         )
         self.seen: list[Event] = []
 
@@ -59,6 +62,7 @@ class Harness:
         argv: list[str],
         *,
         at_ms: int | None = None,
+        at_mono: float | None = None,
         timeout_s: float = 30,
         memory_mb: int = 0,
         need: tuple[float, float, float] = (0, 0, 0),
@@ -74,6 +78,7 @@ class Harness:
                 memory_mb,
                 now_ms() if at_ms is None else at_ms,
                 need,
+                at_mono,
             )
         )
         return key
@@ -123,8 +128,9 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         capacity: tuple[float, float, float] = (100.0, 1e9, 10.0),
         max_gap_s: float = 2.5,
         run_as: tuple[int, int] | None = None,
+        broker: BrokerClock | None = None,
     ) -> Harness:
-        harness = Harness(tmp_path, capacity, max_gap_s, run_as)
+        harness = Harness(tmp_path, capacity, max_gap_s, run_as, broker)
         made.append(harness)
         return harness
 
@@ -155,6 +161,39 @@ def test_starts_at_its_time_with_exit_code_and_output(make: Callable[..., Harnes
     assert (h.root / "r1" / "stdout").read_text() == "out\n"
     assert (h.root / "r1" / "stderr").read_text() == "err\n"
     assert read_log(h.log)[0][key]["result"]["exit_code"] == 3  # a restarted worker reads it
+
+
+def test_a_run_timed_by_the_broker_clock_starts_when_its_newest_bound_reaches_it(
+    make: Callable[..., Harness],
+) -> None:
+    """Handed over while the worker's only sample is old (its bound carried forward a
+    second behind), a run starts when the worker's fresh sample, passed on to the
+    executor process, says its time has come: a second before the instant translated
+    at the hand-over, and never before the bound says."""
+    now = time.monotonic()
+
+    def broker_ms(mono: float) -> int:  # the broker's true time, ticking with this clock
+        return 5_000_000 + round((mono - now) * 1000)
+
+    broker = BrokerClock()
+    broker.observe(broker_ms(now - 1000), now - 1000)  # carried forward 1000 s: 1 s behind
+    h = make(broker=broker)
+    h.renew()
+    start_ms = broker_ms(now) + 600
+    handed = broker.mono_at(start_ms)
+    assert handed is not None
+    assert handed > now + 1.5
+    key = h.start("r1", ["true"], at_ms=start_ms, at_mono=handed)
+    seen = time.monotonic()
+    broker.observe(broker_ms(seen), seen)  # a fresh sample: the start is 0.6 s away
+    fresh = broker.mono_at(start_ms)
+    assert fresh is not None
+    assert fresh < handed - 0.9
+    assert h.finished(key).outcome == "exited"
+    started = h.started(key)
+    assert started is not None
+    assert started.started_mono is not None
+    assert fresh <= started.started_mono < handed - 0.5
 
 
 def test_a_run_s_directory_is_made_ahead_of_its_start_and_used_by_it(

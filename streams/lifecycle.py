@@ -16,6 +16,7 @@ components) and by every long-running command:
   step until stopped, close.
 - `limit_malloc_arenas`, `trim_malloc_every`, `trim_malloc_once`: the process's memory
   (glibc's malloc keeps what a loop frees; see the notes above them).
+- `space_out_full_collections`: the garbage collector's thresholds (see the note above).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import fcntl
+import gc
 import multiprocessing
 import os
 import signal
@@ -254,6 +256,25 @@ def limit_malloc_arenas() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallopt(-8, int(chosen))  # M_ARENA_MAX
+
+
+# CPython's collector walks every tracked object in a full collection, holding the GIL:
+# a worker holding a burst's 50,000 attempts tracks 300,000-500,000 objects, and each full
+# collection took it 0.4-1.1 s, during which its executor thread started nothing: that
+# second's runs all started late (docs/performance.md, "Bursts with default options").
+# Full collections come after `threshold2` collections of the middle generation (and
+# only once the objects promoted since the last one are a quarter of the old ones):
+# 1,000 instead of 10 makes them a hundred times rarer. The young generations are
+# collected as often as before, so cyclic garbage that dies young goes as soon as
+# before; what reaches the old generation waits longer. A worker makes none once
+# started (a full collection every 15 s through a burst found 0 objects), so it is set
+# for workers; the node and its ledgers keep CPython's thresholds.
+GC_THRESHOLDS = (700, 10, 1000)
+
+
+def space_out_full_collections() -> None:
+    """Set this process's collector thresholds to `GC_THRESHOLDS` (the note above)."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 _trim_lock = threading.Lock()

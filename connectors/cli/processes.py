@@ -31,6 +31,7 @@ from projections.migrate import MigrationError, migrate_for
 from streams.core.ledger import LedgerConfig
 from streams.core.timing import TIMING
 from streams.inboxes import WORKER_ID
+from streams.lifecycle import space_out_full_collections
 from streams.settings import Settings
 
 
@@ -277,6 +278,7 @@ def worker(
         run_as=jobs_as,
         confinement=confinement,
     )
+    space_out_full_collections()  # a burst's held attempts, walked without pauses
     running = Worker(settings, config)
     port = chosen_metrics_port(metrics_port)
     if port is not None:

@@ -128,5 +128,23 @@ def ensure_private_inbox(
                 "create the topic and grant its principal Read on it)"
             ) from None
         raise
+    _await_listed(admin, name, timeout_s)
     log.info("made the private inbox %s of worker %s", name, worker_id)
     return True
+
+
+def _await_listed(admin: AdminClient, name: str, timeout_s: float) -> None:
+    """Until the broker's metadata lists the topic just made (the controller has it at
+    once; a broker's metadata follows a moment later, longer on a busy machine): the
+    worker's `MISS_TTL_S` wait before it heartbeats must begin once routers can see it,
+    or one that looks now caches a miss and routes its messages to the shared inbox."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = admin.list_topics(name, timeout=timeout_s).topics.get(name)
+        if found is not None and found.error is None and found.partitions:
+            return
+        if time.monotonic() >= deadline:
+            raise KafkaException(
+                f"the inbox {name} was made but is not listed after {timeout_s:g} s"
+            )
+        time.sleep(0.05)

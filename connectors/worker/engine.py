@@ -246,6 +246,10 @@ class ExecutorLoop:
         if self.more:
             return 0.0
         sleep = TICK_S
+        if not self.lease_ok:
+            # Nothing starts without a lease: the start heaps' heads (a fenced run's, its
+            # time passed) must not turn the wait into a spin until one comes.
+            return sleep
         if self.starts:
             sleep = min(sleep, max(0.0, self.starts[0][0] - time.monotonic()))
         if self.timed:

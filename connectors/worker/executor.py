@@ -137,6 +137,7 @@ class NoopExecutor:
     pid = 0
     output = False
     RECHECK_S = 0.02
+    RECHECK_MAX_S = 0.1
 
     def __init__(self, broker: BrokerClock | None = None) -> None:
         self.broker = broker
@@ -193,9 +194,10 @@ class NoopExecutor:
                     self._changed.wait(None)
                     continue
                 wait = max(0.0, self._instant(self.due[0][0]) - now)
-                # With a broker clock, looked at again as the instant nears: a sample can
-                # move it earlier by a few ms (halving the wait, then every RECHECK_S).
-                recheck = self.RECHECK_S + wait / 2
+                # With a broker clock, looked at again as the instant nears, and at least
+                # every RECHECK_MAX_S: a sample moves it earlier by a millisecond a second
+                # since the sample before (and the clock unsynced has no instant at all).
+                recheck = self.RECHECK_S + min(wait / 2, self.RECHECK_MAX_S)
                 self._changed.wait(wait if self.broker is None else min(wait, recheck))
 
     def events(self) -> list[Event]:

@@ -323,6 +323,30 @@ def test_lease_expiry_fences_running_and_pending_runs(make: Callable[..., Harnes
     assert h.finished(pending).outcome == "not_started"
 
 
+def test_without_a_lease_the_executor_waits_rather_than_spins(
+    make: Callable[..., Harness],
+) -> None:
+    """Runs fenced when the lease ran out leave their start times behind them: until a
+    lease comes back (a Kafka outage) the executor ticks, it does not spin on them."""
+    h = make()
+    h.renew(seconds=1)
+    fenced = [h.start(f"soon{i}", ["true"], at_ms=now_ms() + 1500) for i in range(3)]
+    for key in fenced:
+        assert h.finished(key).outcome == "not_started"  # the lease ended before their time
+    time.sleep(1.0)  # their start times pass, the lease still gone
+    h.passes(2)
+
+    def cpu_s() -> float:
+        fields = Path(f"/proc/{h.executor.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before, began = cpu_s(), time.monotonic()
+    time.sleep(2.0)
+    used = cpu_s() - before
+    # A spin takes a core (~2 s in 2 s); ticking every 0.1 s takes a few hundredths.
+    assert used < 0.5 * (time.monotonic() - began), f"{used:.2f} s of CPU in 2 s"
+
+
 def test_nothing_starts_before_a_first_lease(make: Callable[..., Harness]) -> None:
     h = make()
     key = h.start("early", ["true"])

@@ -74,3 +74,19 @@ def test_given_the_broker_clock_a_run_starts_when_its_newest_bound_reaches_the_s
         assert fresh <= started[0].started_mono < handed - 0.5
     finally:
         executor.close()
+
+
+def test_a_run_handed_over_before_the_clock_has_a_sample_starts_once_it_has_one() -> None:
+    """No sample yet: no instant to wait for, so the thread looks again and again (it
+    must not die of an endless wait) until a sample says the start time has come."""
+    broker = BrokerClock()
+    executor = NoopExecutor(broker)
+    try:
+        executor.start(_spec(("a", 1), time.monotonic(), 5_000_000))
+        time.sleep(0.3)
+        assert executor.heap_keys() == [("a", 1)]
+        broker.observe(5_000_000, time.monotonic())
+        eventually(lambda: executor.heap_keys() == [], "the run to start", 10, interval_s=0.01)
+        assert [e.key for e in executor.events() if isinstance(e, Started)] == [("a", 1)]
+    finally:
+        executor.close()

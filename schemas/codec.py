@@ -480,7 +480,7 @@ class HeartbeatWriter:
     """One worker's beats, byte for byte as `HEARTBEAT.encode` writes them, with each held
     attempt's bytes kept from the beats before. A beat lists every attempt the worker
     holds, once a second, and in a burst that is tens of thousands, of which a few are
-    new each beat: building and encoding them all took 40 % of a worker's time in a
+    new each beat: building and encoding them all took half of a worker's samples in a
     burst of 100,000 (docs/performance.md). Not thread-safe: one per beating thread.
 
     The body of a record is its fields' encodings in order, and `running` is the last

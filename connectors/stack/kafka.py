@@ -17,6 +17,7 @@ is fixed once formatted.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -25,6 +26,7 @@ import subprocess
 import threading
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -252,7 +254,14 @@ class KafkaStack:
             cluster_id = self._cluster_id()
             for node in stopped:
                 self._render_config(node)
-                self._format_storage(node, java, libs, cluster_id, log)
+            # Together: each is a JVM's start (seconds), and a cluster has three.
+            with ThreadPoolExecutor(len(stopped)) as pool:
+                formats = [
+                    pool.submit(self._format_storage, node, java, libs, cluster_id, log)
+                    for node in stopped
+                ]
+            for done in formats:
+                done.result()  # its StackError, if it failed
             # Start them all before waiting: a node of a 3-voter quorum is not ready
             # until a majority of the voters runs.
             procs = [(node, self._launch(node, java, libs, log)) for node in stopped]
@@ -471,7 +480,9 @@ def _stop_all(pids: list[int], grace_s: float) -> list[int]:
     return killed
 
 
+@functools.cache
 def _check_java() -> str:
+    """The java that runs Kafka, checked once a process (a cluster's restarts ask again)."""
     java = shutil.which("java")
     if java is None:
         raise StackError(

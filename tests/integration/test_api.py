@@ -25,6 +25,7 @@ from tests.support.nodes import (
     WorkerProc,
     env_for,
     send_commands,
+    stop_all,
 )
 from tests.support.ports import free_port
 from tests.support.secure import role_env
@@ -71,8 +72,7 @@ def api(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield client
     finally:
         client.close()
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def job_body(job_id: str, **extra: Any) -> dict[str, Any]:

@@ -30,7 +30,15 @@ from streams.topics import ensure_topics
 from tests.support.broker import PrivateBroker, private_broker
 from tests.support.cluster import on_brokers
 from tests.support.firings import assert_audit_clean, first_start_after
-from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    WorkerProc,
+    job,
+    runs_by_id,
+    send_commands,
+    stop_all,
+)
 
 JOBS = 12
 EVERY_S = 1
@@ -65,8 +73,7 @@ def outage(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
         try:
             yield outage
         finally:
-            for proc in [*outage.nodes, *workers]:
-                proc.stop()
+            stop_all([*outage.nodes, *workers])
 
 
 def _ride_out(outage: Outage, down_s: float, late_node: bool, tag: str) -> None:

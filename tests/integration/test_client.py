@@ -27,7 +27,14 @@ from connectors.client import (
 )
 from streams.settings import Settings
 from tests.support.kafka import consumer
-from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
+from tests.support.nodes import (
+    CronlogProcess,
+    Node,
+    ProjectorProc,
+    WorkerProc,
+    send_commands,
+    stop_all,
+)
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 
@@ -70,8 +77,7 @@ def url(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         eventually(ready, "the API to be ready")
         yield base
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def test_a_job_registered_run_waited_for_and_read_through_the_client(url: str) -> None:

@@ -26,7 +26,15 @@ from streams.core.ids import iso_utc
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.firings import assert_audit_clean
-from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    WorkerProc,
+    job,
+    runs_by_id,
+    send_commands,
+    stop_all,
+)
 from tests.support.skew import Skew, skew_env
 from tests.support.waiting import eventually
 
@@ -34,7 +42,10 @@ NODE_SKEW = ("+10m", 600.0)
 WORKER_SKEWS = {"w-behind": ("-8s", -8.0), "w-ahead": ("+8s", 8.0)}
 FIRING_S = 42  # how long the periodic jobs fire (the kill sequence takes ~25 s of it)
 LEAD_MS = 10_000  # the node's pre-dispatch lead (`cronlog scheduler --lead-s`)
-LOOKAHEAD_MS = 45_000  # and its look-ahead (`--lookahead-s`), for a one-off
+# How early a lone one-off may be decided: the lead, the pacer's slack (`Pacer.SLACK_MS`),
+# a second for the proposal to be judged, and 5 s of margin; what the node's own clock
+# would do (propose at once, 25 s ahead) is beyond it.
+QUIET_EARLY_MS = LEAD_MS + 2_000 + 1_000 + 5_000
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 
 
@@ -54,9 +65,7 @@ def cluster(
         for w, (offset, _) in WORKER_SKEWS.items()
     }
     yield logs, node, workers
-    for worker in workers.values():
-        worker.stop()
-    node.stop()
+    stop_all([*workers.values(), node])
 
 
 @pytest.fixture(scope="module")
@@ -274,8 +283,9 @@ def test_a_node_with_no_worker_learns_the_broker_time_before_it_proposes(
     """A node 10 minutes ahead with no worker (no heartbeats) learns the broker's time from
     its own clock probe as it starts, before it proposes anything by its wrong clock (were
     it to propose by it first, it would rebuild its timers once synced: `_resync`): a
-    one-off 50 s away is proposed on time, not 10 minutes early nor late. By its own
-    clock it would be proposed at once, 50 s ahead, beyond the 45 s look-ahead allowed."""
+    one-off 25 s away is proposed on time, not 10 minutes early nor late. By its own
+    clock it would be proposed at once, 25 s ahead, where a quiet firing is proposed its
+    lead and the pacer's slack ahead (12 s)."""
     alone = topics.with_(topic_prefix=f"{topics.topic_prefix}alone.")
     ensure_topics(alone)
     node = Node(alone, "alone-n1", tmp_path, extra_env=skewed(NODE_SKEW[0])).start()
@@ -283,7 +293,7 @@ def test_a_node_with_no_worker_learns_the_broker_time_before_it_proposes(
     try:
         send_commands(alone, [job("warmup", ["true"])])
         reader.wait_until(lambda: bool(reader.job_events()), 90, "the node to be up")
-        at_ms = (int(time.time()) + 50) * 1000
+        at_ms = (int(time.time()) + 25) * 1000
         send_commands(alone, [job("once", ["true"], schedule={"at": iso_utc(at_ms)})])
         reader.wait_until(
             lambda: any(e.job_id == "once" for e, _ in reader.run_events()),
@@ -292,8 +302,8 @@ def test_a_node_with_no_worker_learns_the_broker_time_before_it_proposes(
         )
         created = next(e for e, _ in reader.run_events() if e.job_id == "once")
         assert created.scheduled_ms == at_ms
-        # Decided by the look-ahead on the broker's time (by the node's, 10 minutes late).
-        assert 0 <= at_ms - created.at_ms <= LOOKAHEAD_MS + 500
+        # Decided by its lead on the broker's time (by the node's, 10 minutes late).
+        assert 0 <= at_ms - created.at_ms <= QUIET_EARLY_MS
         assert synced_skew(tmp_path / "alone-n1.log") == pytest.approx(NODE_SKEW[1], abs=2)
     finally:
         reader.close()

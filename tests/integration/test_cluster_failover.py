@@ -33,7 +33,7 @@ from tests.support.firings import (
     pause_and_settle,
     start_lateness,
 )
-from tests.support.nodes import EventReader, Node, WorkerProc, deaths, job, send_commands
+from tests.support.nodes import EventReader, Node, WorkerProc, deaths, job, send_commands, stop_all
 
 JOBS = 8
 EVERY_S = 1
@@ -106,8 +106,7 @@ def test_broker_kills_and_a_rolling_restart_lose_and_double_nothing(world: World
         pause_and_settle(s, events, ids)
     finally:
         events.close()
-        for proc in (*nodes, *workers):
-            proc.stop()
+        stop_all((*nodes, *workers))
 
     for (what, at_ms), end_ms in zip(
         faults, [*(t for _, t in faults[1:]), faults[-1][1] + 120_000], strict=True

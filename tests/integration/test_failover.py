@@ -18,7 +18,7 @@ from schemas.spec import EverySchedule
 from streams.core.percentile import nearest_rank
 from streams.core.schedule import fires_between
 from streams.settings import Settings
-from tests.support.nodes import EventReader, Node, send_commands
+from tests.support.nodes import EventReader, Node, send_commands, stop_all
 
 JOBS = 120
 EVERY_MS = 2000
@@ -34,8 +34,7 @@ def nodes(topics: Settings, tmp_path: Path) -> Iterator[list[Node]]:
         Node(topics, "node-2", tmp_path).start(),
     ]
     yield started
-    for node in started:
-        node.stop()
+    stop_all(started)
 
 
 def ledger_processes(pid: int) -> list[int]:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from streams.settings import Settings
-from tests.support.nodes import CronlogProcess, Node, ProjectorProc
+from tests.support.nodes import CronlogProcess, Node, ProjectorProc, stop_all
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 
@@ -60,8 +60,7 @@ def api(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield client
     finally:
         client.close()
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def _fuzz(api: httpx.Client, token: str) -> tuple[int, int]:

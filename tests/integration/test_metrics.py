@@ -27,6 +27,7 @@ from tests.support.nodes import (
     job,
     runs_by_id,
     send_commands,
+    stop_all,
 )
 from tests.support.ports import free_ports
 from tests.support.waiting import eventually
@@ -108,8 +109,7 @@ def processes(topics: Settings, tmp_path: Path) -> Iterator[dict[str, int]]:
     )
     started = [node.start(), worker.start(), projector.start()]
     yield ports
-    for proc in started:
-        proc.stop()
+    stop_all(started)
 
 
 def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
@@ -128,8 +128,16 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
         [job(j, ["true"], schedule={"every": "1s"}, owner="team-m") for j in jobs],
     )
     events = EventReader(topics, "metrics-check")
+
+    def started_runs() -> set[str]:
+        return {
+            run_id
+            for run_id, evs in runs_by_id(events).items()
+            if evs[0].job_id in jobs and any(e.state == "running" and e.attempt == 1 for e in evs)
+        }
+
     try:
-        events.poll_for(10)
+        events.wait_until(lambda: len(started_runs()) >= 12, 60, "a dozen runs started")
         send_commands(topics, [{"type": "job.pause", "job_id": j} for j in jobs])
         # Paused (decided: no run of them is made after), and every run made ended.
         events.settle()
@@ -142,11 +150,7 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
             60,
             "every run of the paused jobs ended",
         )
-        started = {
-            run_id
-            for run_id, evs in runs_by_id(events).items()
-            if evs[0].job_id in jobs and any(e.state == "running" and e.attempt == 1 for e in evs)
-        }
+        started = started_runs()
         succeeded = {
             run_id
             for run_id, evs in runs_by_id(events).items()

@@ -46,6 +46,7 @@ from tests.support.nodes import (
     job,
     runs_by_id,
     send_commands,
+    stop_all,
 )
 from tests.support.skew import Skew, skew_env
 
@@ -249,8 +250,7 @@ def test_a_worker_cut_off_fences_its_jobs_before_another_runs_them(world: World)
         pause_and_settle(s, events, jobs)
     finally:
         events.close()
-        for proc in (node, far, near, *others):
-            proc.stop()
+        stop_all((node, far, near, *others))
 
     for what, began, ended in world.faults:
         window = (began - 1000, ended + AFTER_S * 1000)

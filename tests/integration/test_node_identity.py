@@ -24,7 +24,7 @@ from streams.core.timing import TIMING
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.firings import assert_audit_clean
-from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands
+from tests.support.nodes import EventReader, Node, WorkerProc, job, send_commands, stop_all
 from tests.support.waiting import eventually
 
 NODE_ID = "twin"
@@ -115,9 +115,7 @@ def test_one_live_ledger_per_node_id(topics: Settings, tmp_path: Path) -> None:
         assert_audit_clean(twin)
     finally:
         reader.close()
-        for proc in (third, second, worker, first):
-            if proc is not None:
-                proc.stop()
+        stop_all(p for p in (third, second, worker, first) if p is not None)
 
 
 def _by_run(reader: EventReader) -> dict[str, list[RunEvent]]:

@@ -35,6 +35,7 @@ from tests.support.nodes import (
     job,
     runs_by_id,
     send_commands,
+    stop_all,
 )
 from tests.support.waiting import eventually, until_passes
 
@@ -220,8 +221,7 @@ def test_webhooks_once_per_failure_across_a_kill_retries_then_dead_letters(
         assert late[0][1]["state"] == "not started"
     finally:
         events.close()
-        for proc in (notifier, worker, node):
-            proc.stop()
+        stop_all((notifier, worker, node))
 
 
 def test_webhooks_aimed_inside_are_refused_and_dead_lettered(
@@ -266,8 +266,7 @@ def test_webhooks_aimed_inside_are_refused_and_dead_lettered(
         dlq.close()
     finally:
         events.close()
-        for proc in (notifier, worker, node):
-            proc.stop()
+        stop_all((notifier, worker, node))
     for job_id, letter in letters.items():
         assert letter["url"] == urls[job_id]
         assert letter["attempts"] == 1  # refused, not retried

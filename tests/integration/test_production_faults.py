@@ -56,6 +56,7 @@ from tests.support.nodes import (
     job,
     runs_by_id,
     send_commands,
+    stop_all,
 )
 
 SHORT, SHORT_EVERY_S = 16, 2
@@ -188,8 +189,7 @@ def test_a_broker_and_a_worker_lost_for_good_kill_no_job_and_fail_no_unstarted_r
         pause_and_settle(s, events, short + long)
     finally:
         events.close()
-        for proc in (*nodes, *workers):
-            proc.stop()
+        stop_all((*nodes, *workers))
 
     print(f"calm: {start_lateness(events, broker_ms - 10_000, broker_ms)}")
     print(f"latest in the calm: {latest_starts(events, broker_ms - 10_000, broker_ms, 3)}")

@@ -25,6 +25,7 @@ from tests.support.nodes import (
     WorkerProc,
     job,
     send_commands,
+    stop_all,
 )
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
@@ -58,8 +59,7 @@ def stack(topics: Settings, tmp_path: Path) -> Iterator[httpx.Client]:
             eventually(lambda: _ready(client), "the API")
             yield client
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def _visible(client: httpx.Client, job_id: str) -> bool:

@@ -17,7 +17,14 @@ import pytest
 
 from connectors.api.ui import COOKIE
 from streams.settings import Settings
-from tests.support.nodes import CronlogProcess, Node, ProjectorProc, WorkerProc, send_commands
+from tests.support.nodes import (
+    CronlogProcess,
+    Node,
+    ProjectorProc,
+    WorkerProc,
+    send_commands,
+    stop_all,
+)
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 
@@ -59,8 +66,7 @@ def stack(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             eventually(lambda: _ready(client), "the API to be ready")
         yield base
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def _ready(client: httpx.Client) -> bool:

@@ -23,7 +23,15 @@ from schemas.codec import JOB_LOG, WORKER_INBOX
 from schemas.records import ClaimReply, RunReleased
 from streams.core.placement import Capacity
 from streams.settings import Settings
-from tests.support.nodes import EventReader, Node, WorkerProc, job, runs_by_id, send_commands
+from tests.support.nodes import (
+    EventReader,
+    Node,
+    WorkerProc,
+    job,
+    runs_by_id,
+    send_commands,
+    stop_all,
+)
 from tests.support.waiting import eventually, until_passes
 
 REPORT = Path(__file__).resolve().parents[2] / ".state" / "reports" / "worker-faults.json"
@@ -37,9 +45,7 @@ def cluster(
     node = Node(topics, "fault-n1", logs).start()
     workers = {w: WorkerProc(topics, w, logs, cpu=1, memory_mb=512).start() for w in ("wa", "wb")}
     yield node, workers
-    for worker in workers.values():
-        worker.stop()
-    node.stop()
+    stop_all([*workers.values(), node])
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from tests.support.nodes import (
     job,
     runs_by_id,
     send_commands,
+    stop_all,
 )
 from tests.support.waiting import until_passes
 
@@ -44,9 +45,7 @@ def cluster(
         WorkerProc(topics, "liar", logs, cpu=64, memory_mb=32, labels=("rogue=yes",)).start(),
     ]
     yield node, workers
-    for worker in workers:
-        worker.stop()
-    node.stop()
+    stop_all([*workers, node])
 
 
 @pytest.fixture(scope="module")

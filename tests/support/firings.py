@@ -116,7 +116,7 @@ def pause_and_settle(settings: Settings, events: EventReader, jobs: list[str]) -
         "every job paused",
     )
     events.wait_until(lambda: settled(events), 180, "every run final")
-    events.poll_for(3)
+    events.settle()  # and nothing more to come: every input decided, every event read
 
 
 def settled(events: EventReader) -> bool:

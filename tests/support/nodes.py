@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -97,10 +98,20 @@ class CronlogProcess:
         self.proc.wait(30)
 
     def stop(self) -> None:
+        self.ask_stop()
+        self.await_stop()
+
+    def ask_stop(self) -> None:
+        """SIGTERM (after SIGCONT: a stopped process must be able to exit)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGCONT)  # a stopped process must be able to exit
+        self.proc.send_signal(signal.SIGCONT)
         self.proc.send_signal(signal.SIGTERM)
+
+    def await_stop(self) -> None:
+        """Wait for the exit `ask_stop` asked for; killed after 30 s."""
+        if self.proc is None:
+            return
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -118,6 +129,16 @@ class CronlogProcess:
         except OSError as exc:
             return f"(no log: {exc})"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_all(procs: Iterable[CronlogProcess]) -> None:
+    """Stop every process of `procs` together: each takes seconds to close its clients,
+    and nothing a test checks afterwards depends on their order."""
+    procs = list(procs)
+    for proc in procs:
+        proc.ask_stop()
+    for proc in procs:
+        proc.await_stop()
 
 
 def deaths(procs: list[CronlogProcess]) -> str:

@@ -42,10 +42,10 @@ NODE_SKEW = ("+10m", 600.0)
 WORKER_SKEWS = {"w-behind": ("-8s", -8.0), "w-ahead": ("+8s", 8.0)}
 FIRING_S = 42  # how long the periodic jobs fire (the kill sequence takes ~25 s of it)
 LEAD_MS = 10_000  # the node's pre-dispatch lead (`cronlog scheduler --lead-s`)
-# How early a lone one-off may be decided: the lead, the pacer's slack (`Pacer.SLACK_MS`),
-# a second for the proposal to be judged, and 5 s of margin; what the node's own clock
-# would do (propose at once, 25 s ahead) is beyond it.
-QUIET_EARLY_MS = LEAD_MS + 2_000 + 1_000 + 5_000
+# How early a lone one-off may be decided: the lead and the pacer's slack
+# (`Pacer.SLACK_MS`), with 6 s of margin; what the node's own clock would do (propose at
+# once, 22-25 s ahead) is beyond it.
+QUIET_EARLY_MS = LEAD_MS + 2_000 + 6_000
 FINALS = ("succeeded", "failed", "cancelled", "skipped")
 
 

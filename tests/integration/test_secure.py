@@ -87,7 +87,7 @@ def _read_error(settings: Settings, topic: str) -> KafkaError | None:
         # A principal without Describe is answered at once by the metadata, where a
         # poll would wait its whole bound for a refusal librdkafka keeps to itself.
         error = reader.list_topics(name, timeout=10).topics[name].error
-        if isinstance(error, KafkaError):
+        if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             return error
         reader.assign([TopicPartition(name, 0, -2)])
         # A Message with an empty value is falsy (len() is its value's): wrapped in a list.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Self
 
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from schemas.codec import RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
@@ -22,7 +22,7 @@ from streams.core.timing import TIMING
 from streams.kafka import consumer_config, producer_config
 from streams.settings import Settings
 from tests.support.secure import role_env
-from tests.support.waiting import eventually, until_passes
+from tests.support.waiting import eventually, retried, until_passes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,7 +263,7 @@ class EventReader:
         """Until everything run-events holds now is read: this reader's position on every
         partition at the end it has now (past a transaction's marker; a transaction still
         open is waited for)."""
-        ends = end_offsets(self.settings, "run-events")
+        ends = retried(partial(end_offsets, self.settings, "run-events"), timeout_s)
 
         def at_end() -> None:
             self.poll_for(0.2)
@@ -289,7 +289,10 @@ class EventReader:
             (("ingress", "commands"), ("gate", "worker-reports")),
             (("ledger", "job-log"),),
         ):
-            ends = {topic: end_offsets(self.settings, topic) for _, topic in stage}
+            ends = {
+                topic: retried(partial(end_offsets, self.settings, topic), timeout_s)
+                for _, topic in stage
+            }
             for group, topic in stage:
                 until_passes(
                     partial(committed_past, self.settings, group, topic, ends[topic]), timeout_s
@@ -316,6 +319,8 @@ def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
             p: probe.get_watermark_offsets(TopicPartition(name, p), 10, cached=False)[1]
             for p in range(settings.partitions)
         }
+    except KafkaException as exc:  # a broker a fault test killed a moment ago: ask again
+        raise AssertionError(f"the ends of {topic}: {exc}") from exc
     finally:
         probe.close()
 
@@ -328,6 +333,8 @@ def committed_past(settings: Settings, group: str, topic: str, ends: dict[int, i
     try:
         wanted = [TopicPartition(name, p) for p, end in ends.items() if end > 0]
         committed = probe.committed(wanted, timeout=10) if wanted else []
+    except KafkaException as exc:  # the group's coordinator moving: ask again
+        raise AssertionError(f"{group}'s committed offsets on {topic}: {exc}") from exc
     finally:
         probe.close()
     behind = {

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def until_passes(
@@ -20,6 +22,13 @@ def until_passes(
         except AssertionError:
             time.sleep(interval_s)
     check()
+
+
+def retried(call: Callable[[], T], timeout_s: float = 60, *, interval_s: float = 0.3) -> T:
+    """`call()`'s value once it stops raising AssertionError (as `until_passes`)."""
+    got: list[T] = []
+    until_passes(lambda: got.append(call()), timeout_s, interval_s=interval_s)
+    return got[-1]
 
 
 def eventually(

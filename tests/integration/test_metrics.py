@@ -158,7 +158,6 @@ def test_every_process_is_scraped_and_the_lateness_histogram_counts_every_start(
         }
     finally:
         events.close()
-    assert len(started) >= 12
     _, worker = get(processes["worker"], "/metrics")
     assert value(worker, "cronlog_run_start_lateness_seconds_count", owner="team-m") == len(started)
     assert value(worker, "cronlog_worker_reports_total", kind="started") == len(started)

@@ -239,6 +239,7 @@ class FireTimers:
         self.decided: dict[int, int] = {}
         self._pruned_s = 0  # `decided` holds no second before this
         self._awaiting = bytearray()  # slot -> 1 while its early proposal is unanswered
+        self._sent = bytearray()  # slot -> 1 once its due time has been proposed
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -265,6 +266,15 @@ class FireTimers:
         (look-ahead) and whether before its time at all (the lead)."""
         policy = self.policy
         slot = self._slots.get(job_id)
+        if slot is not None and self._sent[slot] and next_due == self._due[slot]:
+            # The firing is proposed and not answered: a state written for another
+            # reason (an earlier run's end) is no answer, and arming it afresh would
+            # propose it again at once. Its repeat stays, moved only later (a spec
+            # that no longer leads).
+            normal = next_due - (policy.lead_ms if lead else 0)
+            if normal > self._normal[slot]:
+                self._arm(self._normal, self._normal_heap, slot, normal)
+            return
         if slot is not None:
             if self._awaiting[slot] and next_due != self._due[slot]:
                 self._answered(slot)  # the ledger decided the time proposed early
@@ -281,11 +291,13 @@ class FireTimers:
                 del self._slots[job_id]
                 self._ids[slot] = ""
                 self._due[slot] = self._normal[slot] = self._early[slot] = _NONE
+                self._sent[slot] = 0
                 self._free.append(slot)
             return
         if slot is None:
             slot = self._slot(job_id)
         self._due[slot] = next_due
+        self._sent[slot] = 0
         normal = next_due - (policy.lead_ms if lead else 0)
         at = max(next_due - policy.horizon_ms, fired_ms)
         ahead = early and lead and policy.horizon_ms and at < next_due
@@ -336,6 +348,7 @@ class FireTimers:
         out: list[tuple[str, int]] = []
         for slot in self._pop(self._normal, self._normal_heap, now, 10_000):
             out.append((ids[slot], dues[slot]))
+            self._sent[slot] = 1
             self._unwait(slot)
             self._early[slot] = _NONE
             self._ready[slot] = 0
@@ -377,6 +390,7 @@ class FireTimers:
             self._ready[slot] = 0
             due = dues[slot]
             out.append((ids[slot], due))
+            self._sent[slot] = 1
             self._awaiting[slot] = 1
             self.early_out += 1
             normal = max(now + policy.repeat_ms, due - policy.lead_ms)
@@ -424,6 +438,7 @@ class FireTimers:
             for times in (self._due, self._normal, self._early):
                 times.append(_NONE)
             self._awaiting.append(0)
+            self._sent.append(0)
             self._ready.append(0)
         self._slots[job_id] = slot
         return slot

@@ -2,7 +2,9 @@
 
 A job is proposed `lead_ms` before its due time (pre-dispatch: the run is created,
 placed and claimed before it is due, and the worker starts it at the due time), and again
-every `repeat_ms` until the ledger's answer (the job's new state) arrives.
+every `repeat_ms` until the ledger's answer (the job's new state) arrives. A state that
+keeps the due time proposed (an earlier run's end rewrote it) is no answer and leaves
+the repeat where it was.
 
 Look-ahead: a burst (ten thousand jobs due in the same second) cannot be decided,
 dispatched and claimed within `lead_ms`: the ledger decides on the order of a thousand

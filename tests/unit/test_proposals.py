@@ -271,7 +271,9 @@ class _Reference:
 
 _LEARN = st.tuples(
     st.sampled_from([f"j{i}" for i in range(12)]),
-    st.one_of(st.none(), st.integers(-5 * S, 400 * S)),  # next due, relative to T
+    # Next due, relative to T; a few values often, so that a job is learnt again with
+    # the due time it was just proposed for (a state that is no answer).
+    st.one_of(st.none(), st.integers(-5 * S, 400 * S), st.sampled_from((0, 5 * S, 30 * S))),
     st.integers(-100 * S, 100 * S),  # fired, relative to T
     st.booleans(),
     st.booleans(),
@@ -311,8 +313,22 @@ def test_the_compact_timers_agree_with_plain_dicts(
             timers.learn(job, None if due is None else T + due, T + fired, may_early, lead)
             model.learn(job, None if due is None else T + due, T + fired, may_early, lead)
             assert timers.due_of(job) == model.due.get(job)
+        _assert_counts(timers)
     assert timers.due == model.due
     assert len(timers) == len(model.due)
+
+
+def _assert_counts(timers: FireTimers) -> None:
+    """What the pacer reads agrees with the slots: `waiting` counts the slots with an
+    early time armed, by due second, and `early_out` the early proposals unanswered."""
+    armed: dict[int, int] = {}
+    for job_id, slot in timers._slots.items():
+        assert timers._ids[slot] == job_id
+        if timers._early[slot] != -(1 << 63):
+            second = timers._due[slot] // 1000
+            armed[second] = armed.get(second, 0) + 1
+    assert timers.waiting == armed
+    assert timers.early_out == sum(timers._awaiting)
 
 
 # -- the burst pacer ------------------------------------------------------------------------

@@ -255,6 +255,21 @@ class FireTimers:
         """Every job's scheduled time to propose (a copy, O(jobs): for tests and tools)."""
         return {job_id: self._due[slot] for job_id, slot in self._slots.items()}
 
+    def armed_early(self) -> dict[int, int]:
+        """The slots with an early time armed, by due second, counted afresh (O(jobs):
+        for tests and tools; `waiting` is the running count the pacer reads)."""
+        armed: dict[int, int] = {}
+        for slot in self._slots.values():
+            if self._early[slot] != _NONE:
+                second = self._due[slot] // 1000
+                armed[second] = armed.get(second, 0) + 1
+        return armed
+
+    def unanswered(self) -> int:
+        """Early proposals awaiting the ledger's answer, counted afresh (O(jobs): for tests
+        and tools; `early_out` is the running count)."""
+        return sum(self._awaiting)
+
     def learn(
         self,
         job_id: str,

@@ -321,14 +321,8 @@ def test_the_compact_timers_agree_with_plain_dicts(
 def _assert_counts(timers: FireTimers) -> None:
     """What the pacer reads agrees with the slots: `waiting` counts the slots with an
     early time armed, by due second, and `early_out` the early proposals unanswered."""
-    armed: dict[int, int] = {}
-    for job_id, slot in timers._slots.items():
-        assert timers._ids[slot] == job_id
-        if timers._early[slot] != -(1 << 63):
-            second = timers._due[slot] // 1000
-            armed[second] = armed.get(second, 0) + 1
-    assert timers.waiting == armed
-    assert timers.early_out == sum(timers._awaiting)
+    assert timers.waiting == timers.armed_early()
+    assert timers.early_out == timers.unanswered()
 
 
 # -- the burst pacer ------------------------------------------------------------------------

@@ -90,13 +90,13 @@ def scheduler(
     from streams.node import run_node  # imported late: the loops' imports are heavy
 
     settings = load_settings()
-    chosen = start_logging(loglevel, "scheduler", node_id, log_format)
     if not 0 <= lookahead_s < max_lead_s or lookahead_rate < 0 or not 0 <= lead_s < max_lead_s:
         raise fail(
             f"--lead-s and --lookahead-rate must not be negative, --lead-s and "
             f"--lookahead-s in [0, --max-lead-s = {max_lead_s:g})",
             2,
         )
+    chosen = start_logging(loglevel, "scheduler", node_id, log_format)
     stop_watchdog()  # the node's handlers, installed later, get wrapped
     run_node(
         settings,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import deque
 from dataclasses import replace
 
@@ -213,8 +214,13 @@ def test_the_scheduler_command_refuses_bad_timings(args: list[str]) -> None:
 
     from connectors.cli import app
 
+    root = logging.getLogger()
+    handlers = root.handlers[:]
     result = CliRunner().invoke(app, ["scheduler", *args])
     assert result.exit_code == 2
+    # Refused before the process's logging is set up: a handler bound to the runner's
+    # stream (closed after the call) would be left on the root logger for later tests.
+    assert root.handlers == handlers
     limit = "120" if "--max-lead-s" in args else "660"
     assert f"--lookahead-s in [0, --max-lead-s = {limit})" in result.output
 

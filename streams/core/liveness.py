@@ -1,9 +1,9 @@
 """Worker liveness: the failure detector's judgement and the order of heartbeats. Pure.
 
-The dispatcher (streams/dispatcher.py, its module docstring has the safety argument)
-judges each worker on one clock, its own monotonic seconds: a worker's beats count by
-when they were received, never by the stamps the worker put on them, so no worker's
-clock moves a verdict.
+The dispatcher (its failure detector: streams/dispatcher_verdicts.py, whose docstring has
+the safety argument) judges each worker on one clock, its own monotonic seconds: a
+worker's beats count by when they were received, never by the stamps the worker put on
+them, so no worker's clock moves a verdict.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The failure detector's judgement on one clock (streams/dispatcher.py): a worker's beats
+"""The failure detector's judgement on one clock (streams/dispatcher_verdicts.py): a worker's beats
 count by when the dispatcher received them, on its own monotonic clock, never by the
 stamps the worker put on them; and the dispatcher's offsets of `dispatch` records."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from streams.core.liveness import BeatMark, Liveness, newer
 from streams.core.timing import TIMING
-from streams.dispatcher import Progress
+from streams.dispatcher_kernel import Progress
 
 LIVENESS = Liveness()  # the node's defaults (streams/core/timing.py)
 LEASE_S = TIMING.lease_s  # the worker's lease: from the beat's making

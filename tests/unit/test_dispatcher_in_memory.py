@@ -21,13 +21,15 @@ from schemas.records import (
     WorkerLost,
 )
 from schemas.spec import JobSpec
-from streams import dispatcher as dispatcher_module
+from streams import dispatcher_heartbeats
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
 from streams.core.seals import sealed
 from streams.core.timing import TIMING
-from streams.dispatcher import LIST_EVERY_S, LONG_LIST, Dispatcher, DispatcherConfig
+from streams.dispatcher import Dispatcher
+from streams.dispatcher_heartbeats import LIST_EVERY_S, LONG_LIST
+from streams.dispatcher_kernel import DispatcherConfig
 from streams.kafka import partition_for, producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog
@@ -418,7 +420,7 @@ def test_a_placement_listed_by_a_skimmed_beat_is_not_taken_back_at_suspicion(
     it is not, and the verdict names it."""
     monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
     monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
-    monkeypatch.setattr(dispatcher_module, "LIST_EVERY_S", 600.0)  # every list skimmed
+    monkeypatch.setattr(dispatcher_heartbeats, "LIST_EVERY_S", 600.0)  # every list skimmed
     clock, log, clients, outside = _in_memory()
     capacity = WorkerCapacity(4.0, 4096, 0)
     filler = tuple(RunningAttempt(f"other#{i}", 1) for i in range(LONG_LIST))

@@ -19,7 +19,7 @@ from streams.core.ledger import LedgerConfig
 from streams.core.liveness import Liveness
 from streams.core.placement import Capacity
 from streams.core.timing import TIMING, Check, Timing
-from streams.dispatcher import DispatcherConfig
+from streams.dispatcher_kernel import DispatcherConfig
 from streams.groups import group_settings
 
 BROKER_PROPERTIES = Path(__file__).parents[2] / "compose" / "kafka" / "server.properties.in"

@@ -220,6 +220,10 @@ def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Deci
         upstream_outcomes=() if job is None else job.upstream_outcomes,
         requests_floor_ms=0 if job is None else job.requests_floor_ms,
         backfilled=() if job is None else job.backfilled,
+        # max_runs counts the schedule's runs over the id's whole history: a delete
+        # and re-create does not start it again (a withdrawal of the old life may still
+        # be pending, and is given back when confirmed).
+        schedule_runs=0 if job is None else job.schedule_runs,
     )
     event = JobEvent(f"{spec.job_id}#job#{new.version}", spec.job_id, "upserted", at, spec)
     return Decision(job=new, events=(event,), notices=notices)

@@ -63,15 +63,21 @@ class Firing(Kernel):
         # Runs created ahead under `allow` were never judged by `forbid`/`replace`: a
         # switch to either withdraws them all, to be decided again at their time.
         exclusive = spec.concurrency != "allow" and spec.concurrency != old.concurrency
-        if retimed or exclusive:
+        # Runs created ahead were gated by the upstreams of their decision: a change of
+        # `depends_on` withdraws them too, to be gated at their time by the new ones (a
+        # step, without a schedule, decides its periods as its upstreams report them).
+        regated = spec.depends_on != old.depends_on and spec.schedule is not None
+        if retimed or exclusive or regated:
             self._decide_until(at)
             kept = spec  # the new schedule's own times stay: the change keeps those firings
             self._withdraw(
                 at,
                 WITHDRAWN_BY_CHANGE,
-                keep=lambda t: not exclusive and next_fire(kept.schedule, t - 1, kept.dst) == t,
+                keep=lambda t: (
+                    not exclusive and not regated and next_fire(kept.schedule, t - 1, kept.dst) == t
+                ),
             )
-        retimed = retimed or exclusive
+        retimed = retimed or exclusive or regated
         job = self.job
         fired = at if retimed else job.fired_ms
         if retimed and isinstance(spec.schedule, AtSchedule) and spec.schedule.at_ms <= at:
@@ -98,6 +104,17 @@ class Firing(Kernel):
             version=job.version + 1,
         )
         self._job_event("upserted", at, spec)
+        if spec.depends_on != old.depends_on:
+            self._regate()
+
+    def _regate(self) -> None:
+        """The runs still waiting for earlier times, judged again by the upstreams now in
+        effect: one removed no longer holds them (nor can its outcome reach them: its
+        notices are refused), one added gates them too."""
+        for run_id in self.job.live_runs:
+            run = self.run(run_id)
+            if run is not None and run.state == "waiting":
+                self._evaluate(run)
 
     def _decide_until(self, at: int) -> None:
         """Decide the schedule's firings up to `at` that no proposal has decided yet: a
@@ -130,10 +147,9 @@ class Firing(Kernel):
             if run.state in ("waiting", "due") or (
                 run.state == "dispatched" and start is not None and start > self.at
             ):
+                # Its count of max_runs is given back once the withdrawal is confirmed
+                # (see `Kernel._move`), not while the holder may still start it.
                 self._cancel_run(run, reason)
-                # A withdrawn firing is not one of the schedule's runs (max_runs) unless
-                # it is fired after all (`_fire_one` counts it again then).
-                self.set_job(schedule_runs=max(0, self.job.schedule_runs - 1))
 
     def job_flag(self, inp: JobPaused | JobResumed | JobDeleted, at: int) -> None:
         job = self.job
@@ -324,9 +340,9 @@ class Firing(Kernel):
         if existing is not None and existing.cancelling in WITHDRAWN:
             # Withdrawn, but its holder has not answered yet: the firing is wanted after
             # all, so the run stays. Should the stop order make the holder release the
-            # attempt, it is dispatched again like any attempt released.
+            # attempt, it is dispatched again like any attempt released. It still counts
+            # for max_runs (a pending withdrawal gives nothing back).
             self.runs[run_id] = replace(existing, cancelling="", updated_ms=self.at)
-            self.set_job(schedule_runs=self.job.schedule_runs + 1)
             return None
         if existing is not None and not withdrawn(existing):
             return None  # decided once already: one run per (job, scheduled time)
@@ -449,6 +465,10 @@ class Firing(Kernel):
             return self.reject(f"unknown or forgotten run {inp.run_id}")
         if not run.final:
             return self.reject(f"run {inp.run_id} is still {run.state}")
+        try:
+            self.values(run)
+        except ParamError as exc:  # declared since the run was made: it has no value
+            return self.reject(f"job {self.job.spec.job_id}: {exc}", dead_letter=True)
         self._remember(inp.request_id, inp.at_ms)
         self.set_job(
             live_runs=(*self.job.live_runs, run.run_id),

@@ -150,6 +150,10 @@ class Kernel:
             cancelling="",  # a transition settles a pending cancel (see `_cancel_run`)
         )
         self.runs[run.run_id] = moved
+        if state == "cancelled" and reason in WITHDRAWN and run.trigger == "schedule":
+            # A withdrawal confirmed (the run never started): not one of the schedule's
+            # runs for max_runs, unless it is fired after all (`_fire_one` counts it then).
+            self.set_job(schedule_runs=max(0, self.job.schedule_runs - 1))
         self.events.append(
             RunEvent(
                 event_id=f"{run.run_id}#{moved.seq}",
@@ -293,6 +297,17 @@ class Kernel:
         moved = self.runs[run.run_id] = replace(moved, not_before_ms=not_before)
         self._dispatch(moved, not_before)
 
+    def values(self, run: RunState) -> ParamValues:
+        """A run's parameter values under the job's declaration in force now: its own
+        values of the parameters still declared, the defaults of the others. Raises
+        ParamError when a parameter declared since has no default (or a kept value no
+        longer has the declared type)."""
+        declared = self.job.spec.params
+        if not declared:
+            return ()
+        names = {p.name for p in declared}
+        return resolve(declared, tuple((n, v) for n, v in run.params if n in names))
+
     def _not_before(self, run: RunState) -> int | None:
         """The current attempt's start time: no worker starts it earlier. Every dispatch of
         the attempt carries this time or a later one. None when unknown (a state written
@@ -305,6 +320,17 @@ class Kernel:
         return None
 
     def _dispatch(self, run: RunState, not_before: int) -> None:
+        """Ask the dispatcher to place a due run, with its parameter values under the
+        declaration in force now (`values`)."""
+        try:
+            values = self.values(run)
+        except ParamError as exc:
+            # A parameter declared without a default after the run was made: the run
+            # has no value for it, so it must not start (with `{name}` left in its argv).
+            self._move(run, "failed", f"{exc}, and the run was made without it")
+            return
+        if values != run.params:
+            run = self.runs[run.run_id] = replace(run, params=values)
         spec = self.job.spec
         command, env = spec.command, spec.env
         if run.params:  # the values reach the process in its environment, and its argv

@@ -9,6 +9,7 @@ exactly one run, and none is missed."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -18,12 +19,13 @@ from schemas.spec import EverySchedule, JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig
+from streams.core.proposals import ProposalPolicy
 from streams.core.schedule import fires_between
 from streams.core.timing import TIMING
 from streams.kafka import producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients, MemoryLog
-from streams.scheduler import Scheduler
+from streams.scheduler import Scheduler, SchedulerConfig
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=4, topic_prefix="loops.")
@@ -189,3 +191,54 @@ def test_a_scheduler_an_hour_behind_with_no_worker_proposes_on_time(
     ]
     assert probes
     assert all(isinstance(p, FireProposed) and p.job_id == "" for p in probes)
+
+
+def test_an_upstream_removed_within_the_lead_frees_the_firing_on_the_real_loops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D depends on U, both every minute; D's run for T is created `waiting` ahead of T
+    (the scheduler's lead); 3 s before T the owner drops the dependency. The real
+    scheduler and ledger decide T again under no upstreams: the run is due at T, not
+    left waiting for a day (issue 52)."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    clock = ManualClock()
+    log = MemoryLog(clock)
+    log.create_catalogue(SETTINGS)
+    clients = MemoryClients(log)
+    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
+    assert ledger.open()
+    lead = SchedulerConfig(ProposalPolicy(lead_ms=int(TIMING.lead_s * 1000)))  # the default
+    scheduler = Scheduler(SETTINGS, "s", lead, clients=clients, clock=clock)
+    scheduler.open()
+    commands = clients.producer(producer_config(SETTINGS))
+    minute = EverySchedule(60_000)
+    upstream = JobSpec(job_id="u", owner="o", schedule=minute, command=("true",))
+    dependent = JobSpec(
+        job_id="d", owner="o", schedule=minute, command=("true",), depends_on=("u",)
+    )
+
+    def write(spec: JobSpec) -> None:
+        upsert = JobUpserted(spec, int(clock.time() * 1000))
+        key = spec.job_id.encode()
+        commands.produce(SETTINGS.topic("job-log"), key=key, value=JOB_LOG.encode(upsert))
+
+    write(upstream)
+    write(dependent)
+    now_ms = int(clock.time() * 1000)
+    t = fires_between(minute, now_ms + 30_000, now_ms + 120_000)[0]  # a firing to come
+
+    def run_until(until_ms: int) -> list[RunEvent]:
+        while clock.time() * 1000 < until_ms:
+            scheduler.step()
+            ledger.step()
+        events = [
+            RUN_EVENTS.decode(m.value() or b"") for m in log.records(SETTINGS.topic("run-events"))
+        ]
+        return [e for e in events if isinstance(e, RunEvent) and e.job_id == "d"]
+
+    ahead = run_until(t - 3_000)
+    assert [e.state for e in ahead if e.scheduled_ms == t] == ["waiting"]  # decided ahead
+    write(replace(dependent, depends_on=()))
+    states = [e.state for e in run_until(t + 5_000) if e.scheduled_ms == t]
+    assert states == ["waiting", "cancelled", "due"], states  # withdrawn, decided again

@@ -43,7 +43,7 @@ from schemas.records import JobEvent, RunEvent
 from schemas.spec import Notify
 from streams import metrics
 from streams.core.clock import SYSTEM_CLOCK, Clock
-from streams.core.commands import parse_notify
+from streams.core.command_spec import parse_notify
 from streams.core.notifications import (
     Alert,
     Lateness,

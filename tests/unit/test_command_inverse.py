@@ -28,7 +28,7 @@ from schemas.spec import (
     RetryPolicy,
     Schedule,
 )
-from streams.core.commands import (
+from streams.core.command_spec import (
     MAX_BACKOFF_MULTIPLIER,
     MAX_BACKOFF_S,
     MAX_CPU,
@@ -39,11 +39,8 @@ from streams.core.commands import (
     MAX_SLA_S,
     MAX_TIMEOUT_S,
     MIN_PRIORITY,
-    UpsertJob,
-    parse_command,
-    schedule_document,
-    upsert_document,
 )
+from streams.core.commands import UpsertJob, parse_command, schedule_document, upsert_document
 
 ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # Instants a one-off can name: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z.

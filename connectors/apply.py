@@ -11,13 +11,18 @@ by hand, or by another repository's apply, is never pruned. `cronlog diff -f` pr
 same difference and exits 1 when there is one (for CI). `cronlog jobs export` writes the
 registered jobs as a file `apply` reads back unchanged.
 
+Prune is limited to owners (`prune_deletes`): those the files name, by `owner:` at a
+file's top (`owner: team` with `jobs: []` names team and prunes all of its jobs) or on a
+job, and `--owner`. No owner named is never every owner: the CLI then prunes the token's
+owner (an owner's token lists only its own jobs) and refuses an admin (PruneScopeError).
+
 The comparison is of normalised specs: each side parsed to a JobSpec and written back as
 its command (`upsert_document`), so `every: 60s` and `every: 1m` are the same job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +45,17 @@ class JobFileError(ValueError):
     """A file that cannot be applied: the message names the file and the line."""
 
 
+class PruneScopeError(ValueError):
+    """A prune that names no owner, or no managed_by: refused, never widened to all."""
+
+
+NO_OWNER_TO_PRUNE = (
+    "--prune: the files name no owner, and as admin (--direct or an admin token) that "
+    "would prune every owner's jobs. Name the owner: `owner: NAME` at the top of a file "
+    "(beside `jobs:`, even `jobs: []`), `owner:` on its jobs, or --owner NAME"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Desired:
     """One job as a file gives it."""
@@ -57,6 +73,15 @@ class Change:
     doc: dict[str, Any] | None = None  # what to register (create, change)
 
 
+@dataclass(frozen=True, slots=True)
+class JobFiles:
+    """What the files say: their jobs, and every owner they name (at a file's top, even
+    beside `jobs: []`, or on a job); an owner only filled in (`load`'s `owner`) is not."""
+
+    jobs: list[Desired]
+    owners: frozenset[str]
+
+
 def job_files(paths: Iterable[Path]) -> list[Path]:
     """The files named, and the job files under the directories named, in path order."""
     found: list[Path] = []
@@ -71,13 +96,18 @@ def job_files(paths: Iterable[Path]) -> list[Path]:
 
 
 def read_jobs(
-    text: str, name: str, calendars: dict[str, Any] | None = None
+    text: str,
+    name: str,
+    calendars: dict[str, Any] | None = None,
+    owners: set[str] | None = None,
 ) -> list[tuple[Any, int]]:
     """The jobs of one file's text, each with its 1-based line: a file holds one job, a
     list of jobs, `{jobs: [...]}` (with `owner:` beside it: the owner of its jobs that
     name none; with `calendars:`, named lists of days its and other files' jobs name),
-    or several YAML documents of these. Calendars found are added to `calendars`.
-    JobFileError names the file and line of YAML that cannot be read."""
+    or several YAML documents of these. Calendars found are added to `calendars`, and
+    the owners of `owner:` beside `jobs:` to `owners` (even when `jobs:` is empty: the
+    file still says whose jobs it keeps). JobFileError names the file and line of YAML
+    that cannot be read, and of a top-level `owner:` that is not a name."""
     loader = yaml.SafeLoader(text)
     out: list[tuple[Any, int]] = []
     try:
@@ -93,7 +123,11 @@ def read_jobs(
                         _add_calendars(
                             calendars, loader.construct_document(keys["calendars"]), name
                         )
-                    owner = loader.construct_document(keys["owner"]) if "owner" in keys else None
+                    if "owner" in keys:
+                        found = loader.construct_document(keys["owner"])
+                        owner = _top_owner(found, name, keys["owner"].start_mark.line + 1)
+                        if owners is not None:
+                            owners.add(owner)
                     if "jobs" not in keys:
                         continue
                     node = keys["jobs"]
@@ -110,6 +144,12 @@ def read_jobs(
     finally:
         loader.dispose()
     return out
+
+
+def _top_owner(value: object, name: str, line: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise JobFileError(f"{name}:{line}: owner must be an owner's name, got {value!r}")
+    return value
 
 
 def _add_calendars(calendars: dict[str, Any], found: object, name: str) -> None:
@@ -139,13 +179,26 @@ def _with_calendars(doc: dict[str, Any], calendars: dict[str, Any], where: str) 
 def load(
     paths: Iterable[Path], managed_by: str = MANAGED_BY, owner: str | None = None
 ) -> list[Desired]:
-    """Every job of the files, validated; JobFileError on the first that is not valid
-    (its file and line, and the parser's reason) or on a job id given twice. A job's
-    `calendars` names calendars any of the files defines (`calendars:` at a file's top)."""
+    """The jobs of `read_files` (the files' jobs, validated)."""
+    return read_files(paths, managed_by, owner).jobs
+
+
+def read_files(
+    paths: Iterable[Path], managed_by: str = MANAGED_BY, owner: str | None = None
+) -> JobFiles:
+    """Every job of the files, validated, and the owners the files name; JobFileError on
+    the first job that is not valid (its file and line, and the parser's reason) or on a
+    job id given twice. A job's `calendars` names calendars any of the files defines
+    (`calendars:` at a file's top). `owner` is given to jobs that name none (not counted
+    as named by the files)."""
     desired: list[Desired] = []
     seen: dict[str, str] = {}
     calendars: dict[str, Any] = {}
-    files = [(path, read_jobs(path.read_text(), str(path), calendars)) for path in job_files(paths)]
+    owners: set[str] = set()
+    files = [
+        (path, read_jobs(path.read_text(), str(path), calendars, owners))
+        for path in job_files(paths)
+    ]
     for path, jobs in files:
         for value, line in jobs:
             where = f"{path}:{line}"
@@ -153,7 +206,8 @@ def load(
                 raise JobFileError(f"{where}: a job must be a mapping of job.upsert fields")
             doc = {k: v for k, v in value.items() if k != "type"}
             _with_calendars(doc, calendars, where)
-            if owner and "owner" not in doc:
+            written = "owner" in doc
+            if owner and not written:
                 doc["owner"] = owner
             doc.setdefault("managed_by", managed_by)  # an export's own marker stays
             spec = _parsed(doc, where)
@@ -161,7 +215,9 @@ def load(
                 raise JobFileError(f"{where}: job {spec.job_id} is also at {seen[spec.job_id]}")
             seen[spec.job_id] = where
             desired.append(Desired(doc, spec, where))
-    return desired
+            if written:
+                owners.add(spec.owner)
+    return JobFiles(desired, frozenset(owners))
 
 
 def _parsed(doc: Mapping[str, Any], where: str) -> JobSpec:
@@ -191,23 +247,20 @@ def plan(
     registered: Iterable[Mapping[str, Any]],
     managed_by: str = MANAGED_BY,
     prune: bool = False,
+    owners: Iterable[str] | None = None,
 ) -> list[Change]:
     """What applying `desired` changes, given the registered jobs (rows with job_id,
-    owner and spec, as the API lists them). Deletes only with `prune`, and only of jobs
-    marked `managed_by` whose owner is one the files' jobs have."""
+    owner and spec, as the API lists them). Deletes only with `prune`, and only what
+    `prune_deletes` gives for `owners` (the prune's scope; None: the owners the desired
+    jobs name, the docs' `owner`). PruneScopeError for a prune with no owner."""
     current = {row["job_id"]: row for row in registered}
     changes: list[Change] = []
-    owners: set[str] = set()
     for job in desired:
         row = current.get(job.spec.job_id)
-        named = "owner" in job.doc
-        if named:
-            owners.add(job.spec.owner)
         if row is None:
             changes.append(Change(job.spec.job_id, "create", doc=job.doc))
             continue
-        if not named:
-            owners.add(row["owner"])
+        named = "owner" in job.doc
         now = _normal(from_plain(row["spec"], JobSpec), named)
         want = _normal(job.spec, named)
         fields = tuple(
@@ -218,16 +271,51 @@ def plan(
         kind: ChangeKind = "change" if fields else "same"
         changes.append(Change(job.spec.job_id, kind, fields, job.doc if fields else None))
     if prune:
-        listed = {job.spec.job_id for job in desired}
-        for job_id, row in sorted(current.items()):
-            spec = row["spec"]
-            if (
-                job_id not in listed
-                and spec.get("managed_by") == managed_by
-                and (not owners or row["owner"] in owners)
-            ):
-                changes.append(Change(job_id, "delete"))
+        if owners is None:
+            owners = {job.spec.owner for job in desired if "owner" in job.doc}
+        listed = [job.spec.job_id for job in desired]
+        changes.extend(
+            Change(job_id, "delete")
+            for job_id in prune_deletes(current.values(), listed, owners, managed_by)
+        )
     return changes
+
+
+def prune_deletes(
+    registered: Iterable[Mapping[str, Any]],
+    listed: Collection[str],
+    owners: Iterable[str],
+    managed_by: str = MANAGED_BY,
+) -> list[str]:
+    """The job ids `--prune` deletes, sorted: the registered jobs (rows with job_id, owner
+    and spec, as the API lists them) whose spec's `managed_by` is `managed_by`, whose
+    owner is one of `owners`, and whose id `listed` (the files' job ids) does not hold.
+    PruneScopeError when `owners` is empty (no owner named is never every owner) or
+    `managed_by` is (that would prune the jobs made by hand)."""
+    scope = frozenset(owners)
+    if not scope:
+        raise PruneScopeError(NO_OWNER_TO_PRUNE)
+    if not managed_by:
+        raise PruneScopeError("--prune with an empty --managed-by would prune jobs made by hand")
+    keep = set(listed)
+    return sorted(
+        row["job_id"]
+        for row in registered
+        if row["job_id"] not in keep
+        and row["owner"] in scope
+        and (row.get("spec") or {}).get("managed_by") == managed_by
+    )
+
+
+def prune_scope(owners: Iterable[str], managed_by: str = MANAGED_BY, why: str = "") -> str:
+    """The line `apply --prune` and `diff --prune` print first: what the prune may delete
+    (`why`: where the owners come from, when the files do not name them)."""
+    names = ", ".join(sorted(owners)) or "none"
+    said = f" ({why})" if why else ""
+    return (
+        f"prune scope: owner {names}{said}, managed_by {managed_by!r} "
+        "(their jobs the files do not list are deleted)"
+    )
 
 
 def describe(change: Change) -> list[str]:

@@ -14,12 +14,16 @@ import yaml
 from connectors.api.service import ADMIN, Service, ServiceError
 from connectors.apply import (
     MANAGED_BY,
-    Desired,
+    NO_OWNER_TO_PRUNE,
+    Change,
     JobFileError,
+    JobFiles,
+    PruneScopeError,
     describe,
     export_documents,
-    load,
     plan,
+    prune_scope,
+    read_files,
     summary,
 )
 from connectors.cli.access import ApiOpt, DirectOpt, TokenOpt, open_service, use_mode
@@ -34,7 +38,12 @@ ManagedOpt = Annotated[
     str, typer.Option("--managed-by", help="The name apply marks its jobs with, and prunes by.")
 ]
 PruneOpt = Annotated[
-    bool, typer.Option("--prune", help="Delete the jobs of that name the files no longer list.")
+    bool,
+    typer.Option(
+        "--prune",
+        help="Delete the jobs of that name, of the owners the files (or --owner) name, "
+        "that the files no longer list.",
+    ),
 ]
 
 
@@ -55,13 +64,53 @@ def _default_owner(service: Service | RemoteService) -> str | None:
     return "default" if isinstance(service, Service) else None
 
 
-def _load(files: list[Path], managed_by: str, owner: str | None) -> list[Desired]:
+def _load(files: list[Path], managed_by: str, owner: str | None) -> JobFiles:
     try:
-        return load(files, managed_by, owner)
+        return read_files(files, managed_by, owner)
     except JobFileError as exc:
         raise fail(str(exc), 1) from exc
     except OSError as exc:
         raise fail(f"cannot read the job files: {exc}", 2) from exc
+
+
+def _prune_owners(
+    service: Service | RemoteService, named: frozenset[str], rows: list[dict[str, Any]]
+) -> frozenset[str]:
+    """The owners --prune may delete jobs of: those the files or --owner name. With none
+    named, an owner's token's own (the API lists it only its jobs); refused as admin:
+    directly, or with a token that lists jobs of several owners (an admin's)."""
+    if named:
+        return named
+    listed = frozenset(row["owner"] for row in rows)
+    # The API does not say whose a token is: one that lists a single owner's jobs is
+    # taken for that owner's (an admin's, where only one owner has jobs, is the same).
+    if isinstance(service, RemoteService) and len(listed) <= 1:
+        return listed  # empty: the token has no jobs, nothing to prune
+    raise fail(NO_OWNER_TO_PRUNE, 1)
+
+
+def _plan(
+    service: Service | RemoteService,
+    files: list[Path],
+    managed_by: str,
+    owner: str | None,
+    prune: bool,
+) -> list[Change]:
+    """What applying the files changes; with --prune, its scope printed first."""
+    found = _load(files, managed_by, owner or _default_owner(service))
+    rows = _registered(service)
+    owners: frozenset[str] = frozenset()
+    if prune:
+        named = found.owners | ({owner} if owner else set())
+        owners = _prune_owners(service, named, rows)
+        why = ""
+        if not named:  # an owner's token (_prune_owners refused an admin)
+            why = "the token's: the files name none" if owners else "the token has no jobs"
+        typer.echo(prune_scope(owners, managed_by, why))
+    try:
+        return plan(found.jobs, rows, managed_by, prune and bool(owners), owners)
+    except PruneScopeError as exc:
+        raise fail(str(exc), 1) from exc
 
 
 def apply_files(
@@ -78,8 +127,7 @@ def apply_files(
     changed field by field, unchanged, deleted with --prune), then apply it."""
     use_mode(api, token, direct)
     with open_service() as service:
-        desired = _load(files, managed_by, owner or _default_owner(service))
-        changes = plan(desired, _registered(service), managed_by, prune)
+        changes = _plan(service, files, managed_by, owner, prune)
         for change in changes:
             for line in describe(change):
                 typer.echo(line)
@@ -118,8 +166,7 @@ def diff_files(
     0 when they do not, 2 when cronlog cannot be reached."""
     use_mode(api, token, direct)
     with open_service() as service:
-        desired = _load(files, managed_by, owner or _default_owner(service))
-        changes = plan(desired, _registered(service), managed_by, prune)
+        changes = _plan(service, files, managed_by, owner, prune)
     drift = [c for c in changes if c.kind != "same"]
     for change in drift:
         for line in describe(change):

@@ -32,6 +32,7 @@ from tests.support.nodes import (
     Node,
     ProjectorProc,
     WorkerProc,
+    env_for,
     send_commands,
     stop_all,
 )
@@ -44,6 +45,7 @@ TOKENS = {
 }
 TOKEN_A = "tok-ca-0123456789ab"
 TOKEN_B = "tok-cb-0123456789ab"
+TOKEN_ADMIN = "tok-cadmin-0123456789ab"
 LATER = {"at": "2099-01-01T00:00:00Z"}  # runs only when asked
 
 
@@ -312,6 +314,48 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         refused = cli("apply", "-f", str(repo), env=env)
         assert refused.returncode == 1
         assert f"{broken}:1: job ac-broken: command" in refused.stderr
+
+
+def test_an_admins_prune_deletes_only_the_jobs_of_the_owners_the_files_name(
+    url: str, topics: Settings, tmp_path: Path
+) -> None:
+    """Issue 52 item 6, issue 53 item 5: files for `owner: px-team` with `jobs: []`,
+    pruned with an admin token and with --direct, delete px-team's apply-managed jobs
+    only: another owner's (and px-team's made by hand) stay. Files naming no owner are
+    refused as admin, nothing deleted."""
+    team = tmp_path / "team.yaml"
+    team.write_text("owner: px-team\njobs: []\n")
+    nobody = tmp_path / "nobody.yaml"
+    nobody.write_text("jobs: []\n")
+    job = {"schedule": LATER, "command": ["true"]}
+    managed = {**job, "managed_by": "cronlog-apply"}
+    kept = {"px-team-by-hand": "px-team", "px-other-a": "px-other", "px-other-b": "px-other"}
+    with Client(url, TOKEN_ADMIN) as api:
+        api.put_job({"job_id": "px-team-by-hand", "owner": "px-team", **job})
+        api.put_job({"job_id": "px-other-a", "owner": "px-other", **managed})
+        api.put_job({"job_id": "px-other-b", "owner": "px-other", **managed})
+
+        def prune(old: str, env: dict[str, str], *args: str) -> None:
+            api.put_job({"job_id": old, "owner": "px-team", **managed})
+            eventually(lambda: all(_exists(api, j) for j in [old, *kept]), "the jobs")
+
+            refused = cli("apply", "-f", str(nobody), "--prune", *args, env=env)
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert "the files name no owner" in refused.stderr
+            assert "`owner: NAME` at the top of a file" in refused.stderr
+            assert "(delete)" not in refused.stdout
+
+            pruned = cli("apply", "-f", str(team), "--prune", *args, env=env)
+            assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+            assert "prune scope: owner px-team, managed_by 'cronlog-apply'" in pruned.stdout
+            deletes = [line for line in pruned.stdout.splitlines() if line.startswith("- ")]
+            assert deletes == [f"- {old} (delete)"], pruned.stdout
+            eventually(lambda: not _exists(api, old), f"{old} pruned")
+            assert all(_exists(api, j) for j in kept)
+
+        prune("px-team-old-admin", {"CRONLOG_API_URL": url, "CRONLOG_TOKEN": TOKEN_ADMIN})
+        prune("px-team-old-direct", env_for(topics), "--direct")
+        assert {j.job_id: j.owner for j in api.jobs() if j.job_id.startswith("px-")} == kept
 
 
 def test_run_parameters_from_the_request_to_the_process_and_the_history(

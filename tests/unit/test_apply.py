@@ -1,23 +1,35 @@
 """Jobs as code (connectors/apply.py): job files read with their lines, the difference with
-what is registered, prune limited to apply's own jobs, export read back unchanged."""
+what is registered, prune limited to apply's own jobs of the owners the files name (never
+every owner: issue 52 item 6, issue 53 item 5), export read back unchanged."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner, Result
 
+from connectors.api.service import ADMIN, Accepted, Principal, Service
 from connectors.apply import (
     MANAGED_BY,
     JobFileError,
+    PruneScopeError,
     describe,
     export_documents,
     load,
     plan,
+    prune_deletes,
+    read_files,
     summary,
 )
+from connectors.remote import RemoteService
 from schemas.json import to_plain
 from streams.core.commands import UpsertJob, parse_command
 
@@ -174,3 +186,270 @@ def test_an_exported_hand_made_job_stays_hand_made_when_applied(tmp_path: Path) 
     (job,) = load([exported])
     assert job.spec.managed_by == ""
     assert [c.kind for c in plan([job], rows, prune=True)] == ["same"]
+
+
+# -- prune's scope: the owners the files name ---------------------------------------------
+BASE = {"schedule": {"every": "1h"}, "command": ["x"]}
+
+
+def two_owners() -> list[dict[str, Any]]:
+    """Apply-managed jobs of two owners, and a job of the first made by hand."""
+    return [
+        registered({"job_id": "team-old", "owner": "team", "managed_by": MANAGED_BY, **BASE}),
+        registered({"job_id": "team-by-hand", "owner": "team", **BASE}),
+        registered({"job_id": "other-etl", "owner": "other", "managed_by": MANAGED_BY, **BASE}),
+        registered({"job_id": "other-report", "owner": "other", "managed_by": MANAGED_BY, **BASE}),
+    ]
+
+
+class Registry:
+    """What the fake services below list, and the writes the CLI makes through them."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.put: list[str] = []
+        self.deleted: list[str] = []
+
+
+class DirectService(Service):
+    """`--direct`: the Service itself, the caller admin (no Kafka or database here)."""
+
+    def __init__(self, registry: Registry) -> None:  # no settings: nothing opened
+        self.registry = registry
+
+    def jobs(
+        self,
+        who: Principal,
+        *,
+        owner: str | None = None,
+        paused: bool | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        return {"items": [r for r in self.registry.rows if who.may_see(r["owner"])], "next": None}
+
+    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+        self.registry.put.append(body["job_id"])
+        return Accepted({}, True)
+
+    def job_command(self, who: Principal, job_id: str, kind: str, **fields: Any) -> Accepted:
+        assert kind == "delete"
+        self.registry.deleted.append(job_id)
+        return Accepted({}, True)
+
+
+class TokenService(RemoteService):
+    """Over the API with a token: the API lists the token's caller only what it may see
+    (connectors/api/service.py `jobs`: an owner its own jobs, an admin everyone's)."""
+
+    def __init__(self, registry: Registry, caller: Principal) -> None:
+        self.registry = registry
+        self.caller = caller
+
+    def jobs(
+        self,
+        who: Principal,
+        *,
+        owner: str | None = None,
+        paused: bool | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        rows = [r for r in self.registry.rows if self.caller.may_see(r["owner"])]
+        return {"items": rows, "next": None}
+
+    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+        self.registry.put.append(body["job_id"])
+        return Accepted({}, True)
+
+    def job_command(self, who: Principal, job_id: str, kind: str, **fields: Any) -> Accepted:
+        assert kind == "delete"
+        assert self.caller.may_see(
+            next(r for r in self.registry.rows if r["job_id"] == job_id)["owner"]
+        )
+        self.registry.deleted.append(job_id)
+        return Accepted({}, True)
+
+
+def caller(name: str, registry: Registry) -> Service | RemoteService:
+    """`--direct`, an admin's token, or team's token."""
+    if name == "direct":
+        return DirectService(registry)
+    return TokenService(registry, ADMIN if name == "admin-token" else Principal("owner", "team"))
+
+
+def cronlog(
+    monkeypatch: pytest.MonkeyPatch, service: Service | RemoteService, *args: str
+) -> Result:
+    """`cronlog ARGS` with the CLI's service replaced by `service`."""
+    from connectors.cli import app
+
+    @contextmanager
+    def fake(wait_s: float = 5.0) -> Iterator[Service | RemoteService]:
+        yield service
+
+    monkeypatch.setattr("connectors.cli.jobs_as_code.open_service", fake)
+    mode = ["--direct"] if isinstance(service, Service) else ["--api", "http://api", "--token", "t"]
+    return CliRunner().invoke(app, [*args, *mode])
+
+
+@pytest.mark.parametrize("who", ["direct", "admin-token"])
+def test_an_owner_with_no_jobs_left_prunes_only_that_owners_jobs(
+    who: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52 item 6: files for `owner: team` with `jobs: []`, pruned as admin, delete
+    team's apply-managed jobs and nothing of the other owner's (nor team's by hand)."""
+    path = write(tmp_path, "team.yaml", "owner: team\njobs: []\n")
+    registry = Registry(two_owners())
+    service = caller(who, registry)
+    drift = cronlog(monkeypatch, service, "diff", "-f", str(path), "--prune")
+    assert drift.exit_code == 1, drift.output
+    assert "other-" not in drift.stdout
+    assert "- team-old (delete)" in drift.stdout
+    assert "prune scope: owner team, managed_by 'cronlog-apply'" in drift.stdout
+    done = cronlog(monkeypatch, service, "apply", "-f", str(path), "--prune")
+    assert done.exit_code == 0, done.output
+    assert registry.deleted == ["team-old"]
+    assert registry.put == []
+
+
+@pytest.mark.parametrize("who", ["direct", "admin-token"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "jobs: []\n",
+        "- job_id: team-new\n  schedule: {every: 1h}\n  command: [x]\n",
+    ],
+    ids=["no-jobs", "a-job-naming-no-owner"],
+)
+def test_as_admin_a_prune_of_files_naming_no_owner_is_refused(
+    who: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 53 item 5: as admin, files naming no owner would prune every owner's jobs:
+    refused, saying how to name the owner, before anything is written."""
+    path = write(tmp_path, "jobs.yaml", text)
+    registry = Registry(two_owners())
+    service = caller(who, registry)
+    for command in ("apply", "diff"):
+        refused = cronlog(monkeypatch, service, command, "-f", str(path), "--prune")
+        assert refused.exit_code == 1, refused.output
+        assert "the files name no owner" in refused.stderr
+        assert "`owner: NAME` at the top of a file" in refused.stderr
+        assert "--owner NAME" in refused.stderr
+        assert "delete" not in refused.stdout
+    assert registry.deleted == registry.put == []
+    # Named with --owner, the same files prune that owner's jobs only.
+    named = cronlog(monkeypatch, service, "apply", "-f", str(path), "--prune", "--owner", "other")
+    assert named.exit_code == 0, named.output
+    assert "prune scope: owner other," in named.stdout
+    assert sorted(registry.deleted) == ["other-etl", "other-report"]
+
+
+def test_an_owners_token_prunes_its_own_jobs_when_the_files_name_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner's token (the README's CI): the API lists it only its jobs, so the prune's
+    scope is that owner, said as the token's."""
+    path = write(
+        tmp_path, "jobs.yaml", "- job_id: team-new\n  schedule: {every: 1h}\n  command: [x]\n"
+    )
+    registry = Registry(two_owners())
+    done = cronlog(monkeypatch, caller("team-token", registry), "apply", "-f", str(path), "--prune")
+    assert done.exit_code == 0, done.output
+    assert "prune scope: owner team (the token's: the files name none)" in done.stdout
+    assert registry.put == ["team-new"]
+    assert registry.deleted == ["team-old"]
+    nothing = Registry([])  # a token with no jobs yet: nothing to prune, not refused
+    first = cronlog(monkeypatch, caller("team-token", nothing), "apply", "-f", str(path), "--prune")
+    assert first.exit_code == 0, first.output
+    assert "prune scope: owner none (the token has no jobs)" in first.stdout
+
+
+def test_the_files_owners_are_those_they_name_even_with_no_jobs(tmp_path: Path) -> None:
+    write(tmp_path, "jobs/a.yaml", "owner: team\njobs: []\n")
+    write(
+        tmp_path,
+        "jobs/b.yaml",
+        "- job_id: b\n  owner: ops\n  schedule: {every: 1h}\n  command: [x]\n"
+        "- job_id: c\n  schedule: {every: 1h}\n  command: [x]\n",
+    )
+    files = read_files([tmp_path / "jobs"], owner="default")
+    assert files.owners == {"team", "ops"}  # "default", only filled in, is not named
+    assert [d.spec.owner for d in files.jobs] == ["ops", "default"]
+    bad = write(tmp_path, "bad.yaml", "jobs: []\nowner: [team]\n")
+    with pytest.raises(JobFileError, match=rf"{bad}:2: owner must be an owner's name"):
+        read_files([bad])
+
+
+def test_prune_deletes_refuses_an_empty_scope(tmp_path: Path) -> None:
+    rows = two_owners()
+    assert prune_deletes(rows, [], ["team"]) == ["team-old"]
+    assert prune_deletes(rows, ["team-old"], ["team", "other"]) == ["other-etl", "other-report"]
+    with pytest.raises(PruneScopeError, match="the files name no owner"):
+        prune_deletes(rows, [], [])
+    with pytest.raises(PruneScopeError, match="jobs made by hand"):
+        prune_deletes(rows, [], ["team"], managed_by="")
+    with pytest.raises(PruneScopeError):  # desired jobs naming no owner: no scope
+        plan(load([write(tmp_path, "x.yaml", "jobs: []\n")]), rows, prune=True)
+
+
+OWNERS = ["team", "other", "ops"]
+MARKERS = [MANAGED_BY, "repo-b", ""]
+IDS = [f"j{i}" for i in range(8)]
+
+rows_strategy = st.dictionaries(
+    st.sampled_from(IDS), st.tuples(st.sampled_from(OWNERS), st.sampled_from(MARKERS))
+)
+maybe_owner = st.none() | st.sampled_from(OWNERS)
+
+
+@st.composite
+def job_files_strategy(draw: st.DrawFn) -> list[tuple[str | None, list[tuple[str, str | None]]]]:
+    """Up to three files, each (its top-level owner or None, [(job id, its owner or None)]),
+    no job id in two places."""
+    ids = draw(st.lists(st.sampled_from(IDS), unique=True))
+    cuts = sorted(draw(st.lists(st.integers(0, len(ids)), min_size=2, max_size=2)))
+    parts = [ids[: cuts[0]], ids[cuts[0] : cuts[1]], ids[cuts[1] :]]
+    return [(draw(maybe_owner), [(job_id, draw(maybe_owner)) for job_id in part]) for part in parts]
+
+
+@settings(max_examples=200)
+@given(rows_strategy, job_files_strategy(), st.sampled_from([MANAGED_BY, "repo-b"]))
+def test_every_prune_delete_is_of_an_owner_the_files_name_and_of_its_managed_by(
+    existing: dict[str, tuple[str, str]],
+    files: list[tuple[str | None, list[tuple[str, str | None]]]],
+    managed_by: str,
+) -> None:
+    """For any registered jobs and any files: prune deletes exactly the jobs with that
+    managed_by, of an owner the files name (at a file's top or on a job), the files do
+    not list; with no owner named it refuses (never every owner)."""
+    rows = [
+        registered({"job_id": j, "owner": o, "managed_by": m, **BASE})
+        for j, (o, m) in existing.items()
+    ]
+    named: set[str] = set()
+    listed: set[str] = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (top, jobs) in enumerate(files):
+            docs = [{"job_id": j, **({"owner": o} if o else {}), **BASE} for j, o in jobs]
+            body: Any = {"owner": top, "jobs": docs} if top else docs
+            write(Path(tmp), f"{i}.yaml", yaml.safe_dump(body))
+            named |= {top} if top else set()
+            named |= {o for _, o in jobs if o}
+            listed |= {j for j, _ in jobs}
+        found = read_files([Path(tmp)], managed_by)
+    if not named:
+        with pytest.raises(PruneScopeError):
+            plan(found.jobs, rows, managed_by, prune=True, owners=found.owners)
+        return
+    changes = plan(found.jobs, rows, managed_by, prune=True, owners=found.owners)
+    deleted = {c.job_id for c in changes if c.kind == "delete"}
+    for job_id in deleted:
+        owner, marker = existing[job_id]
+        assert owner in named
+        assert marker == managed_by
+        assert job_id not in listed
+    assert deleted == {
+        j for j, (o, m) in existing.items() if o in named and m == managed_by and j not in listed
+    }
+    assert found.owners == named

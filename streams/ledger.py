@@ -4,10 +4,9 @@ It owns the job-log partitions the consumer group gives it and, for each, the sa
 partition of the compacted `jobs` and `runs` topics (its state). The pure state machine
 is streams/core/ledger/; this module only moves bytes.
 
-Time. The ledger's "now" for an input is the broker's append time of its job-log record
-(job-log has message.timestamp.type=LogAppendTime), passed to `decide(now_ms=...)`: one
-clock that no producer can skew. A record stamped with CreateTime (a job-log made by an
-older cronlog and not migrated) falls back to that stamp, with a warning once.
+Each input's decision and outputs are streams/ledger_outputs.py's; the consumer group's
+member, its assignments and its node id's twins streams/ledger_membership.py's; the
+takeover of partitions streams/ledger_takeover.py's. This module runs the transactions.
 
 Commit cycle (why a crash at any point is safe):
  1. `consume` up to `batch_size` job-log records (read_committed).
@@ -73,11 +72,6 @@ and been restarted:
 A watchdog that fires on a slow but healthy call (a saturated machine) costs a recovery,
 never correctness: the abandoned transaction is committed or aborted as a whole, and the
 takeover reads back whichever it was.
-
-The producer's local queue. librdkafka holds every produced message until its delivery
-report is served by `poll`; a transaction of 20,000 records polls as it goes, and a full
-queue (`BufferError`, which is not a KafkaException) is drained by polling and the
-produce retried, so a catch-up can never crash the process.
 """
 
 from __future__ import annotations
@@ -91,40 +85,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import (
-    TIMESTAMP_CREATE_TIME,
-    TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from schemas.codec import (
-    DISPATCH,
-    JOB_LOG,
-    JOB_STATE,
-    RUN_EVENTS,
-    RUN_STATE,
-    WORKER_INBOX,
-    CodecError,
-)
-from schemas.json import dlq_record
 from schemas.records import JobState, RunState
 from streams import metrics
 from streams.core.clock import SYSTEM_CLOCK, Clock
-from streams.core.ledger import Decision, LedgerConfig
+from streams.core.ledger import LedgerConfig
 from streams.core.timing import TIMING
-from streams.headers import job_state_headers, run_state_headers
-from streams.identity import (
-    NodeIdTaken,
-    await_node_id,
-    ledger_client_id,
-    new_incarnation,
-    newer_twins,
-)
+from streams.identity import await_node_id, new_incarnation
 from streams.inboxes import Inboxes
 from streams.kafka import (
     KAFKA_CLIENTS,
@@ -133,24 +101,18 @@ from streams.kafka import (
     Clients,
     GroupWatch,
     Hung,
-    abandon_consumer,
     admin_config,
     bounded,
-    consumer_config,
     transactional_producer_config,
 )
-from streams.ledger_takeover import (
-    RESTORE_STALL_S,
-    PartitionState,
-    TakenOver,
-    Takeover,
-)
+from streams.ledger_membership import Membership
+from streams.ledger_outputs import Outputs
+from streams.ledger_takeover import RESTORE_STALL_S, PartitionState, Takeover
 from streams.ledger_takeover import range_share as range_share  # re-exported: it was here
-from streams.lifecycle import run_steps, trim_malloc_once
+from streams.lifecycle import run_steps
 from streams.placement_key import placement_key
 from streams.settings import Settings
 from streams.state_store import DiskStore
-from streams.state_table import COLD_AFTER_MS
 
 log = logging.getLogger("cronlog.ledger")
 _APPLIED = metrics.DECISIONS.labels("applied")
@@ -176,28 +138,6 @@ OFFSETS_WATCHDOG_S = OFFSETS_CALL_S + 0.5
 # How long a starting ledger waits for a predecessor under its node id to leave the
 # group (a process killed a moment ago is a member until its session lapses).
 TWIN_PATIENCE_S = TIMING.consumer_session_s + 3.0
-# The produced messages between two polls of the producer's delivery reports.
-POLL_EVERY = 1000
-UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
-
-
-def record_time(msg: Message) -> tuple[int | None, bool]:
-    """(the record's timestamp, whether the broker stamped it): LogAppendTime on a
-    migrated job-log; a CreateTime stamp (a topic not migrated) stands in for it; with
-    none at all, decide() takes the input's own at_ms."""
-    kind, stamp = msg.timestamp()
-    if kind == TIMESTAMP_LOG_APPEND_TIME:
-        return stamp, True
-    if kind == TIMESTAMP_CREATE_TIME:
-        return stamp, False
-    return None, False
-
-
-def _cold(job: JobState) -> bool:
-    """Whether the ledger will not need this job state soon: nothing of it live, and no
-    firing within `COLD_AFTER_MS` of its last decision."""
-    due = job.next_due_ms
-    return not job.live_runs and (due is None or due - job.updated_ms > COLD_AFTER_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +162,7 @@ def _fenced(exc: KafkaException) -> bool:
     )
 
 
-class Ledger:
+class Ledger(Membership, Outputs):
     def __init__(
         self,
         settings: Settings,
@@ -368,44 +308,6 @@ class Ledger:
             self._longest_txn_s,
         )
 
-    def _new_consumer(self) -> Consumer:
-        return self.clients.consumer(
-            consumer_config(
-                self.settings,
-                self.settings.group("ledger"),
-                **{
-                    "enable.partition.eof": False,
-                    # Names the process in the broker's view of the group. Which
-                    # partitions a node's ledger processes get is the broker's choice
-                    # (its range assignor orders members by their random ids): the share
-                    # `range_share` reads ahead is a guess, and a partition it did not
-                    # read ahead is restored from the start.
-                    "client.id": ledger_client_id(self.share[0], self.incarnation, self.node_id),
-                    "error_cb": self._client_error,
-                    **self.watch.config(),
-                },
-            )
-        )
-
-    def _subscribe(self) -> None:
-        self.consumer.subscribe(
-            [self.topics["job-log"]],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_revoke,
-        )
-
-    def _replace_consumer(self) -> None:
-        """A consumer stuck out of its group (GroupWatch): a new member in its place,
-        between transactions (none is open). The state goes with the old member and is
-        restored on the new assignment; the old member's group generation is stale, so
-        nothing it could still send commits (module docstring, Fencing)."""
-        abandon_consumer(self.consumer, "ledger")
-        for partition in list(self.state):
-            self._drop(partition)
-        self.consumer = self._new_consumer()
-        self._subscribe()
-
     def run(self) -> None:
         run_steps(self.open, self.step, self.close, self._stop)
 
@@ -451,77 +353,13 @@ class Ledger:
             self._process_batch(records)
         self._lag.report(self.consumer)
 
-    def _client_error(self, error: KafkaError) -> None:
-        if error.code() == KafkaError._ALL_BROKERS_DOWN:
-            self._brokers_were_down = True
-
     def close(self) -> None:
         self.takeover.end_read_ahead()
         self.consumer.close()
         if self.store is not None:
             self.store.close()
 
-    def _usable(self, msg: Message) -> bool:
-        error = msg.error()
-        if error is None:
-            return True
-        if error.fatal():
-            raise KafkaException(error)
-        log.warning("consumer error: %s", error)
-        return False
-
-    # -- assignment ---------------------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self.consumer:  # a replaced consumer, closing late
-            return
-        started = self.clock.monotonic()
-        taken = self._take_over(partitions)
-        positions = taken.positions
-        # Assigned here, with the offsets the state was restored for: librdkafka must
-        # not look the committed offsets up again after the restore (see
-        # `Takeover.take_over`).
-        consumer.incremental_assign(positions)
-        self.watch.reset()  # in the group (the statistics said otherwise while it restored)
-        self.assigned = True
-        self._identity_due = True
-        metrics.LEDGER_PARTITIONS.set(len(self.state))
-        if self._stop.is_set():
-            return  # stopping: nothing is decided any more
-        log.info(
-            "ledger %s owns job-log partitions %s: restored from %d state records in %.2f s",
-            self.node_id,
-            sorted(tp.partition for tp in positions),
-            taken.records,
-            self.clock.monotonic() - started,
-        )
-        trim_malloc_once(f"ledger {self.node_id} restored", log.info)
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self.consumer:  # a replaced consumer, closing late
-            return
-        for tp in partitions:
-            self._drop(tp.partition)
-
-    def ready(self) -> str | None:
-        """None once its partitions are assigned and restored, else why not."""
-        return None if self.assigned else "ledger: no partitions assigned and restored yet"
-
-    def _drop(self, partition: int) -> None:
-        self.state.pop(partition, None)
-        metrics.LEDGER_PARTITIONS.set(len(self.state))
-        if self.store is not None:
-            self.store.drop(partition)
-
-    def _take_over(self, partitions: list[TopicPartition]) -> TakenOver:
-        """Committed offsets first, then the state (held from here on), then the
-        positions to resume from (returned; the caller assigns or seeks them). Used on
-        assignment and recovery. `Takeover.take_over` (streams/ledger_takeover.py) says
-        why in that order."""
-        taken = self.takeover.take_over(self.consumer, partitions)
-        self.state.update(taken.states)  # none when stop() cut the restore short
-        return taken
-
-    # -- processing ---------------------------------------------------------------------
+    # -- transactions -------------------------------------------------------------------
     def _process_batch(self, records: list[Message]) -> None:
         try:
             self._transact(records)
@@ -601,159 +439,6 @@ class Ledger:
         )
         for (topic, partition), offset in rest.items():
             self.consumer.seek(TopicPartition(topic, partition, offset))
-
-    def _process(self, msg: Message) -> None:
-        partition = msg.partition() or 0  # never None for a consumed record
-        state = self.state.get(partition)
-        if state is None:  # revoked mid-batch: the new owner redoes it
-            raise KafkaException(KafkaError(KafkaError._STATE, "partition revoked mid-batch"))
-        try:
-            inp = JOB_LOG.decode_keeping_spec(msg.value() or b"")
-        except CodecError as exc:
-            self._produce(
-                self.topics["commands.dlq"],
-                msg.key(),
-                dlq_record(
-                    msg.value() or b"",
-                    f"undecodable job-log record: {exc}",
-                    msg.topic() or "",
-                    partition,
-                    msg.offset() or 0,
-                ),
-            )
-            self._txn_dlq += 1
-            return
-        key = msg.key()
-        decision = state.decide(key.decode() if key else "", inp, self.config, self._now_ms(msg))
-        if decision.rejected and not decision.dead_letter:
-            self._rejected += 1
-            self._txn_rejected += 1
-        if decision.dead_letter:
-            record = dlq_record(
-                msg.value() or b"",
-                decision.rejected,
-                msg.topic() or "",
-                partition,
-                msg.offset() or 0,
-            )
-            self._produce(self.topics["commands.dlq"], msg.key(), record)
-            self._txn_dlq += 1
-        self._apply(partition, state, decision)
-
-    def _now_ms(self, msg: Message) -> int | None:
-        """The broker's append time of the record: the ledger's one clock."""
-        stamp, broker_time = record_time(msg)
-        if stamp is not None and not broker_time and not self._warned_create_time:
-            self._warned_create_time = True
-            log.warning(
-                "%s carries CreateTime stamps (partition %s, offset %s): the producers' "
-                "clocks decide time; `cronlog topics create` sets LogAppendTime",
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-            )
-        return stamp
-
-    def _produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        partition: int = UNASSIGNED,
-        headers: list[tuple[str, str | bytes | None]] | None = None,
-    ) -> None:
-        """produce(), never failing on a full local queue: send what is queued and serve
-        the delivery reports (which frees the delivered messages), then retry. If nothing
-        drains within the transaction timeout the broker is gone: fail like any
-        transaction error."""
-        waited_until = 0.0
-        while True:
-            try:
-                self.producer.produce(
-                    topic, key=key, value=value, partition=partition, headers=headers
-                )
-                break
-            except BufferError:
-                self._queue_full += 1
-                now = self.clock.monotonic()
-                if not waited_until:
-                    waited_until = now + TRANSACTION_TIMEOUT_MS / 1000
-                elif now > waited_until:
-                    raise KafkaException(
-                        KafkaError(KafkaError._QUEUE_FULL, "local producer queue stays full")
-                    ) from None
-                # flush, not poll: the queued records linger until the commit otherwise
-                # (TRANSACTION_LINGER_MS), and only their delivery frees the queue.
-                self.producer.flush(0.05)
-        self._in_txn += 1
-        if self._in_txn % POLL_EVERY == 0:
-            self.producer.poll(0)
-
-    def _apply(self, partition: int, state: PartitionState, decision: Decision) -> None:
-        produce = self._produce
-        # State changes apply in memory now (the next input is decided against them) and
-        # are written once per transaction (`_write_states`).
-        state.apply(decision)
-        if decision.job is not None:
-            self._dirty_jobs[(partition, decision.job.spec.job_id)] = decision.job
-        for run in decision.runs:
-            self._dirty_runs[(partition, run.run_id)] = run
-        for run_id in decision.forget:
-            self._dirty_runs[(partition, run_id)] = None
-        for event in decision.events:
-            produce(
-                self.topics["run-events"],
-                event.job_id.encode(),
-                RUN_EVENTS.encode(event),
-                partition,
-            )
-        for reply in decision.replies:
-            inbox = self.inboxes.topic(reply.worker_id)  # KafkaException: abort, recover
-            produce(inbox, reply.worker_id.encode(), WORKER_INBOX.encode(reply))
-        for notice in decision.notices:
-            # Another job's log: keyed by its job_id, the partitioner picks the partition.
-            produce(self.topics["job-log"], notice.job_id.encode(), JOB_LOG.encode(notice))
-        for request in decision.dispatch:
-            produce(self.topics["dispatch"], request.run_id.encode(), DISPATCH.encode(request))
-
-    def _write_states(self) -> None:
-        """The transaction's state records: each job and run changed by its inputs, once,
-        as it stands after the last of them (a tombstone for a forgotten run). `jobs`
-        and `runs` are compacted and read only for their latest value per key (the
-        takeover's restore, the scheduler, the projector), and the transaction makes all
-        of it visible at once, so the intermediate values a batch went through carry
-        nothing anyone reads: writing them cost an encoding, a record and a decode each."""
-        jobs, runs = self.topics["jobs"], self.topics["runs"]
-        for (partition, job_id), job in self._dirty_jobs.items():
-            data = JOB_STATE.encode(job)
-            # The headers: what the scheduler needs of the state (streams/headers.py).
-            self._produce(jobs, job_id.encode(), data, partition, job_state_headers(job))
-            state = self.state.get(partition)
-            if state is not None and _cold(job):
-                state.jobs.keep_encoded(job_id, job, data)  # decoded again when next needed
-        for (partition, run_id), run in self._dirty_runs.items():
-            value = None if run is None else RUN_STATE.encode(run)
-            headers = None if run is None else run_state_headers(run)
-            self._produce(runs, run_id.encode(), value, partition, headers)
-            state = self.state.get(partition)
-            if state is not None and value is not None and run is not None and run.final:
-                state.runs.keep_encoded(run_id, run, value)
-        self._dirty_jobs.clear()
-        self._dirty_runs.clear()
-
-    def _check_node_id(self) -> None:
-        """A newer live process under this node id (streams/identity.py): this one goes.
-        Else a fence came from this process's own replaced producer or a transaction
-        timeout, and it recovers."""
-        self._identity_due = False
-        newer = newer_twins(
-            self.admin, self.settings.group("ledger"), self.node_id, self.incarnation
-        )
-        if newer:
-            raise NodeIdTaken(
-                f"ledger {self.node_id} (incarnation {self.incarnation}) was replaced by a "
-                f"live ledger under its node id ({', '.join(newer)}); this one stops"
-            )
 
     def _recover(self, abort: bool = True) -> None:
         """Abort (unless the producer is abandoned), recreate the producer, and take the

@@ -1,4 +1,4 @@
-"""The ledger process's clock (streams/ledger.py): the broker's append time of each
+"""The ledger process's clock (streams/ledger_outputs.py): the broker's append time of each
 job-log record, a CreateTime stamp only where the topic was not migrated."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from confluent_kafka import (
 from schemas.records import FireProposed
 from streams.core.clock import PROBE_JOB_ID
 from streams.core.ledger import Decision, decide
-from streams.ledger import record_time
+from streams.ledger_outputs import record_time
 
 
 def _record(kind: int, stamp: int) -> Message:

@@ -10,7 +10,8 @@ from confluent_kafka import KafkaError, KafkaException
 from connectors.audit.replay import AuditError, _ranges
 from streams.core.clock import ManualClock
 from streams.kafka import consumer_config
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=2)

@@ -32,7 +32,8 @@ from streams.dispatcher_heartbeats import LIST_EVERY_S, LONG_LIST
 from streams.dispatcher_kernel import DispatcherConfig
 from streams.kafka import partition_for, producer_config
 from streams.ledger import Ledger
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=2, topic_prefix="disp.")

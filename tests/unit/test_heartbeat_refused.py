@@ -13,7 +13,8 @@ from connectors.worker.worker import HEARTBEAT_PRODUCER
 from streams.core.clock import ManualClock
 from streams.core.placement import Capacity
 from streams.kafka import producer_config
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=1)

@@ -23,7 +23,8 @@ from streams.identity import (
 )
 from streams.kafka import producer_config
 from streams.ledger import Ledger
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=2, topic_prefix="identity.")

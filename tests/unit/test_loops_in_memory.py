@@ -24,7 +24,8 @@ from streams.core.schedule import fires_between
 from streams.core.timing import TIMING
 from streams.kafka import producer_config
 from streams.ledger import Ledger
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.scheduler import Scheduler, SchedulerConfig
 from streams.settings import Settings
 

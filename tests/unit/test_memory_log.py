@@ -9,7 +9,10 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from streams.core.clock import ManualClock
 from streams.kafka import consumer_config, producer_config, transactional_producer_config
-from streams.memory import MemoryClients, MemoryConsumer, MemoryLog, MemoryProducer
+from streams.memory import MemoryClients
+from streams.memory_consumer import MemoryConsumer
+from streams.memory_log import MemoryLog
+from streams.memory_producer import MemoryProducer
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=2)

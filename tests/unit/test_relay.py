@@ -13,7 +13,8 @@ from schemas.records import JobPaused, JobUpserted
 from streams.core.clock import ManualClock
 from streams.gate import Gate
 from streams.ingress import Ingress
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=3)

@@ -50,7 +50,8 @@ from streams.core.seals import KEY_BYTES, seal
 from streams.identity import NodeIdTaken, parse_client_id
 from streams.kafka import consumer_config, producer_config
 from streams.ledger import Ledger
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 from tests.support.world import World
 from tests.unit.test_simulation import CONFIG, T0, Sim, check, replace_pause

@@ -15,7 +15,8 @@ from schemas.records import RunFinished, RunLogChunk, RunReleased
 from streams.core.clock import ManualClock
 from streams.core.placement import Capacity
 from streams.kafka import producer_config
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=1)

@@ -29,7 +29,8 @@ from schemas.spec import Resources
 from streams.core.placement import Capacity
 from streams.inboxes import private_inbox
 from streams.kafka import producer_config
-from streams.memory import MemoryClients, MemoryLog
+from streams.memory import MemoryClients
+from streams.memory_log import MemoryLog
 from streams.settings import Settings
 
 SETTINGS = Settings(partitions=1)

@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics nettools sandbox run test test-secure lint format bench bench-full chaos fuzz clean
+.PHONY: help venv stack topics nettools sandbox run test test-secure lint format bench bench-full chaos fuzz sim clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
@@ -18,6 +18,7 @@ help:
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
 	@echo "make chaos  - long fault scenarios (every node down for 20 minutes; 10 minutes of random faults on 3 brokers)"
+	@echo "make sim    - the seeded simulations at volume on every core (CRONLOG_SIM_SEEDS, CRONLOG_LOG_SIM_SEEDS)"
 	@echo "make fuzz   - 10,000 generated bad records on each topic the system reads, 10,000 requests per API operation"
 	@echo "make clean  - stop the stack, remove the venv and the state folder"
 
@@ -145,6 +146,14 @@ FUZZ_API_N ?= 10000
 fuzz: topics
 	CRONLOG_FUZZ_N=10000 CRONLOG_FUZZ_API_N=$(FUZZ_API_N) $(BIN)/python -m pytest $(PYTEST_ARGS) -s \
 		tests/integration/test_fuzz_topics.py tests/integration/test_fuzz_api.py
+
+# The seeded simulations (tests/unit/test_simulation.py, test_simulation_log.py) at
+# volume, in parallel on the machine's cores: seeds/s, the failing seeds, the total time.
+# Pure, no services. `make test` runs a few hundred of them; this runs thousands.
+CRONLOG_SIM_SEEDS ?= 2000
+CRONLOG_LOG_SIM_SEEDS ?= 50
+sim: venv
+	$(BIN)/python -m bench.sim --seeds $(CRONLOG_SIM_SEEDS) --loop-seeds $(CRONLOG_LOG_SIM_SEEDS)
 
 chaos: topics nettools
 	CRONLOG_LONG_TESTS=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \

@@ -15,6 +15,7 @@ from schemas.records import (
     RunEvent,
     RunState,
 )
+from schemas.spec import JobSpec
 from streams.core.ledger import Decision, LedgerConfig, input_job
 from streams.core.partition import PartitionState
 
@@ -31,6 +32,9 @@ class World:
     # Notices for other jobs' logs; delivered at once unless a test takes them itself.
     outbox: list[LedgerInput] = field(default_factory=list)
     deliver_notices: bool = True
+    # The job's spec in force when each dispatch request was made (its job's state just
+    # after the decision that made it), index for index with `dispatch`.
+    dispatch_specs: list[JobSpec] = field(default_factory=list)
 
     def apply(self, inp: LedgerInput, now: int | None = None) -> Decision:
         """Apply one input; `now` is the broker's append time (default: its at_ms)."""
@@ -45,6 +49,10 @@ class World:
         state.apply(decision)
         self.events.extend(decision.events)
         self.dispatch.extend(decision.dispatch)
+        if decision.dispatch:
+            job = self.jobs.get(input_job(inp))
+            if job is not None:
+                self.dispatch_specs.extend(job.spec for _ in decision.dispatch)
         self.replies.extend(decision.replies)
         self.outbox.extend(decision.notices)
         if decision.rejected:
@@ -63,6 +71,7 @@ class World:
             list(self.rejections),
             list(self.outbox),
             self.deliver_notices,
+            list(self.dispatch_specs),
         )
 
     def run_events(self, run_id: str | None = None) -> list[RunEvent]:

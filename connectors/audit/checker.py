@@ -113,6 +113,7 @@ class Auditor:
         if isinstance(event, JobEvent):
             self._job_events += 1
             job.timeline.append((event.kind, event.at_ms, event.spec))
+            job.marks.append(len(job.counted))
             if event.kind == "upserted" and event.spec is not None:
                 job.spec = event.spec
                 job.forbid = event.spec.concurrency == "forbid"

@@ -10,6 +10,22 @@ and starts one of the new schedule there (a schedule change is never retroactive
 last interval ends at ``now - safety_margin`` (120 s), where ``now`` is the newest event
 time read (or a later time the reader passes), so firings in flight are not flagged.
 
+A schedule with ``max_runs`` stops once it made that many runs: a fire time t is not
+due (not expected, not counted as checked) when, at t, the runs the schedule made had
+reached the ``max_runs`` of the spec in force at t (the newest ``upserted`` before t).
+The runs counted, as the ledger counts `JobState.schedule_runs`, are those of the job's
+current life (from its registration, or its re-creation after a deletion: the count
+starts at 0 again) for fire times before t (the ledger decides firings in time order):
++1 for each run its schedule created (trigger ``schedule``, created ``due`` or
+``waiting``; a firing recorded ``skipped``, by misfire, calendar, concurrency or
+parameters, does not count) and for each withdrawn firing revived, -1 for each of those
+runs cancelled with exactly a withdrawal reason ("... before the run was due"; "(it had
+started)" gives nothing back); run-now, backfill, reruns and DAG steps never count
+(`connectors/audit/run_events.py` keeps these events). A later spec with a higher
+``max_runs`` makes the firings after it due again; one with a lower ``max_runs`` stops
+them without taking back a run created ahead (it has its record, and counts). With
+``max_runs`` unset, or not reached, every fire time is expected.
+
 A fire time in an active interval without any run record (created or skipped) is a
 violation unless the ledger may legitimately have decided it without a record:
 
@@ -34,10 +50,12 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import accumulate
 
 from connectors.audit.config import AuditConfig
 from connectors.audit.findings import Findings
-from connectors.audit.history import AuditedJob
+from connectors.audit.history import GIVEN_BACK, AuditedJob
 from schemas.spec import DstPolicy, JobSpec, Schedule
 from streams.core.ids import iso_utc
 from streams.core.schedule import fires_between
@@ -58,50 +76,141 @@ def missing_firings(
         after_min[i] = best
     batch = Counter(at for _, at, _, _ in job.fires.values())
     checked = excused = 0
-    for start, end, schedule, dst in _active_intervals(job.timeline, until):
-        for t in _fire_times(schedule, start, end, dst):
-            checked += 1
-            if t in job.fires:
-                continue
-            i = bisect.bisect_right(times, t)
-            if i < len(times):
-                at, partition, offset = after_min[i]
-                if t <= at - config.catchup_window_ms or batch[at] >= config.max_catchup_runs:
-                    excused += 1
+    intervals, registrations = _active_intervals(job.timeline, until)
+    lives: dict[int, _Life | None] = {}
+    for start, end, schedule, dst, registration in intervals:
+        if registration not in lives:
+            lives[registration] = _life(job, registrations, registration)
+        for after, upto in _due_ranges(start, end, lives[registration]):
+            for t in _fire_times(schedule, after, upto, dst):
+                checked += 1
+                if t in job.fires:
                     continue
-                why = f"decided past it at {iso_utc(at)}"
-            else:
-                partition, offset = job.partition, job.offset
-                why = "no later decision"
-            findings.violate(
-                "missing_firing",
-                job.job_id,
-                "",
-                partition,
-                offset,
-                f"no run for the firing at {iso_utc(t)} (active since {iso_utc(start)}; {why})",
-            )
+                i = bisect.bisect_right(times, t)
+                if i < len(times):
+                    at, partition, offset = after_min[i]
+                    if t <= at - config.catchup_window_ms or batch[at] >= config.max_catchup_runs:
+                        excused += 1
+                        continue
+                    why = f"decided past it at {iso_utc(at)}"
+                else:
+                    partition, offset = job.partition, job.offset
+                    why = "no later decision"
+                findings.violate(
+                    "missing_firing",
+                    job.job_id,
+                    "",
+                    partition,
+                    offset,
+                    f"no run for the firing at {iso_utc(t)} (active since {iso_utc(start)}; {why})",
+                )
     return checked, excused
+
+
+@dataclass(frozen=True, slots=True)
+class _Life:
+    """What `max_runs` reads of one life of a job (from a registration on)."""
+
+    # The scheduled times of the runs that count (sorted), and the count before each:
+    # counts[i] = the runs counted for times up to times[i - 1].
+    times: list[int]
+    counts: list[int]
+    # The upserts of the life in log order: their times (kept non-decreasing) and the
+    # max_runs each put in force.
+    ats: list[int]
+    limits: list[int | None]
+
+    def made(self, t: int) -> int:
+        """The runs counted for fire times before t."""
+        return self.counts[bisect.bisect_left(self.times, t)]
+
+    def limit(self, t: int) -> int | None:
+        """The max_runs of the spec in force at t (upserted before t)."""
+        i = bisect.bisect_left(self.ats, t) - 1
+        return self.limits[i] if i >= 0 else None
+
+
+def _life(job: AuditedJob, registrations: list[int], registration: int) -> _Life | None:
+    """The life of `job` begun at timeline index `registration`; None when no spec of it
+    limits the schedule's runs (every fire time is due)."""
+    k = registrations.index(registration)
+    following = registrations[k + 1] if k + 1 < len(registrations) else len(job.timeline)
+    ats: list[int] = []
+    limits: list[int | None] = []
+    for kind, at, spec in job.timeline[registration:following]:
+        if kind == "upserted" and spec is not None:
+            ats.append(max(at, ats[-1]) if ats else at)
+            limits.append(spec.max_runs)
+    if all(limit is None for limit in limits):
+        return None
+    # Its counted events: those after its registration and before the next one. A run
+    # given back counts only if counted in this life (a withdrawal of the old life
+    # confirmed after a re-creation gives nothing of the new one back).
+    lo = job.marks[registration] if registration < len(job.marks) else len(job.counted)
+    hi = job.marks[following] if following < len(job.marks) else len(job.counted)
+    held: Counter[int] = Counter()
+    deltas: list[tuple[int, int]] = []
+    for code in job.counted[lo:hi]:
+        t = code >> 1
+        if code & 1 != GIVEN_BACK:
+            held[t] += 1
+            deltas.append((t, 1))
+        elif held[t] > 0:
+            held[t] -= 1
+            deltas.append((t, -1))
+    deltas.sort()
+    counts = [0, *accumulate(d for _, d in deltas)]
+    return _Life([t for t, _ in deltas], counts, ats, limits)
+
+
+def _due_ranges(start: int, end: int, life: _Life | None) -> Iterator[tuple[int, int]]:
+    """The (after exclusive, until inclusive) ranges of (start, end] in which the
+    schedule had not made its max_runs: its fire times there are due."""
+    if life is None:
+        yield start, end
+        return
+    # The count and the limit change only past a counted run's time or an upsert's:
+    # constant over each (p, q] between consecutive such points.
+    times = life.times
+    points = times[bisect.bisect_right(times, start) : bisect.bisect_left(times, end)]
+    points = sorted({*points, *(a for a in life.ats if start < a < end), end})
+    opened: int | None = None  # the start of the due range under way
+    p = start
+    for q in points:
+        limit = life.limit(p + 1)  # ms are integers: p + 1 stands for all of (p, q]
+        due = limit is None or life.made(p + 1) < limit
+        if due and opened is None:
+            opened = p
+        elif not due and opened is not None:
+            yield opened, p
+            opened = None
+        p = q
+    if opened is not None:
+        yield opened, end
 
 
 def _active_intervals(
     timeline: list[tuple[str, int, JobSpec | None]], until: int
-) -> list[tuple[int, int, Schedule, DstPolicy]]:
-    """(after_ms exclusive, until_ms inclusive, schedule, dst) in which the job fires."""
-    out: list[tuple[int, int, Schedule, DstPolicy]] = []
+) -> tuple[list[tuple[int, int, Schedule, DstPolicy, int]], list[int]]:
+    """(after_ms exclusive, until_ms inclusive, schedule, dst, registration) in which the
+    job fires, `registration` the timeline index of the registration of its life; and
+    those indexes (each registration or re-creation after a deletion)."""
+    out: list[tuple[int, int, Schedule, DstPolicy, int]] = []
+    registrations: list[int] = []
     spec: JobSpec | None = None
     start: int | None = None  # the open interval's start
     registered = paused = deleted = False
 
     def close(at: int) -> None:
         if start is not None and spec is not None:
-            out.append((start, min(at, until), spec.schedule, spec.dst))
+            out.append((start, min(at, until), spec.schedule, spec.dst, registrations[-1]))
 
-    for kind, at, new in timeline:
+    for index, (kind, at, new) in enumerate(timeline):
         if kind == "upserted" and new is not None:
             if not registered or deleted:
                 registered, paused, deleted = True, False, False
                 spec, start = new, at
+                registrations.append(index)
             else:
                 assert spec is not None
                 if (new.schedule, new.dst) != (spec.schedule, spec.dst) and not paused:
@@ -120,7 +229,7 @@ def _active_intervals(
                 close(at)
             deleted, start = True, None
     close(until)
-    return [i for i in out if i[0] < i[1]]
+    return [i for i in out if i[0] < i[1]], registrations
 
 
 def _fire_times(schedule: Schedule, after: int, until: int, dst: DstPolicy) -> Iterator[int]:

@@ -3,11 +3,13 @@
 
 Memory: per run, one small object with bit sets (seq numbers, attempts claimed and
 started, who held and who ran each attempt: one shared worker id string and a bit set in
-the common case); per job its timeline, its firings, 16 bytes per final event of a
-non-manual run (the outcomes it notifies) and, for a ``forbid`` job, 16 bytes per start
-of a run of its schedule; entries only for runs started more than once or whose claims
-ended without a start. Reports are judged as they come and not kept (but the findings'
-keys, to report each execution once, up to 100,000).
+the common case) and a flag (the policy its firing was decided under); per job its
+timeline (and a position per job event), its firings, 16 bytes per final event of a
+non-manual run (the outcomes it notifies), 8 bytes per event that counts for
+``max_runs`` (a run its schedule made, a firing revived or withdrawn) and, for a
+``forbid`` job, 24 bytes per start of a run; entries only for runs started more than
+once or whose claims ended without a start. Reports are judged as they come and not kept
+(but the findings' keys, to report each execution once, up to 100,000).
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ def bit(n: int) -> int:
     return 1 << n if 0 <= n < MAX_TRACKED else 0
 
 
+# A start's mark (`AuditedJob.starts`): the attempt (`abs(mark) & ATTEMPT_MASK`), plus
+# this for a run decided while its job allowed concurrency.
+DECIDED_UNDER_ALLOW: Final = 1 << 32
+ATTEMPT_MASK: Final = DECIDED_UNDER_ALLOW - 1
+
+# `AuditedJob.counted`: 2 * scheduled_ms + one of these.
+COUNTED: Final = 0
+GIVEN_BACK: Final = 1
+
+
 # A run's grants: None (no claim yet); one worker id (every claim of the run went to
 # it), its flags per attempt in `gbits` (2 bits per attempt); or, once a second worker
 # appears, a tuple of (attempt, worker, flags), the latest holder of an attempt last.
@@ -39,6 +51,7 @@ class AuditedRun:
     __slots__ = (
         "attempt",
         "claimed",
+        "forbid",
         "gbits",
         "grants",
         "job_id",
@@ -63,6 +76,10 @@ class AuditedRun:
         self.claimed = 0  # bit set of attempts with a `dispatched` event
         self.started = 0  # bit set of attempts with a `running` event
         self.since_ms = event.at_ms  # creation, or the latest rerun
+        # Its firing was decided (created, or revived) while the job's concurrency was
+        # `forbid` (set by connectors/audit/run_events.py; for a run first seen mid-life,
+        # the policy in force then).
+        self.forbid = False
         self.released = 0  # claims released before their start (dispatched -> due)
         self.grants: Grants = None
         self.gbits = 0
@@ -86,16 +103,24 @@ class AuditedJob:
     # beside them.
     claimed: int = 0
     forbid: bool = False  # the newest spec's concurrency is `forbid`
+    # The events that count for the spec's `max_runs` (connectors/audit/firings.py), in
+    # log order, each 2 * scheduled_ms + COUNTED (a run its schedule made, a firing
+    # revived) or + GIVEN_BACK (a scheduled run withdrawn before it was due).
+    counted: array[int] = field(default_factory=lambda: array("q"))
+    # Per job event (index-aligned with `timeline`): len(counted) when it came, so each
+    # life of the job (from a registration on) knows its own counted events.
+    marks: list[int] = field(default_factory=list)
     # (scheduled_ms, at_ms) of every final transition of a non-manual run, at_ms negated
     # minus one when not succeeded: the outcomes it notifies to its dependents.
     finals: array[int] = field(default_factory=lambda: array("q"))
-    # (scheduled_ms, at_ms, attempt) of every `running` event while the job forbids
-    # concurrency, the attempt negated for a run not of its schedule (the ledger applies
-    # the policy to those only).
+    # (scheduled_ms, at_ms, mark) of every `running` event while the job forbids
+    # concurrency; the mark is the attempt, plus DECIDED_UNDER_ALLOW for a run whose
+    # firing was decided while the job allowed concurrency (it keeps that decision),
+    # negated for a run not of its schedule (the ledger applies the policy to those only).
     starts: array[int] = field(default_factory=lambda: array("q"))
-    # Once sealed: the starts of runs of its schedule in time order, with their scheduled
-    # times; and every start ordered by (scheduled_ms, attempt): scheduled times, marked
-    # attempts, starts.
+    # Once sealed: the starts of runs of its schedule decided under `forbid`, in time
+    # order, with their scheduled times; and every start ordered by (scheduled_ms,
+    # attempt): scheduled times, marks, starts.
     sealed: tuple[array[int], array[int], array[int], array[int], array[int]] | None = None
 
 

@@ -15,9 +15,16 @@ state, so anything else is an ``illegal_transition`` already. What is checkable:
 - with the reports: a sanctioned execution whose worker's ``RunFinished`` says it ended
   (its ``at_ms``, the end on the worker's clock) more than `clock_tolerance_ms` after the
   ledger recorded the start of a later attempt of the same run, or, for a ``forbid`` job,
-  of a run of its schedule scheduled after it (a rerun of an earlier time, the
-  operator's, may run beside it: ``forbid`` governs the schedule's firings only). Not
-  from a report of a ``lost`` outcome (its time is the report's: the end is unknown).
+  of a run of its schedule scheduled after it whose firing was decided while the job's
+  policy was ``forbid`` (a rerun of an earlier time, the operator's, may run beside it:
+  ``forbid`` governs the schedule's firings only). A firing is judged by the policy in
+  force when the ledger decided it (its run's creation, or its revival): ``forbid``
+  forbids a run decided under it from starting beside another run of the job, and a run
+  decided earlier under ``allow`` keeps its decision after a switch to ``forbid`` (the
+  switch withdraws only the runs created ahead of their time, decided again under it).
+  The run scheduled later is the one decided later: the ledger decides firings in time
+  order. Not from a report of a ``lost`` outcome (its time is the report's: the end is
+  unknown).
   ``replace`` is not checked here: the ledger starts the new run while the old one is
   being stopped. Here: the starts indexed once run-events are complete (`index_starts`),
   and the later start an execution ran into (`overlap_detail`); the reports are read by
@@ -31,7 +38,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Final
 
-from connectors.audit.history import AuditedJob, AuditedRun
+from connectors.audit.history import ATTEMPT_MASK, DECIDED_UNDER_ALLOW, AuditedJob, AuditedRun
 from schemas.records import RunFinished
 from streams.core.ids import iso_utc
 
@@ -40,14 +47,19 @@ END_UNKNOWN: Final = ("lost",)
 
 
 def index_starts(jobs: Iterable[AuditedJob]) -> None:
-    """Run-events are complete: index the starts of `forbid` jobs (`AuditedJob.sealed`)."""
+    """Run-events are complete: index the starts of `forbid` jobs (`AuditedJob.sealed`):
+    those of runs of the schedule decided under `forbid` by time (the later starts an
+    execution may run into), all of them by run (an execution's own start)."""
     for job in jobs:
         if not job.starts:
             continue
         raw = job.starts
         n = len(raw) // 3
         by_run = sorted(range(n), key=lambda i: (raw[3 * i], raw[3 * i + 2]))
-        by_time = sorted((i for i in range(n) if raw[3 * i + 2] > 0), key=lambda i: raw[3 * i + 1])
+        by_time = sorted(
+            (i for i in range(n) if 0 < raw[3 * i + 2] < DECIDED_UNDER_ALLOW),
+            key=lambda i: raw[3 * i + 1],
+        )
         job.sealed = (
             array("q", (raw[3 * i + 1] for i in by_time)),
             array("q", (raw[3 * i] for i in by_time)),
@@ -95,16 +107,17 @@ def _other_start(
     job: AuditedJob, scheduled: int, attempt: int, until: int
 ) -> tuple[int, int] | None:
     """(start, scheduled time) of a run of a `forbid` job's schedule for a time after
-    `scheduled` that the ledger started after its `attempt` and before `until`. Under
-    `forbid` the ledger starts a firing only once every run is final on its view; a rerun
-    (of an earlier time) is the operator's and may run beside a later run."""
+    `scheduled`, decided under `forbid`, that the ledger started after its `attempt` and
+    before `until`. Under `forbid` the ledger decides to run a firing only once every run
+    is final on its view; a rerun (of an earlier time) is the operator's and may run
+    beside a later run, and so may a run decided before the switch to `forbid`."""
     if job.sealed is None:
         return None
     at, times, runs, attempts, starts = job.sealed
     i = bisect.bisect_left(runs, scheduled)
     own = None
     while i < len(runs) and runs[i] == scheduled:
-        if abs(attempts[i]) == attempt:
+        if abs(attempts[i]) & ATTEMPT_MASK == attempt:
             own = starts[i]
             break
         i += 1

@@ -1,7 +1,19 @@
 """Each run's events, checked in log order: ``duplicate_run``, ``illegal_transition``,
 ``double_claim`` / ``double_start``, and a firing of a ``forbid`` or ``replace`` job
 created beside a live run (``overlapping_attempts``); and what the other checks read of
-them, kept in the `History` (grants, later starts, claims ended, finals, lateness).
+them, kept in the `History` (grants, later starts, claims ended, finals, lateness, the
+events that count for ``max_runs``, the policy each firing was decided under).
+
+What counts for ``max_runs`` (`AuditedJob.counted`, read by
+`connectors/audit/firings.py`), as the ledger counts `JobState.schedule_runs`: a run its
+schedule made (trigger ``schedule``, created ``due`` or ``waiting``: not a skipped
+firing), a withdrawn firing revived (``cancelled`` -> ``due``/``waiting``, "revived"; a
+rerun is the operator's and does not count), and, given back, a scheduled run cancelled
+with exactly one of the withdrawal reasons (`WITHDRAWN`: "... before the run was due";
+one that had started, or may have, says so and gives nothing back). A firing is decided
+under the policy of the newest spec when its run is created or revived
+(`AuditedRun.forbid`: the ledger writes a change's job event before the firings it
+decides under the new spec).
 
 Transitions follow the ledger (`streams/core/ledger/`), including ``skipped -> due``:
 the ledger's rerun accepts every final state, a skipped firing included; and
@@ -16,10 +28,21 @@ from typing import Final
 from connectors.audit.config import AuditConfig
 from connectors.audit.findings import Findings, ViolationKind
 from connectors.audit.grants import HELD, RAN, claim_ended, grant
-from connectors.audit.history import MAX_TRACKED, AuditedJob, AuditedRun, History, bit
+from connectors.audit.history import (
+    ATTEMPT_MASK,
+    COUNTED,
+    DECIDED_UNDER_ALLOW,
+    GIVEN_BACK,
+    MAX_TRACKED,
+    AuditedJob,
+    AuditedRun,
+    History,
+    bit,
+)
 from connectors.audit.periods import is_outcome
 from schemas.records import FINAL_STATES, TRANSITIONS, RunEvent
 from streams.core.ids import iso_utc
+from streams.core.ledger.decision import WITHDRAWN
 
 # Transitions into `due` or `waiting` from these begin a new attempt (a retry, a rerun,
 # a revival of a firing withdrawn ahead of its time).
@@ -29,6 +52,10 @@ _LIVE_AT_CREATION: Final = frozenset({"due", "waiting"})
 _FIRST_STATES: Final = TRANSITIONS[None]
 # Concurrency policies under which a firing is not created beside a live run.
 _EXCLUSIVE: Final = frozenset({"forbid", "replace"})
+# The reason of a revival (the ledger's `Kernel._revive`: "revived: due again", or
+# "revived" into `waiting`); a rerun's is "rerun <request id>".
+_REVIVED: Final = "revived"
+_HUGE: Final = 1 << 62
 
 
 class RunEvents:
@@ -112,8 +139,7 @@ class RunEvents:
             else:
                 grant(self._history, run, attempt, e.worker_id, RAN)
             if job.forbid:
-                mark = attempt if e.trigger == "schedule" else -attempt
-                job.starts.extend((e.scheduled_ms, e.at_ms, mark))
+                job.starts.extend((e.scheduled_ms, e.at_ms, _mark(run, e)))
             if kind is None and attempt == 1 and e.trigger != "backfill":
                 self._lateness.append(e.happened_ms - e.scheduled_ms)
         else:
@@ -124,6 +150,16 @@ class RunEvents:
                 claim_ended(self._history, run, e, attempt_bit)
         run.seqs |= seq_bit
         if seq > run.seq:
+            if e.trigger == "schedule":
+                if state == "cancelled" and e.reason in WITHDRAWN:
+                    _count(job, e, GIVEN_BACK)
+                elif (
+                    run.state == "cancelled"
+                    and state in _NEW_ATTEMPT_INTO
+                    and e.reason.startswith(_REVIVED)
+                ):
+                    _count(job, e, COUNTED)
+                    run.forbid = job.forbid  # decided again, under the policy now
             if run.state in FINAL_STATES:
                 if state not in FINAL_STATES:
                     job.live += 1
@@ -138,6 +174,9 @@ class RunEvents:
         self, job: AuditedJob, e: RunEvent, seq: int, creation: bool, partition: int, offset: int
     ) -> None:
         run = self._runs[e.run_id] = AuditedRun(e, seq, partition, offset)
+        run.forbid = job.forbid
+        if creation and e.trigger == "schedule" and e.state in _LIVE_AT_CREATION:
+            _count(job, e, COUNTED)
         if e.trigger != "manual":
             other = job.fires.get(e.scheduled_ms)
             if other is None:
@@ -186,8 +225,7 @@ class RunEvents:
             run.started = bit(e.attempt)
             grant(self._history, run, e.attempt, e.worker_id, RAN)
             if job.forbid:
-                mark = e.attempt if e.trigger == "schedule" else -e.attempt
-                job.starts.extend((e.scheduled_ms, e.at_ms, mark))
+                job.starts.extend((e.scheduled_ms, e.at_ms, _mark(run, e)))
         if creation and (seq == 0) == (e.state == "skipped") and e.attempt == 1:
             return
         self._midlife[e.run_id] = e.attempt  # its earlier attempts are not in the replay
@@ -224,3 +262,16 @@ class RunEvents:
     def _start_lateness(self, e: RunEvent) -> None:
         if e.attempt == 1 and e.trigger != "backfill":
             self._lateness.append(e.happened_ms - e.scheduled_ms)
+
+
+def _mark(run: AuditedRun, e: RunEvent) -> int:
+    """A start's mark in `AuditedJob.starts` (see there)."""
+    mark = min(max(e.attempt, 0), ATTEMPT_MASK) | (0 if run.forbid else DECIDED_UNDER_ALLOW)
+    return mark if e.trigger == "schedule" else -mark
+
+
+def _count(job: AuditedJob, e: RunEvent, code: int) -> None:
+    """An event that counts for max_runs, in `AuditedJob.counted` (see there); a time
+    no schedule has (beyond 2**62 ms either way) is not kept."""
+    if -_HUGE <= e.scheduled_ms < _HUGE:
+        job.counted.append(2 * e.scheduled_ms + code)

@@ -5,12 +5,34 @@ A cycle among jobs' upstreams means none of them ever runs again. The API refuse
 that would close one, from its projection of every job; the ledger refuses it too, for
 what the API cannot see (a change written to `commands` directly, two changes at once
 that each close half of it). A ledger knows one job, so the check travels: each link a
-change adds is a probe, which every job it reaches passes on to its own upstreams, the
-jobs passed listed in its trail. A probe that comes back to the job that sent it found a
-cycle: that job's change is refused (`JobState.cycle`; its upstreams are out of effect and
-its runs are skipped, naming the cycle, until it is changed again), and a refused job
-passes no probe on. Of changes that close a cycle at the same time, the one decided last
-is always refused: its probe finds every other edge of the cycle already decided.
+change adds (and each upstream of a refused job changed again) starts a probe at that
+upstream, its first hop, which every job it reaches passes on to its own upstreams, the
+jobs passed listed in its trail. A probe that comes back to the job that sent it, while
+that job still depends on its first hop, found a cycle: that job's change is refused
+(`JobState.cycle`; its upstreams are out of effect and its runs are skipped, naming the
+cycle, until it is changed again), and a refused job passes no probe on.
+
+A probe passes each job once (a diamond of jobs does not double it): each job remembers
+the probes it passed on by origin, id and first hop. The id (the `at_ms` the probe
+carries) is the change's stamp, unless the first hop already started a probe of that
+origin with that id or a later one (quick changes of one job share a stamp: ingress
+stamps a command with the max of its time and the job's previous stamp); then it is one
+after the newest the first hop started. So two probes do not share a key, and a copy
+that reaches a job first, by a path its origin has since dropped or for an earlier
+change, never stands in for the copy that closes the cycle. (A gap: a first hop
+remembers its ids among its 32 newest probes, and a deleted job's stub keeps none, so
+one deleted and re-created may give an id again if its origin's stamp has stood still
+meanwhile; tests/unit/test_cycle_probes.py.)
+
+What holds once every probe has arrived: every cycle among jobs' upstreams has a member
+refused. The change that last sent a probe along an edge of the cycle (the one that added
+it, or that changed the job again while it was refused) sent it when every other edge of
+the cycle was in place, and every member passes it on, once, to all its upstreams: it
+comes back to that change's job through a first hop the job still depends on, and the
+job is refused, unless another member was refused meanwhile (it passes nothing on: the
+cycle is out of effect through it). Of changes that close a cycle at once, that is not
+always the one decided last: the first one's probe may come back first, and its refused
+job stops the other's.
 """
 
 from __future__ import annotations
@@ -30,6 +52,24 @@ from streams.core.ledger.kernel import Kernel, withdrawn
 def _foreign(job: JobState, owner: str | None) -> bool:
     """A dependency record from another owner's job (None: written before the rule)."""
     return owner is not None and job.version > 0 and job.spec.owner != owner
+
+
+def _probe_key(origin: str, probe_id: int, first_hop: str) -> str:
+    """How a job remembers a probe it passed on (job ids have neither '@' nor '>')."""
+    return f"{origin}@{probe_id}>{first_hop}"
+
+
+def _fresh_probe_id(probes: tuple[str, ...], origin: str, first_hop: str, at: int) -> int:
+    """The id of a probe `origin`'s change at `at` starts at `first_hop`, whose
+    remembered probes are `probes`: `at`, or one after the newest id it started for
+    `origin` if that is not older. Every probe it starts for `origin` gets a new id."""
+    newest: int | None = None
+    for key in probes:
+        head, hop_sep, hop = key.rpartition(">")
+        who, id_sep, probe_id = head.rpartition("@")
+        if hop_sep and id_sep and who == origin and hop == first_hop:
+            newest = int(probe_id) if newest is None else max(newest, int(probe_id))
+    return at if newest is None or newest < at else newest + 1
 
 
 def cycle_reason(cycle: tuple[str, ...]) -> str:
@@ -118,19 +158,23 @@ class Dependencies(Kernel):
     def _pass_probe(self, origin: str, trail: tuple[str, ...], at: int, owner: str | None) -> None:
         """Send the probe on to this job's upstreams, unless it already passed here,
         went round a cycle that does not close at its origin (a member's own probe finds
-        that one), or this job's upstreams are not in effect."""
+        that one), or this job's upstreams are not in effect. A probe starts here when
+        its trail is its origin alone: it is given its id (see the module's doc)."""
         job = self.job
         me = job.spec.job_id
-        key = f"{origin}@{at}"
         if (
             job.deleted
             or job.cycle
             or not job.spec.depends_on
             or me in trail
-            or key in job.probes
             or len(trail) >= MAX_PROBE_TRAIL
             or _foreign(job, owner)
         ):
+            return
+        if len(trail) == 1:
+            at = _fresh_probe_id(job.probes, origin, me, at)
+        key = _probe_key(origin, at, trail[1] if len(trail) > 1 else me)
+        if key in job.probes:
             return
         self.set_job(probes=(*job.probes, key)[-MAX_PROBES_KEPT:])
         passed = (*trail, me)

@@ -32,9 +32,11 @@ class World:
     # Notices for other jobs' logs; delivered at once unless a test takes them itself.
     outbox: list[LedgerInput] = field(default_factory=list)
     deliver_notices: bool = True
-    # The job's spec in force when each dispatch request was made (its job's state just
-    # after the decision that made it), index for index with `dispatch`.
-    dispatch_specs: list[JobSpec] = field(default_factory=list)
+    # The job's specs that may have been in force when each dispatch request was made,
+    # index for index with `dispatch`: its job's spec after the decision that made it,
+    # and for a change, the spec before it too (the firings due before a change are
+    # decided under the old spec in the change's own decision).
+    dispatch_specs: list[tuple[JobSpec, ...]] = field(default_factory=list)
 
     def apply(self, inp: LedgerInput, now: int | None = None) -> Decision:
         """Apply one input; `now` is the broker's append time (default: its at_ms)."""
@@ -44,6 +46,7 @@ class World:
         return decision
 
     def _apply_one(self, inp: LedgerInput, now: int | None = None) -> Decision:
+        before = self.jobs.get(input_job(inp))
         state = PartitionState(self.jobs, self.runs)  # over this world's own dicts
         decision = state.decide(input_job(inp), inp, self.config, now)
         state.apply(decision)
@@ -52,7 +55,8 @@ class World:
         if decision.dispatch:
             job = self.jobs.get(input_job(inp))
             if job is not None:
-                self.dispatch_specs.extend(job.spec for _ in decision.dispatch)
+                specs = (job.spec,) if before is None else (job.spec, before.spec)
+                self.dispatch_specs.extend(specs for _ in decision.dispatch)
         self.replies.extend(decision.replies)
         self.outbox.extend(decision.notices)
         if decision.rejected:

@@ -16,8 +16,6 @@ import os
 import random
 from collections import deque
 
-import pytest
-
 from schemas.records import DependencyLinked, JobDeleted, JobUpserted, LedgerInput
 from schemas.spec import EverySchedule, JobSpec
 from streams.core.dag import cycle_through
@@ -225,11 +223,6 @@ def test_a_chain_of_diamonds_passes_a_probe_once_per_job() -> None:
     assert passed == 4 * n  # one record per link the probe reaches
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a deleted job's stub keeps no probes (firing.py `_compact_deleted`, "
-    "`_register`): re-created, a first hop may give a probe an id it gave before",
-)
 def test_a_first_hop_deleted_and_recreated_does_not_reuse_a_probe_id() -> None:
     """x depends on a, u on x. `a` adds u, the probe passes x and comes back after `a`
     dropped u; u is deleted and re-created (its own probe dies at `a`, which depends on

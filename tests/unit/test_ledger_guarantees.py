@@ -209,7 +209,9 @@ def test_a_rerun_of_a_run_made_before_a_required_parameter_is_refused() -> None:
     assert len(w.dispatch) == before
 
 
-def test_a_withdrawn_firing_revived_after_a_required_parameter_was_added_fails() -> None:
+def test_a_withdrawn_firing_is_not_revived_without_a_required_parameter_added_since() -> None:
+    """Withdrawn by a pause, the declaration changed, resumed before its time: the firing
+    is decided again and cannot run (no value), so it stays withdrawn, never dispatched."""
     w = world(spec("j", command=("echo", "{day}")))
     fire(w, "j", T, T - LEAD)
     run_id = scheduled_run_id("j", T)
@@ -218,10 +220,13 @@ def test_a_withdrawn_firing_revived_after_a_required_parameter_was_added_fails()
     w.apply(JobUpserted(spec("j", **WITH_DAY), T - 7_000), now=T - 7_000)
     w.apply(JobResumed("j", T - 6_000), now=T - 6_000)
     fire(w, "j", T, T - 5_000)
-    run = w.runs[run_id]
-    assert run.state == "failed"
-    assert "params.day is required" in run.reason
+    assert w.runs[run_id].state == "cancelled"
     assert not literal(w, run_id, T - 7_000)
+    assert not [d for d in w.dispatch if d.run_id == run_id and d.at_ms >= T - 7_000]
+    fire(w, "j", T + MINUTE, T + MINUTE)  # a new firing: recorded skipped, naming it
+    later = w.runs[scheduled_run_id("j", T + MINUTE)]
+    assert later.state == "skipped"
+    assert "params.day is required" in later.reason
 
 
 def test_a_default_declared_later_reaches_the_redispatch() -> None:

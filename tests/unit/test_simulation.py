@@ -46,7 +46,9 @@ from schemas.records import (
     ClaimReply,
     ClaimRequested,
     DeadlineReached,
+    DependencyLinked,
     DispatchFailed,
+    DispatchRequest,
     FireProposed,
     JobDeleted,
     JobEvent,
@@ -393,10 +395,12 @@ class Sim:
             self.successes.setdefault((inp.job_id, inp.upstream, inp.scheduled_ms), self.now)
         self.world.apply(inp, self.now)
         # Notices for other jobs travel through the log like everything else, in order
-        # per (upstream, dependent): one ledger writes them to one partition.
+        # per (sender, receiver): the sender's ledger writes them, in the order of its
+        # decisions, to the receiver's one partition (links and probes as outcomes).
+        sender = input_job(inp)
         for notice in self.world.outbox:
-            if isinstance(notice, UpstreamFinished):
-                key = ("notice", notice.upstream, notice.job_id)
+            if isinstance(notice, UpstreamFinished | DependencyLinked):
+                key = ("notice", sender, notice.job_id)
                 self.ordered.setdefault(key, []).append(notice)
             else:
                 self.inflight.append(notice)
@@ -769,21 +773,9 @@ def check_rules(sim: Sim) -> None:
             )
     # (b) No dispatch with a placeholder left or a required parameter missing.
     assert len(w.dispatch_specs) == len(w.dispatch)
-    for request, spec in zip(w.dispatch, w.dispatch_specs, strict=True):
-        if not spec.params:
-            continue
-        env = dict(request.env)
-        required = [p.name for p in spec.params if p.default is None]
-        if spec.params_in_command or required:
-            assert PARAMS_ENV in env, f"{request.run_id}#{request.attempt}: no {PARAMS_ENV}"
-            values = orjson.loads(env[PARAMS_ENV])
-            missing = [n for n in required if n not in values]
-            assert not missing, f"{request.run_id}#{request.attempt} lacks {missing}: {env}"
-        if spec.params_in_command:
-            left = [
-                p.name for p in spec.params if any(f"{{{p.name}}}" in a for a in request.command)
-            ]
-            assert not left, f"{request.run_id}#{request.attempt}: {request.command} keeps {left}"
+    for request, specs in zip(w.dispatch, w.dispatch_specs, strict=True):
+        faults = [_param_fault(request, spec) for spec in specs]
+        assert not all(faults), faults[0]
     # (d) Every executed scheduled run was gated by the upstreams in effect at its time
     # and when it was made due: each reported a success in its period, delivered first.
     ran: dict[str, list[int]] = defaultdict(list)  # each job's executed fire times
@@ -837,35 +829,9 @@ def audited(sim: Sim) -> None:
 # bug) instead of a failure, unless CRONLOG_SIM_STRICT=1 (`make sim` sets it). Remove an
 # entry once its fix lands; each names a seed that shows it.
 KNOWN_BUGS: dict[str, tuple[str, str]] = {
-    "param skip at seq 1": (
-        "first event is skipped with seq 1",
-        "seed 5: a scheduled firing skipped at creation for a missing required parameter "
-        "(kernel._create) is written at seq 1; every other creation skip is seq 0",
-    ),
     "audit ignores max_runs": (
         "missing_firing ",
         "seed 11: the audit's missing_firing knows no max_runs (connectors/audit/firings.py)",
-    ),
-    "one-off moved back re-creates its run": (
-        "run created twice",
-        "seeds 2, 17, 51, 68, 77, 170: a job moved to a one-off already past (or back to "
-        "one) after the run of that time was forgotten creates it again (respec sets "
-        "fired_ms to at - 1)",
-    ),
-    "cycle left in effect": (
-        "cycle in effect",
-        "seeds 9, 35, 102, 115, 127, 134, 152, 169: a dependency cycle closed by changes "
-        "(some two of one job with one stamp) is in effect with no job refused",
-    ),
-    "max_runs change swallows a due firing": (
-        "undecided",
-        "seeds 22, 65, 150: a change that lowers max_runs (not a re-timing, so no "
-        "_decide_until) makes a firing due before it, not yet proposed, never decided",
-    ),
-    "parameters incomplete at dispatch": (
-        "#1",
-        "seeds 187, 196: a dispatch lacks a required parameter in CRONLOG_PARAMS, or "
-        "keeps a declared parameter's {name} in its argv",
     ),
     "step period after a failed upstream": (
         "missing_period ",
@@ -873,6 +839,24 @@ KNOWN_BUGS: dict[str, tuple[str, str]] = {
     ),
 }
 STRICT = os.environ.get("CRONLOG_SIM_STRICT", "") == "1"
+
+
+def _param_fault(request: DispatchRequest, spec: JobSpec) -> str:
+    """What a dispatch lacks under `spec`'s parameters: "" when nothing."""
+    env = dict(request.env)
+    required = [p.name for p in spec.params if p.default is None]
+    if spec.params and (spec.params_in_command or required):
+        if PARAMS_ENV not in env:
+            return f"{request.run_id}#{request.attempt}: no {PARAMS_ENV}"
+        values = orjson.loads(env[PARAMS_ENV])
+        missing = [n for n in required if n not in values]
+        if missing:
+            return f"{request.run_id}#{request.attempt} lacks {missing}: {env}"
+    if spec.params and spec.params_in_command:
+        left = [p.name for p in spec.params if any(f"{{{p.name}}}" in a for a in request.command)]
+        if left:
+            return f"{request.run_id}#{request.attempt}: {request.command} keeps {left}"
+    return ""
 
 
 def known_bug(exc: AssertionError) -> str | None:

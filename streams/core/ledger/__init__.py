@@ -224,6 +224,9 @@ def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Deci
         # and re-create does not start it again (a withdrawal of the old life may still
         # be pending, and is given back when confirmed).
         schedule_runs=0 if job is None else job.schedule_runs,
+        # The probes it started or passed: a probe's id is never given twice, deleted
+        # or not (streams/core/ledger/dependencies.py).
+        probes=() if job is None else job.probes,
     )
     event = JobEvent(f"{spec.job_id}#job#{new.version}", spec.job_id, "upserted", at, spec)
     return Decision(job=new, events=(event,), notices=notices)

@@ -20,7 +20,7 @@ from schemas.records import (
     RunNowRequested,
     Span,
 )
-from schemas.spec import AtSchedule
+from schemas.spec import AtSchedule, JobSpec
 from streams.core.calendar import excluded_by, skip_reason
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger.decision import (
@@ -67,8 +67,11 @@ class Firing(Kernel):
         # `depends_on` withdraws them too, to be gated at their time by the new ones (a
         # step, without a schedule, decides its periods as its upstreams report them).
         regated = spec.depends_on != old.depends_on and spec.schedule is not None
+        # Any change applies from its own time: the firings due before it are decided
+        # under the spec they were due by (a lower max_runs, a new calendar or parameter
+        # must not swallow one that no proposal has decided yet).
+        self._decide_until(at)
         if retimed or exclusive or regated:
-            self._decide_until(at)
             kept = spec  # the new schedule's own times stay: the change keeps those firings
             self._withdraw(
                 at,
@@ -80,11 +83,12 @@ class Firing(Kernel):
         retimed = retimed or exclusive or regated
         job = self.job
         fired = at if retimed else job.fired_ms
-        if retimed and isinstance(spec.schedule, AtSchedule) and spec.schedule.at_ms <= at:
+        once = spec.schedule.at_ms - 1 if isinstance(spec.schedule, AtSchedule) else None
+        if retimed and once is not None and once < at and self._undecided(once + 1, old, at):
             # A one-off moved to a time already past: proposed at once, as when registered
-            # so, to run or be recorded as skipped by its misfire policy, never dropped
-            # (a run already made for that time stays the one run of it).
-            fired = spec.schedule.at_ms - 1
+            # so, to run or be recorded as skipped by its misfire policy (a run already
+            # made for that time stays the one run of it, and a withdrawn one is revived).
+            fired = once
         links = dependency_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at)
         self.notices.extend(links)
         if job.cycle:
@@ -115,6 +119,26 @@ class Firing(Kernel):
             run = self.run(run_id)
             if run is not None and run.state == "waiting":
                 self._evaluate(run)
+
+    def _undecided(self, t: int, old: JobSpec, at: int) -> bool:
+        """Whether a firing at `t`, before the change at `at`, is to be decided (again):
+        its run is a withdrawn firing (revived), or no run is known and `t` is above what
+        the job decided. Decided, with no run known, `t` may have had a run that was
+        forgotten since: deciding it again could run it twice, so a one-off moved there
+        is not run; a run known and not withdrawn is the one run of `t` already (and the
+        watermark must not go back below it: it could be forgotten, then created
+        again)."""
+        run = self.run(scheduled_run_id(self.job.spec.job_id, t))
+        if run is not None:
+            return withdrawn(run)  # revived; any other run of `t` decided it already
+        decided = self.job.fired_ms
+        if decided > at:
+            # Decided ahead (and withdrawn by this change: those runs are known): below
+            # `at` the old schedule decided up to its newest time at or before it.
+            window = at - self.config.catchup_window_ms
+            times = newest_fires(old.schedule, window, at, old.dst, 1)
+            decided = times[-1] if times else window
+        return t > decided
 
     def _decide_until(self, at: int) -> None:
         """Decide the schedule's firings up to `at` that no proposal has decided yet: a
@@ -224,13 +248,15 @@ class Firing(Kernel):
     def _compact_deleted(self, at: int) -> None:
         """A deleted job keeps a small stub, not a tombstone: its version (event ids stay
         unique if it is re-created), watermark, first registration time, backfilled
-        spans, request memory and dependents. Its final runs are forgotten, except the
+        spans, request memory, dependents and the probes it passed (a probe id is never
+        given twice). Its final runs are forgotten, except the
         firings withdrawn ahead of their time, which a re-creation may revive."""
         fired = self._fired_back_to(at)  # before forgetting: it reads the final runs
         keep: list[str] = []
         for run_id in self.job.final_runs:
             run = self.run(run_id)
-            if run is not None and run.reason == WITHDRAWN_BY_DELETE and run.scheduled_ms > at:
+            if withdrawn(run) and run is not None and run.scheduled_ms > fired:
+                # Above the watermark a re-creation decides it again: by reviving it.
                 keep.append(run_id)
             else:
                 self.forget.append(run_id)
@@ -242,7 +268,6 @@ class Firing(Kernel):
             final_runs=tuple(keep),
             upstream_outcomes=(),
             cycle=(),
-            probes=(),
         )
 
     def fire(self, inp: FireProposed) -> None:
@@ -351,6 +376,13 @@ class Firing(Kernel):
             if existing is not None:
                 return None  # stays withdrawn: its record says it did not run
             return self._skip(scheduled, "schedule", skip_reason(calendar))
+        if spec.params:
+            try:
+                resolve(spec.params, ())
+            except ParamError as exc:  # a value without a default: the firing cannot run
+                if existing is not None:
+                    return None  # stays withdrawn: its record says it did not run
+                return self._skip(scheduled, "schedule", f"{exc}: give it to run-now")
         live = [r for r in (self.run(x) for x in self.job.live_runs) if r and not r.final]
         if live and spec.concurrency == "forbid":
             if existing is not None:

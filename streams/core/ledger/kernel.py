@@ -241,7 +241,9 @@ class Kernel:
             try:
                 run = replace(run, params=resolve(spec.params, given))
             except ParamError as exc:
-                self._move(run, "skipped", f"{exc}: give it to run-now")
+                # Recorded as a skip at creation (seq 0), like every firing decided not
+                # to run (`_skip`).
+                self._move(replace(run, seq=-1), "skipped", f"{exc}: give it to run-now")
                 return
         if spec.depends_on and period_start is not None:
             wait = scheduled + self.config.dependency_wait_ms

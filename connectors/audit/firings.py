@@ -13,9 +13,10 @@ time read (or a later time the reader passes), so firings in flight are not flag
 A schedule with ``max_runs`` stops once it made that many runs: a fire time t is not
 due (not expected, not counted as checked) when, at t, the runs the schedule made had
 reached the ``max_runs`` of the spec in force at t (the newest ``upserted`` before t).
-The runs counted, as the ledger counts `JobState.schedule_runs`, are those of the job's
-current life (from its registration, or its re-creation after a deletion: the count
-starts at 0 again) for fire times before t (the ledger decides firings in time order):
+The runs counted, as the ledger counts `JobState.schedule_runs`, are those of the job
+id's whole history (a re-creation after a deletion does not start the count again: a
+withdrawal of the old life may still be pending then) for fire times before t (the
+ledger decides firings in time order):
 +1 for each run its schedule created (trigger ``schedule``, created ``due`` or
 ``waiting``; a firing recorded ``skipped``, by misfire, calendar, concurrency or
 parameters, does not count) and for each withdrawn firing revived, -1 for each of those
@@ -109,7 +110,7 @@ def missing_firings(
 
 @dataclass(frozen=True, slots=True)
 class _Life:
-    """What `max_runs` reads of one life of a job (from a registration on)."""
+    """What `max_runs` reads of a job's history up to the end of one of its lives."""
 
     # The scheduled times of the runs that count (sorted), and the count before each:
     # counts[i] = the runs counted for times up to times[i - 1].
@@ -131,26 +132,25 @@ class _Life:
 
 
 def _life(job: AuditedJob, registrations: list[int], registration: int) -> _Life | None:
-    """The life of `job` begun at timeline index `registration`; None when no spec of it
-    limits the schedule's runs (every fire time is due)."""
+    """The job's history up to the end of the life begun at timeline index
+    `registration` (the count runs over every life: see the module); None when no spec
+    of it limits the schedule's runs (every fire time is due)."""
     k = registrations.index(registration)
     following = registrations[k + 1] if k + 1 < len(registrations) else len(job.timeline)
     ats: list[int] = []
     limits: list[int | None] = []
-    for kind, at, spec in job.timeline[registration:following]:
+    for kind, at, spec in job.timeline[:following]:
         if kind == "upserted" and spec is not None:
             ats.append(max(at, ats[-1]) if ats else at)
             limits.append(spec.max_runs)
     if all(limit is None for limit in limits):
         return None
-    # Its counted events: those after its registration and before the next one. A run
-    # given back counts only if counted in this life (a withdrawal of the old life
-    # confirmed after a re-creation gives nothing of the new one back).
-    lo = job.marks[registration] if registration < len(job.marks) else len(job.counted)
+    # Its counted events: every one before the next registration. A run is given back
+    # only if it was counted (the ledger never counts below zero).
     hi = job.marks[following] if following < len(job.marks) else len(job.counted)
     held: Counter[int] = Counter()
     deltas: list[tuple[int, int]] = []
-    for code in job.counted[lo:hi]:
+    for code in job.counted[:hi]:
         t = code >> 1
         if code & 1 != GIVEN_BACK:
             held[t] += 1

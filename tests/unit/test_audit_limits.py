@@ -176,15 +176,18 @@ def test_a_revived_firing_counts_again() -> None:
     assert missing_minutes(rerun, now_ms=at(6)) == [4]
 
 
-def test_a_re_created_job_counts_afresh() -> None:
+def test_a_re_created_job_keeps_its_count() -> None:
+    """The count belongs to the job id's whole history, as the ledger keeps it: two runs
+    before the deletion, so the re-created job with max_runs 2 has nothing due; raised
+    to 3, one more firing is."""
     events: list[Event] = [job_event("upserted", T0, spec(max_runs=2))]
     events += life(at(1)) + life(at(2))
     events.append(job_event("deleted", at(2.5)))
     events.append(job_event("upserted", at(5.5), spec(max_runs=2)))
-    events += life(at(6))
-    # The new life made one run: minute 7 is due.
-    assert missing_minutes(events, now_ms=at(9)) == [7]
-    events += life(at(7))
+    assert missing_minutes(events, now_ms=at(9)) == []
+    events.append(job_event("upserted", at(9.5), spec(max_runs=3)))
+    assert missing_minutes(events, now_ms=at(30))[0] == 10  # and every later one
+    events += life(at(10))
     assert missing_minutes(events, now_ms=at(30)) == []
 
 
@@ -241,15 +244,12 @@ def test_a_raised_max_runs_from_the_ledger_audits_clean() -> None:
     led.fire("j", at(3))
     assert "max_runs" in led.w.rejections[-1]
     led.register(spec(max_runs=4, misfire="skip"), at(5) + 30 * SEC)
-    next_due = led.w.jobs["j"].next_due_ms
-    assert next_due is not None
-    assert next_due == at(3)
-    # Proposed at once, late: 3 and 4 are skipped (misfire), 5 is in time and runs.
-    led.fire("j", next_due, at=at(5) + 31 * SEC)
-    assert [led.w.runs[rid(at(m))].state for m in (3, 4, 5)] == ["skipped", "skipped", "due"]
-    led.execute("j", at(5))
-    led.cycle("j", at(6))  # the fourth run
-    led.fire("j", at(7))
+    # The change applies from its own time: 3, 4 and 5 were not due under max_runs 2.
+    assert led.w.jobs["j"].next_due_ms == at(6)
+    assert not [m for m in (3, 4, 5) if rid(at(m)) in led.w.runs]
+    led.cycle("j", at(6))  # the third run
+    led.cycle("j", at(7))  # the fourth
+    led.fire("j", at(8))
     assert "max_runs" in led.w.rejections[-1]
     report = check_all(led.events(), led.reports, now_ms=at(30))
     assert report.clean, report.violations[:3]

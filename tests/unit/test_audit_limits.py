@@ -191,18 +191,21 @@ def test_a_re_created_job_keeps_its_count() -> None:
     assert missing_minutes(events, now_ms=at(30)) == []
 
 
-def test_a_withdrawal_of_the_old_life_gives_nothing_of_the_new_one_back() -> None:
+def test_a_withdrawal_confirmed_after_a_re_creation_is_given_back() -> None:
     """Minute 2, created ahead and claimed, is withdrawn by the deletion; its holder
-    answers only after the re-creation: the old life's run, given back, was never one of
-    the new life's two runs (minutes 3 and 4), so minute 5 is still not due."""
-    events: list[Event] = [job_event("upserted", T0, spec(max_runs=2))]
+    answers only after the re-creation: the count spans the id's history, so the run is
+    given back then, and with max_runs 3 minute 4 is due (minutes 1 and 3 are the only
+    runs before it); minute 5, after the third run, is not."""
+    events: list[Event] = [job_event("upserted", T0, spec(max_runs=3))]
     t = at(2)
     events += life(at(1))
     events += [run_event(t, 1, "due", t - 10 * SEC), run_event(t, 2, "dispatched", t - 9 * SEC)]
     events.append(job_event("deleted", t - 5 * SEC))
-    events.append(job_event("upserted", t - 2 * SEC, spec(max_runs=2)))
+    events.append(job_event("upserted", t - 2 * SEC, spec(max_runs=3)))
     events.append(replace(run_event(t, 3, "cancelled", t + SEC), reason=WITHDRAWN_BY_DELETE))
-    events += life(at(3)) + life(at(4))
+    events += life(at(3))
+    assert missing_minutes(events, now_ms=at(6)) == [4]
+    events += life(at(4))
     assert missing_minutes(events, now_ms=at(30)) == []
 
 

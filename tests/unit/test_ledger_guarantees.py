@@ -8,19 +8,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 from schemas.records import (
+    BackfillRequested,
     ClaimRequested,
     DeadlineReached,
     FireProposed,
+    JobDeleted,
     JobPaused,
     JobResumed,
     JobUpserted,
     RerunRequested,
     RunFinished,
+    RunNowRequested,
     RunReleased,
     RunStarted,
 )
-from schemas.spec import EverySchedule, JobSpec, Param
-from streams.core.ids import scheduled_run_id
+from schemas.spec import AtSchedule, EverySchedule, JobSpec, Param
+from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger import WITHDRAWN_BY_CHANGE, LedgerConfig
 from streams.core.params import ENV_NAME
 from tests.support.world import World
@@ -244,3 +247,73 @@ def test_a_default_declared_later_reaches_the_redispatch() -> None:
     assert last.run_id == run_id
     assert last.command == ("echo", "mon")
     assert '"day"' in dict(last.env)[ENV_NAME]
+
+
+# -- found by the simulation once it generated the whole spec ------------------------------
+
+
+def created(w: World, run_id: str) -> int:
+    """How many times the run was created (a first event: seq 0 or 1, attempt 1)."""
+    return sum(
+        1
+        for e in w.run_events()
+        if e.run_id == run_id and e.event_id.rsplit("#", 1)[1] in ("0", "1")
+    )
+
+
+def test_a_past_one_off_is_never_backfilled_again_after_a_delete() -> None:
+    """A one-off registered just after its time runs (misfire policy); deleted (its run
+    forgotten) and re-created, a backfill over that time must not create it again."""
+    once = T0 - 1_000
+    w = World()
+    w.apply(JobUpserted(spec("j", schedule=AtSchedule(once)), T0), now=T0)
+    fire(w, "j", once, T0 + 10)
+    run_id = scheduled_run_id("j", once)
+    execute(w, "j", once, 0)
+    w.apply(JobDeleted("j", T0 + MINUTE), now=T0 + MINUTE)
+    assert run_id not in w.runs  # forgotten with the deleted job's final runs
+    w.apply(JobUpserted(spec("j", schedule=AtSchedule(once)), T0 + 2 * MINUTE))
+    w.apply(BackfillRequested("j", once - HOUR, once + HOUR, T0 + 3 * MINUTE, "b1"))
+    assert created(w, run_id) == 1
+
+
+def test_a_one_off_moved_back_to_a_decided_time_is_not_run_again() -> None:
+    """A job ran at t; re-timed to a one-off at t (already past, its run known): the run
+    of t stays the one run of it, even once it is forgotten (here by a run-now's end,
+    one final run kept) before the one-off is proposed."""
+    w = World(config=LedgerConfig(keep_final_runs=1))
+    w.apply(JobUpserted(spec("j"), T0), now=T0)
+    fire(w, "j", T, T)
+    execute(w, "j", T, 0)
+    run_id = scheduled_run_id("j", T)
+    w.apply(JobUpserted(spec("j", schedule=AtSchedule(T)), T + 30_000), now=T + 30_000)
+    now = T + 35_000
+    w.apply(RunNowRequested("j", "r1", now), now=now)
+    manual = manual_run_id("j", "r1")
+    w.apply(ClaimRequested("j", manual, 1, "w1", now), now=now)
+    w.apply(RunStarted("j", manual, 1, "w1", now), now=now)
+    w.apply(RunFinished("j", manual, 1, "w1", 0, "", now + 1), now=now + 1)
+    assert run_id not in w.runs  # forgotten
+    fire(w, "j", T, T + 60_000)
+    assert created(w, run_id) == 1
+
+
+def test_a_change_of_max_runs_does_not_swallow_a_firing_due_before_it() -> None:
+    """The firing at T is due but not proposed yet when max_runs is set (below the runs
+    made so far) just after T: it was due under the old spec and is decided."""
+    w = world(spec("j"))
+    for k in (1, 2, 3):
+        fire(w, "j", T - k * MINUTE, T - k * MINUTE)
+    w.apply(JobUpserted(spec("j", max_runs=2), T + 1_000), now=T + 1_000)
+    assert w.runs[scheduled_run_id("j", T)].state == "due"
+    fire(w, "j", T + MINUTE, T + MINUTE)
+    assert scheduled_run_id("j", T + MINUTE) not in w.runs
+
+
+def test_a_firing_lacking_a_required_value_is_skipped_at_creation_and_not_counted() -> None:
+    w = world(spec("j", max_runs=1, **WITH_DAY))
+    fire(w, "j", T, T)
+    run_id = scheduled_run_id("j", T)
+    assert [e.event_id for e in w.run_events(run_id)] == [f"{run_id}#0"]
+    assert w.runs[run_id].state == "skipped"
+    assert w.jobs["j"].schedule_runs == 0

@@ -204,6 +204,8 @@ def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Deci
     # decided anything at all). It keeps the old life's runs still live too: they count
     # for the concurrency policy and a later delete.
     first = at if job is None or job.version == 0 else job.created_ms
+    # A one-off registered past is decided by its schedule, not left to a backfill.
+    first = min(first, fired)
     new = JobState(
         spec=spec,
         paused=False,

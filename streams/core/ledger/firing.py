@@ -89,6 +89,8 @@ class Firing(Kernel):
             # so, to run or be recorded as skipped by its misfire policy (a run already
             # made for that time stays the one run of it, and a withdrawn one is revived).
             fired = once
+            if once < job.created_ms:  # decided by the schedule, not left to a backfill
+                self.set_job(created_ms=once)
         links = dependency_links(spec.job_id, spec.owner, old.depends_on, spec.depends_on, at)
         self.notices.extend(links)
         if job.cycle:

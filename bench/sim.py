@@ -35,7 +35,7 @@ def _pure(seed: int) -> tuple[str, int, str]:
 
 def _loop(seed: int) -> tuple[str, int, str]:
     from streams import ledger as ledger_module
-    from tests.unit.test_simulation import check
+    from tests.unit.test_simulation import audited, check, check_rules
     from tests.unit.test_simulation_log import STEPS, simulate
 
     # As the test does: the watchdogs wait on real time, not the simulation's.
@@ -44,6 +44,8 @@ def _loop(seed: int) -> tuple[str, int, str]:
     try:
         sim = simulate(seed, STEPS)
         check(sim)
+        check_rules(sim)
+        audited(sim)
         assert sim.world.run_events(), "the simulation produced no runs"
     except Exception as exc:  # noqa: BLE001
         return "loop", seed, _first_line(exc)

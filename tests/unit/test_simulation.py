@@ -406,6 +406,11 @@ class Sim:
                 self.inflight.append(notice)
         self.world.outbox.clear()
 
+    def upstream_successes(self) -> dict[tuple[str, str, int], int]:
+        """(job, upstream, scheduled time) -> when the job's ledger first read that the
+        upstream's run for that time succeeded."""
+        return self.successes
+
     def stamp(self, who: str) -> int:
         """The time on `who`'s clock: workers and the zombie run seconds off."""
         return self.now + self.skew.get(who, 0)
@@ -774,6 +779,7 @@ def check_rules(sim: Sim) -> None:
     # (b) No dispatch with a placeholder left or a required parameter missing.
     assert len(w.dispatch_specs) == len(w.dispatch)
     for request, specs in zip(w.dispatch, w.dispatch_specs, strict=True):
+        assert specs, f"{request.run_id}: dispatched with no spec registered"
         faults = [_param_fault(request, spec) for spec in specs]
         assert not all(faults), faults[0]
     # (d) Every executed scheduled run was gated by the upstreams in effect at its time
@@ -783,6 +789,7 @@ def check_rules(sim: Sim) -> None:
         run = previous.get(run_id)
         if run is not None and run.trigger == "schedule":
             ran[run.job_id].append(run.scheduled_ms)
+    successes = sim.upstream_successes()
     for (run_id, attempt), started in sim.started_at.items():
         run = previous.get(run_id)
         if run is None or run.trigger != "schedule" or (run_id, attempt) in rerun_attempts:
@@ -794,7 +801,7 @@ def check_rules(sim: Sim) -> None:
         for upstream in sorted(ups):
             ok = [
                 s
-                for (job, up, s), when in sim.successes.items()
+                for (job, up, s), when in successes.items()
                 if job == run.job_id and up == upstream and low < s <= t and when <= started
             ]
             assert ok, (

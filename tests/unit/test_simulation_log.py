@@ -42,7 +42,9 @@ from schemas.records import (
     RunReleased,
     RunStarted,
     RunState,
+    UpstreamFinished,
 )
+from schemas.spec import JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import input_job
@@ -54,7 +56,7 @@ from streams.memory import MemoryClients
 from streams.memory_log import MemoryLog
 from streams.settings import Settings
 from tests.support.world import World
-from tests.unit.test_simulation import CONFIG, T0, Sim, check, replace_pause
+from tests.unit.test_simulation import CONFIG, T0, Sim, audited, check, check_rules, replace_pause
 
 SEEDS = int(os.environ.get("CRONLOG_LOG_SIM_SEEDS", "12"))
 STEPS = int(os.environ.get("CRONLOG_LOG_SIM_STEPS", "700"))
@@ -145,6 +147,22 @@ class LogWorld:
             if isinstance(e, RunEvent) and (run_id is None or e.run_id == run_id)
         ]
 
+    @property
+    def dispatch_specs(self) -> list[tuple[JobSpec, ...]]:
+        """The specs that may have been in force at each dispatch request, as
+        `World.dispatch_specs` (the newest registered at or before the request's time,
+        and the one before it, which the change's own decision decided under), read
+        from the job events: the topics carry no link from a request to its decision."""
+        specs: dict[str, list[tuple[int, JobSpec]]] = {}
+        for e in self.events:
+            if isinstance(e, JobEvent) and e.kind == "upserted" and e.spec is not None:
+                specs.setdefault(e.job_id, []).append((e.at_ms, e.spec))
+        out: list[tuple[JobSpec, ...]] = []
+        for request in self.dispatch:
+            known = [spec for at, spec in specs.get(request.job_id, []) if at <= request.at_ms]
+            out.append(tuple(reversed(known[-2:])))
+        return out
+
     def snapshot(self) -> World:
         """A frozen view (for the zombie proposer)."""
         return World(CONFIG, dict(self.jobs), dict(self.runs))
@@ -177,6 +195,17 @@ class LogSim(Sim):
         self.world: Any = LogWorld(self.kafka, self.settle)  # the World's view, from the topics
         self.pending: list[str] = []  # node ids to restart once their dead one left
         self.start_node()
+
+    def upstream_successes(self) -> dict[tuple[str, str, int], int]:
+        """The ledger writes upstream notices to job-log itself: read from there, with
+        their append times (the committed ones: what a ledger read)."""
+        out: dict[tuple[str, str, int], int] = {}
+        for msg in self.kafka.records(SETTINGS.topic("job-log")):
+            inp = JOB_LOG.decode(msg.value() or b"")
+            if isinstance(inp, UpstreamFinished) and inp.succeeded:
+                key = (inp.job_id, inp.upstream, inp.scheduled_ms)
+                out[key] = min(out.get(key, msg.timestamp()[1]), msg.timestamp()[1])
+        return out
 
     # -- nodes --------------------------------------------------------------------------
     def start_node(self, node_id: str | None = None) -> Ledger:
@@ -378,6 +407,8 @@ def test_simulation_through_the_ledger_process(seed: int, monkeypatch: pytest.Mo
     monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
     sim = simulate(seed, STEPS)
     check(sim)
+    check_rules(sim)
+    audited(sim)
     assert sim.world.run_events(), "the simulation produced no runs"
 
 

@@ -154,6 +154,10 @@ class Kernel:
             # A withdrawal confirmed (the run never started): not one of the schedule's
             # runs for max_runs, unless it is fired after all (`_fire_one` counts it then).
             self.set_job(schedule_runs=max(0, self.job.schedule_runs - 1))
+            job = self.job
+            if job.next_due_ms is None and not (job.paused or job.deleted):
+                # The schedule had stopped at max_runs: it fires again after all.
+                self.set_job(next_due_ms=due_after(job.spec, job.fired_ms))
         self.events.append(
             RunEvent(
                 event_id=f"{run.run_id}#{moved.seq}",

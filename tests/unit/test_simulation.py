@@ -66,12 +66,12 @@ from schemas.records import (
     WorkerLost,
 )
 from schemas.spec import AtSchedule, ConcurrencyPolicy, JobSpec
-from streams.core.dag import cycle_through
 from streams.core.ledger import LedgerConfig, input_job
 from streams.core.params import ENV_NAME as PARAMS_ENV
 from streams.core.schedule import fires_between
 from tests.support import simspecs
 from tests.support.world import World
+from tests.unit.test_cycle_probes import cycle_in_effect
 
 T0 = 1_800_000_000_000
 SEEDS = int(os.environ.get("CRONLOG_SIM_SEEDS", "200"))
@@ -644,11 +644,10 @@ def check(sim: Sim) -> None:
         accepted = sum(n for (r, a, _), n in claims.items() if (r, a) == (run_id, attempt))
         assert len(workers) <= accepted, (run_id, attempt, workers)
     # No cycle is in effect once every notice is delivered: a refused job's upstreams
-    # are not (the cycle probes of streams/core/ledger/dependencies.py).
+    # are not (the cycle probes of streams/core/ledger/dependencies.py), nor is an
+    # upstream of another owner (its link and outcomes are refused, no probe crosses).
     graph = {j.spec.job_id: j.spec.depends_on for j in w.jobs.values() if not j.deleted}
-    in_effect = {job_id: ups for job_id, ups in graph.items() if not w.jobs[job_id].cycle}
-    for job_id, ups in in_effect.items():
-        assert cycle_through(job_id, ups, in_effect) is None, f"cycle in effect: {job_id}: {graph}"
+    assert cycle_in_effect(w) is None, f"cycle in effect: {cycle_in_effect(w)}: {graph}"
     for job in w.jobs.values():
         job_id = job.spec.job_id
         due = expected_firings(w, job_id, job.fired_ms)

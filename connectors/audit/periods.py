@@ -9,8 +9,12 @@ every outcome up to t. The checks follow the watermark through each life of the 
 (from its registration or resume to its pause, deletion, a change of its upstreams, or
 ``now - safety_margin``), and consider
 the outcomes whose final event lies more than `notice_lag_ms` inside the life (the
-notice was surely decided while the step was active). ``missing_period``, for an
-outcome with no record at its time:
+notice was surely decided while the step was active), of its upstreams of its own owner
+only: an upstream of another owner refuses the step's link and the step refuses its
+notices, so its outcomes never decide a period (they are missing to the ledger, which
+skips the periods they would have decided when the dependency wait runs out; while a
+period waits for them, a failure of another upstream waits behind it too, as below).
+``missing_period``, for an outcome with no record at its time:
 
 - it was decided while the step's watermark was below it, and no record at or after
   its time was made before it: with one upstream, whose notices are decided in the order
@@ -61,12 +65,15 @@ def missing_periods(
     # The step's records by scheduled time.
     records = sorted((t, at) for t, (_, at, _, _) in job.fires.items())
     times = [t for t, _ in records]
+    owner = _owner(job)
     for start, end, since, fired, upstreams in lives:
         # Outcomes after the life's starting watermark: (scheduled, final at, ok, upstream).
         outcomes: list[tuple[int, int, bool, str]] = []
         for upstream in upstreams:
             other = history.jobs.get(upstream)
-            finals = other.finals if other is not None else ()
+            if other is None or _owner(other) != owner:
+                continue  # never told to the step (see the module docstring)
+            finals = other.finals
             for i in range(0, len(finals), 2):
                 if finals[i] > since:
                     at = finals[i + 1]
@@ -143,6 +150,15 @@ def missing_periods(
                 )
                 break
     return len(job.fires)
+
+
+def _owner(job: AuditedJob) -> str | None:
+    """The job's owner: the one that registered it (a job id is never passed on, even
+    after a delete, so every spec the replay saw of it says the same)."""
+    for _, _, spec in job.timeline:
+        if spec is not None:
+            return spec.owner
+    return job.spec.owner if job.spec is not None else None
 
 
 def _missing_period(

@@ -1,0 +1,102 @@
+"""The audit's DAG periods (``missing_period``, connectors/audit/periods.py) say the
+ledger's rule on upstreams of another owner: a job depends only on jobs of its own owner,
+so an upstream of another owner never tells a step of its outcomes (it refuses the
+step's link; an id that was a placeholder when the step named it, registered later by
+another owner, has its notices refused by the step). Its outcomes decide no period of
+the step, and the audit expects no record for them.
+
+Driven through the real ledger (tests/support/world.py), as in tests/unit/test_audit.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from connectors.audit.config import AuditConfig
+from schemas.records import JobPaused, RunEvent
+from schemas.spec import EverySchedule, JobSpec, RetryPolicy
+from tests.unit.test_audit import MIN, T0, Ledger, check_all, rid, spec
+
+EVERY = 10 * MIN
+
+
+def upstream(job_id: str, owner: str = "o") -> JobSpec:
+    """Every 10 minutes, one attempt per run."""
+    once = RetryPolicy(max_attempts=1)
+    return spec(job_id, owner=owner, schedule=EverySchedule(EVERY), retry=once)
+
+
+def _run(led: Ledger, job: str, k: int, ok: bool) -> None:
+    t = T0 + k * EVERY
+    led.fire(job, t)
+    led.execute(job, t, exit_code=0 if ok else 1)
+
+
+def _step_records(led: Ledger) -> list[RunEvent]:
+    return [e for e in led.events() if isinstance(e, RunEvent) and e.job_id == "s"]
+
+
+def test_a_step_is_told_nothing_by_an_upstream_of_another_owner() -> None:
+    """s (owner o) names a (owner p), registered first: a refuses the link, so its
+    failures owe s no skip record (nor its successes a run)."""
+    led = Ledger()
+    led.register(upstream("a", "p"), T0)
+    led.register(spec("s", schedule=None, depends_on=("a",)), T0 + 1)
+    assert any("cannot depend on a of owner 'p'" in r for r in led.w.rejections)
+    for k in range(1, 6):
+        _run(led, "a", k, ok=k % 2 == 0)
+    assert not _step_records(led)
+    report = check_all(led.events(), led.reports, now_ms=T0 + 58 * MIN)
+    assert report.clean, report.violations[:3]
+
+
+def test_an_upstream_registered_later_by_another_owner_is_refused_by_the_step() -> None:
+    """s names a before a exists (the link waits at a's placeholder); another owner then
+    registers a: s refuses a's notices, and the audit expects nothing of them."""
+    led = Ledger()
+    led.register(spec("s", schedule=None, depends_on=("a",)), T0)
+    led.register(upstream("a", "p"), T0 + 1)
+    for k in range(1, 6):
+        _run(led, "a", k, ok=k % 2 == 0)
+    assert any("a belongs to owner 'p'" in r for r in led.w.rejections)
+    assert not _step_records(led)
+    report = check_all(led.events(), led.reports, now_ms=T0 + 58 * MIN)
+    assert report.clean, report.violations[:3]
+
+
+def test_a_step_with_an_upstream_of_another_owner_skips_only_its_own_owners_failures() -> None:
+    """s (owner o) on a1 (owner o) and a2 (owner p), with a 5-minute dependency wait:
+    a2's outcomes never reach s, so a period of a1's success waits for a2 and is skipped
+    when the wait runs out, and a1's failure, with no earlier period open, is skipped at
+    once. a2's failure at a time a1 (paused) does not run owes s nothing. The
+    audit agrees, and still reports a dropped skip record of a1's failure."""
+    wait = 5 * MIN
+    led = Ledger()
+    led.w.config = replace(led.w.config, dependency_wait_ms=wait)
+    config = AuditConfig(dependency_wait_ms=wait)
+    led.register(upstream("a1"), T0)
+    led.register(upstream("a2", "p"), T0)
+    led.register(spec("s", schedule=None, depends_on=("a1", "a2")), T0 + 1)
+    for k in range(1, 8):
+        if k < 6:
+            _run(led, "a1", k, ok=k in (2, 5))
+        _run(led, "a2", k, ok=k % 2 == 1)
+        due = led.w.jobs["s"].next_due_ms
+        if due is not None:  # the scheduler proposes the step when the wait runs out
+            led.fire("s", due, at=due)
+        if k == 5:
+            led.w.apply(JobPaused("a1", T0 + 55 * MIN))
+    records = {e.scheduled_ms: e.reason for e in _step_records(led) if e.state == "skipped"}
+    assert sorted(records) == [T0 + k * EVERY for k in range(1, 6)]
+    assert records[T0 + 2 * EVERY] == "upstream a2 did not finish in time"
+    assert records[T0 + 3 * EVERY] == "upstream a1 did not succeed"
+    now = T0 + 75 * MIN
+    report = check_all(led.events(), led.reports, config, now_ms=now)
+    assert report.clean, report.violations[:3]
+    # A skip record of a1's failure dropped: still a missing period.
+    dropped = rid(T0 + 3 * EVERY, "s")
+    events = [e for e in led.events() if not (isinstance(e, RunEvent) and e.run_id == dropped)]
+    report = check_all(events, led.reports, config, now_ms=now)
+    assert [(v.kind, v.run_id) for v in report.violations] == [
+        ("missing_period", rid(T0 + 3 * EVERY, "a1"))
+    ]

@@ -317,3 +317,25 @@ def test_a_firing_lacking_a_required_value_is_skipped_at_creation_and_not_counte
     assert [e.event_id for e in w.run_events(run_id)] == [f"{run_id}#0"]
     assert w.runs[run_id].state == "skipped"
     assert w.jobs["j"].schedule_runs == 0
+
+
+def test_a_withdrawal_its_holder_answered_by_starting_is_never_decided_again() -> None:
+    """Claimed ahead, the job paused (the watermark goes back below T), the holder starts
+    it anyway; the run is forgotten neither by later runs' ends (one final run kept) nor
+    decided again by a resume that runs every firing the pause covered."""
+    w = World(config=LedgerConfig(keep_final_runs=1))
+    w.apply(JobUpserted(spec("j"), T0), now=T0)
+    fire(w, "j", T, T - LEAD)
+    run_id = scheduled_run_id("j", T)
+    w.apply(ClaimRequested("j", run_id, 1, "w1", T - 9_000), now=T - 9_000)
+    w.apply(JobPaused("j", T - 5_000), now=T - 5_000)
+    w.apply(RunStarted("j", run_id, 1, "w1", T), now=T)
+    assert w.runs[run_id].reason.endswith("(it had started)")
+    now = T + 10_000
+    w.apply(RunNowRequested("j", "r1", now), now=now)
+    manual = manual_run_id("j", "r1")
+    w.apply(ClaimRequested("j", manual, 1, "w1", now), now=now)
+    w.apply(RunStarted("j", manual, 1, "w1", now), now=now)
+    w.apply(RunFinished("j", manual, 1, "w1", 0, "", now + 1), now=now + 1)
+    w.apply(JobResumed("j", T + 2 * MINUTE, "all"), now=T + 2 * MINUTE)
+    assert created(w, run_id) == 1

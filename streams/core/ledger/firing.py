@@ -257,8 +257,9 @@ class Firing(Kernel):
         keep: list[str] = []
         for run_id in self.job.final_runs:
             run = self.run(run_id)
-            if withdrawn(run) and run is not None and run.scheduled_ms > fired:
-                # Above the watermark a re-creation decides it again: by reviving it.
+            if run is not None and run.trigger != "manual" and run.scheduled_ms > fired:
+                # Above the watermark a re-creation decides its time again: it revives
+                # a withdrawn firing, and finds any other run the one run of it.
                 keep.append(run_id)
             else:
                 self.forget.append(run_id)

@@ -198,12 +198,13 @@ class Kernel:
 
     def _retire(self, run_id: str) -> None:
         """A run is final: the oldest final runs beyond `keep_final_runs` are forgotten,
-        except firings withdrawn ahead of a time not decided again yet (still to come,
-        or above the watermark, which a change or pause moved back), which a resume, a
-        re-creation, a change back or a late proposal decides: forgotten, they would be
-        created again under the same run id and event ids. There are no more of those
-        than runs decided ahead, and they become forgettable once decided (the watermark
-        passed them)."""
+        except the runs of times not decided again yet (still to come, or above the
+        watermark, which a change or pause moved back), which a resume, a re-creation,
+        a change back or a late proposal decides: forgotten, they would be created again
+        under the same run id and event ids. Most are firings withdrawn ahead (revived
+        then); one whose withdrawal its holder answered by starting it is the one run
+        of its time all the same. There are no more of those than runs decided ahead,
+        and they become forgettable once decided (the watermark passed them)."""
         keep = self.config.keep_final_runs
         # Times after this are to be decided again (by a late proposal, a resume): the
         # watermark went back below them, or they are still to come.
@@ -216,7 +217,7 @@ class Kernel:
             for old in finals:
                 if len(gone) == excess:
                     break
-                if _ahead(old, undecided) and withdrawn(self.run(old)):
+                if _ahead(old, undecided):
                     continue
                 gone.append(old)
             self.forget.extend(gone)

@@ -250,8 +250,9 @@ def test_a_chain_of_diamonds_passes_a_probe_once_per_job() -> None:
 def test_a_first_hop_deleted_and_recreated_does_not_reuse_a_probe_id() -> None:
     """x depends on a, u on x. `a` adds u, the probe passes x and comes back after `a`
     dropped u; u is deleted and re-created (its own probe dies at `a`, which depends on
-    nothing); `a` adds u back, all at one stamp. u forgot the id it gave the first
-    probe, gives it again, and x takes the new probe for a copy of the old one."""
+    nothing); `a` adds u back, all at one stamp. When a deleted job's stub kept no
+    probes, u forgot the id it gave the first probe, gave it again, and x took the new
+    probe for a copy of the old one; the stub keeps them now (and a re-creation too)."""
     w = World()
     for job in (spec("x", ("a",)), spec("u", ("x",))):
         w.apply(JobUpserted(job, T0))

@@ -19,19 +19,24 @@ origin with that id or a later one (quick changes of one job share a stamp: ingr
 stamps a command with the max of its time and the job's previous stamp); then it is one
 after the newest the first hop started. So two probes do not share a key, and a copy
 that reaches a job first, by a path its origin has since dropped or for an earlier
-change, never stands in for the copy that closes the cycle. (A gap: a first hop
-remembers its ids among its 32 newest probes, and a deleted job's stub keeps none, so
-one deleted and re-created may give an id again if its origin's stamp has stood still
-meanwhile; tests/unit/test_cycle_probes.py.)
+change, never stands in for the copy that closes the cycle. (A first hop remembers its
+ids among its 32 newest probes, deleted or not: a deleted job's stub keeps them, so one
+deleted and re-created gives no id again; tests/unit/test_cycle_probes.py. One that
+passed 32 others since may, if its origin's stamp stood still meanwhile.)
 
 What holds once every probe has arrived: every cycle among jobs' upstreams has a member
-refused. The change that last sent a probe along an edge of the cycle (the one that added
-it, or that changed the job again while it was refused) sent it when every other edge of
-the cycle was in place, and every member passes it on, once, to all its upstreams: it
-comes back to that change's job through a first hop the job still depends on, and the
-job is refused, unless another member was refused meanwhile (it passes nothing on: the
-cycle is out of effect through it). Of changes that close a cycle at once, that is not
-always the one decided last: the first one's probe may come back first, and its refused
+refused. An upstream is a job of the dependent's own owner: another owner's job is no
+upstream in effect (it refuses the link, or, a placeholder when named and registered
+by another owner since, has its outcomes refused: the dependent's runs are skipped when
+the wait runs out, cycle or not), and no probe crosses owners, so a cycle through one is
+not refused, nor need it be (`in_effect` in tests/unit/test_cycle_probes.py). The change
+that last sent a probe along an edge of the cycle (the one that added it, or that
+changed the job again while it was refused) sent it when every other edge of the cycle
+was in place, and every member passes it on, once, to all its upstreams: it comes back
+to that change's job through a first hop the job still depends on, and the job is
+refused, unless another member was refused meanwhile (it passes nothing on: the cycle
+is out of effect through it). Of changes that close a cycle at once, that is not always
+the one decided last: the first one's probe may come back first, and its refused
 job stops the other's.
 """
 

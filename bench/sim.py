@@ -53,11 +53,6 @@ def _loop(seed: int) -> tuple[str, int, str]:
 
 
 def _first_line(exc: BaseException) -> str:
-    from tests.unit.test_simulation import known_bug
-
-    known = known_bug(exc) if isinstance(exc, AssertionError) else None
-    if known:
-        return f"known bug ({known})"
     text = str(exc).strip().splitlines()
     where = traceback.extract_tb(exc.__traceback__)[-1]
     head = text[0] if text else type(exc).__name__
@@ -79,11 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument(
-        "--strict", action="store_true", help="fail on the known bugs too (CRONLOG_SIM_STRICT)"
-    )
     args = parser.parse_args(argv)
-    args.strict = args.strict or os.environ.get("CRONLOG_SIM_STRICT", "") == "1"
     jobs = [("loop", s) for s in range(args.start, args.start + args.loop_seeds)]
     jobs += [("pure", s) for s in range(args.start, args.start + args.seeds)]
     began = time.monotonic()
@@ -110,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = sorted(seed for k, seed, _ in failed if k == kind)
         if seeds:
             print(f"failing {kind} seeds: {' '.join(map(str, seeds))}")
-    unknown = [f for f in failed if not f[2].startswith("known bug")]
-    print(f"{len(failed) - len(unknown)} failed on known bugs (KNOWN_BUGS), {len(unknown)} not")
-    return 1 if (failed if args.strict else unknown) else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -830,23 +830,6 @@ def audited(sim: Sim) -> None:
     assert report.clean, f"the audit finds: {said}"
 
 
-# Bugs the simulation found that are being fixed in the ledger or the audit (issue 52):
-# a failure whose message matches is reported as an expected failure (xfail, naming the
-# bug) instead of a failure, unless CRONLOG_SIM_STRICT=1 (`make sim` sets it). Remove an
-# entry once its fix lands; each names a seed that shows it.
-KNOWN_BUGS: dict[str, tuple[str, str]] = {
-    "audit ignores max_runs": (
-        "missing_firing ",
-        "seed 11: the audit's missing_firing knows no max_runs (connectors/audit/firings.py)",
-    ),
-    "step period after a failed upstream": (
-        "missing_period ",
-        "seed 67: the audit finds a DAG period with no record (not triaged yet)",
-    ),
-}
-STRICT = os.environ.get("CRONLOG_SIM_STRICT", "") == "1"
-
-
 def _param_fault(request: DispatchRequest, spec: JobSpec) -> str:
     """What a dispatch lacks under `spec`'s parameters: "" when nothing."""
     env = dict(request.env)
@@ -863,26 +846,6 @@ def _param_fault(request: DispatchRequest, spec: JobSpec) -> str:
         if left:
             return f"{request.run_id}#{request.attempt}: {request.command} keeps {left}"
     return ""
-
-
-def known_bug(exc: AssertionError) -> str | None:
-    """The known bug a failure shows (every violation of an audit failure must be one)."""
-    text = str(exc).split("\nassert")[0]
-    parts = text.removeprefix("the audit finds: ").split(" | ")
-    names = set()
-    for part in parts:
-        name = next(
-            (
-                n
-                for n, (pattern, _) in KNOWN_BUGS.items()
-                if pattern in part and (pattern != "#1" or "lacks" in part or "keeps" in part)
-            ),
-            None,
-        )
-        if name is None:
-            return None
-        names.add(name)
-    return ", ".join(sorted(names))
 
 
 def expected_firings(w: World, job_id: str, fired_ms: int) -> list[int]:
@@ -938,15 +901,9 @@ def replace_pause(job_id: str, now: int) -> LedgerInput:
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_simulation(seed: int) -> None:
     sim = simulate(seed, STEPS)
-    try:
-        check(sim)
-        check_rules(sim)
-        audited(sim)
-    except AssertionError as exc:
-        name = None if STRICT else known_bug(exc)
-        if name is None:
-            raise
-        pytest.xfail(f"known bug ({name}): {str(exc)[:300]}")
+    check(sim)
+    check_rules(sim)
+    audited(sim)
     assert sim.world.run_events(), "the simulation produced no runs"
 
 

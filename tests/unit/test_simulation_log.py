@@ -44,7 +44,7 @@ from schemas.records import (
     RunState,
     UpstreamFinished,
 )
-from schemas.spec import JobSpec
+from schemas.spec import EverySchedule, JobSpec, Param, Resources
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import input_job
@@ -152,7 +152,10 @@ class LogWorld:
         """The specs that may have been in force at each dispatch request, as
         `World.dispatch_specs` (the newest registered at or before the request's time,
         and the one before it, which the change's own decision decided under), read
-        from the job events: the topics carry no link from a request to its decision."""
+        from the job events: the topics carry no link from a request to its decision.
+        The one before is the newest *other* spec: an upsert delivered twice (the
+        network's duplicate) registers its spec twice, and the request its first
+        decided was decided under the spec before both."""
         specs: dict[str, list[tuple[int, JobSpec]]] = {}
         for e in self.events:
             if isinstance(e, JobEvent) and e.kind == "upserted" and e.spec is not None:
@@ -160,7 +163,9 @@ class LogWorld:
         out: list[tuple[JobSpec, ...]] = []
         for request in self.dispatch:
             known = [spec for at, spec in specs.get(request.job_id, []) if at <= request.at_ms]
-            out.append(tuple(reversed(known[-2:])))
+            newest = known[-1:]
+            before = [spec for spec in known if spec != known[-1]][-1:]
+            out.append((*newest, *before))
         return out
 
     def snapshot(self) -> World:
@@ -194,6 +199,10 @@ class LogSim(Sim):
         }
         self.world: Any = LogWorld(self.kafka, self.settle)  # the World's view, from the topics
         self.pending: list[str] = []  # node ids to restart once their dead one left
+        # The nodes inside a `step`, innermost last: a zombie frozen at its offsets while
+        # a nested `settle` lets the others go on. A process is one thread: a nested
+        # settle (another zombie frozen inside it) must never step one of them again.
+        self.stepping: list[Ledger] = []
         self.start_node()
 
     def upstream_successes(self) -> dict[tuple[str, str, int], int]:
@@ -272,51 +281,56 @@ class LogSim(Sim):
 
         self.kafka.faults.append(fault)
 
-    def arm_zombie(self, node: Ledger) -> None:
+    def arm_zombie(self, node: Ledger, roll: float | None = None) -> None:
         """At `node`'s next offsets, the group moves on under it: a new member joins, and
         now and then the others take its partitions over while it stands frozen there
         (its session lapses, its open transaction times out), then it goes on; or, frozen
         past its session, it is replaced by a restart under its own node id, and when it
-        goes on it is fenced and stops (streams/identity.py) instead of fencing back."""
+        goes on it is fenced and stops (streams/identity.py) instead of fencing back.
+        `roll` picks the case (below 0.25: replaced; below 0.6: taken over; else only a
+        new member), drawn from the seed unless given. While it stands frozen, another
+        zombie may freeze in the nested `settle`: both stay frozen (`stepping`)."""
 
         def fault(call: str, client: object) -> None:
             if call != "send_offsets_to_transaction" or client is not node.producer:
                 return
             self.kafka.faults.remove(fault)
             self.faults["zombies"] += 1
-            roll = self.rng.random()
-            if roll < 0.25:
+            chance = self.rng.random() if roll is None else roll
+            if chance < 0.25:
                 self.faults["replaced"] += 1
                 self.pending.append(node.node_id)  # restarted once its session lapsed
-                self.settle(frozen=node)
+                self.settle()  # `node` is inside its step: frozen there
                 return
             self.start_node()  # a new generation, which the zombie's offsets do not carry
-            if roll < 0.6:
-                self.settle(frozen=node)
+            if chance < 0.6:
+                self.settle()
 
         self.kafka.faults.append(fault)
 
-    def settle(self, frozen: Ledger | None = None) -> None:
-        """Step the live nodes (but `frozen`) until the group has decided every input it
-        can see and no transaction is open. A dead node's open transaction holds every
-        read_committed reader of the partitions it wrote at its first record until the
-        broker aborts it (a newer one of the same partition waits behind it), so only
-        then do the topics read as one cut: the actors see the runs and their events
-        together, as the simulation's workers assume."""
+    def settle(self) -> None:
+        """Step the live nodes (but the frozen ones, inside a step: `stepping`) until the
+        group has decided every input it can see and no transaction is open. A dead
+        node's open transaction holds every read_committed reader of the partitions it
+        wrote at its first record until the broker aborts it (a newer one of the same
+        partition waits behind it), so only then do the topics read as one cut: the
+        actors see the runs and their events together, as the simulation's workers
+        assume."""
         for _ in range(5_000):
             self.restart_pending()
             if (
                 not self.kafka.lag(GROUP, SETTINGS.topic("job-log"))
-                and self._steady(frozen)
+                and self._steady()
                 and not self.kafka.open
                 and not self.pending
             ):
                 break
-            if not [n for n in self.nodes if n is not frozen]:
+            if not self._live():
                 self.clock.advance(0.5)  # only a restart waiting for a session to lapse
-            for node in [n for n in self.nodes if n is not frozen]:
-                if node not in self.nodes:  # killed meanwhile (a nested settle)
-                    continue
+            for node in self._live():
+                if node not in self.nodes or node in self.stepping:  # a nested settle's
+                    continue  # doing: killed, stopped or frozen meanwhile
+                self.stepping.append(node)
                 try:
                     node.step()
                 except NodeIdTaken:  # replaced under its id while frozen: it stops
@@ -332,18 +346,24 @@ class LogSim(Sim):
                         self.pending.append(node.node_id)
                     else:
                         self.start_node()
+                finally:
+                    self.stepping.remove(node)
         else:
             raise AssertionError(f"the ledger did not catch up: {self.faults}")
         self.now = max(self.now, int(self.clock.time() * 1000))
 
-    def _steady(self, frozen: Ledger | None) -> bool:
-        """Every live node (but `frozen`) has taken its share of the newest generation."""
+    def _live(self) -> list[Ledger]:
+        """The nodes a settle steps: every live one but those frozen inside a step."""
+        return [n for n in self.nodes if n not in self.stepping]
+
+    def _steady(self) -> bool:
+        """Every live node (but the frozen ones) has taken its share of the newest
+        generation."""
         group = self.kafka.groups[GROUP]
         return all(
             (m := group.members.get(node.consumer.memberid() or "")) is not None
             and m.generation == group.generation
-            for node in self.nodes
-            if node is not frozen
+            for node in self._live()
         )
 
     # -- the actors' writes -------------------------------------------------------------
@@ -424,3 +444,59 @@ def test_the_faults_are_played(monkeypatch: pytest.MonkeyPatch) -> None:
             total[kind] = total.get(kind, 0) + n
     assert all(total[k] > 0 for k in ("killed", "errors", "zombies", "replaced")), total
     assert total["stopped"] == total["replaced"], total  # none fenced its replacement back
+
+
+def test_two_zombies_frozen_at_once_both_stay_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zombie frozen at its offsets while the others go on (a nested `settle`), and one
+    of those freezing in turn: the first must stay frozen in the second's settle. A
+    process is one thread: stepping the first again, inside its own offsets call, began
+    a second transaction on it ("a transaction is already in progress"), aborted the
+    frozen one under it, and kept its member alive, so its replacement never started and
+    the group never caught up (loop seed 30)."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    sim = LogSim(0)
+    first, second = sim.nodes[0], sim.start_node()
+    sim.settle()  # two partitions each
+    step = Ledger.step
+
+    def one_at_a_time(node: Ledger) -> None:
+        assert node not in stepped, f"{node.node_id} stepped inside its own step"
+        stepped.append(node)
+        try:
+            step(node)
+        finally:
+            stepped.remove(node)
+
+    stepped: list[Ledger] = []
+    monkeypatch.setattr(Ledger, "step", one_at_a_time)
+    sim.arm_zombie(first, roll=0.0)  # both frozen past their session, then replaced
+    sim.arm_zombie(second, roll=0.0)
+    for p in range(SETTINGS.partitions):  # an input for each node (undecodable: the DLQ)
+        sim.producer.produce(SETTINGS.topic("job-log"), b"not an input", b"k", partition=p)
+    sim.settle()
+    assert sim.faults["zombies"] == sim.faults["replaced"] == 2, sim.faults
+    assert sim.faults["stopped"] == 2, sim.faults  # each woke fenced by its replacement
+    assert not {first, second} & set(sim.nodes)  # their replacements under their ids
+    assert sorted(n.node_id for n in sim.nodes) == sorted([first.node_id, second.node_id])
+    assert not sim.kafka.lag(GROUP, SETTINGS.topic("job-log"))
+    assert len(sim.kafka.records(SETTINGS.topic("commands.dlq"))) == SETTINGS.partitions
+
+
+def test_the_spec_before_a_duplicated_upsert_is_the_one_before_both() -> None:
+    """A change delivered twice registers its spec twice; the firings its first decision
+    made due were decided under the spec before both, which a dispatch may carry (loop
+    seed 165: a request without the parameters the duplicated change added)."""
+    log = MemoryLog(ManualClock(wall_s=T0 / 1000))
+    log.create_catalogue(SETTINGS)
+    producer = MemoryClients(log).producer(producer_config(SETTINGS))
+    old = JobSpec(job_id="j", owner="o", schedule=EverySchedule(1000), command=("true",))
+    new = replace(old, params=(Param("day", "string"),), params_in_command=True)
+    for i, (at, spec) in enumerate([(T0, old), (T0 + 500, new), (T0 + 500, new)]):
+        event = JobEvent(f"j#{i}", "j", "upserted", at, spec)
+        producer.produce(SETTINGS.topic("run-events"), RUN_EVENTS.encode(event), b"j")
+    request = DispatchRequest(
+        "j@1", "j", 1, "o", ("true",), (), Resources(), 1.0, 0, T0 + 400, T0 + 600, T0 + 600
+    )
+    producer.produce(SETTINGS.topic("dispatch"), DISPATCH.encode(request), b"j@1")
+    assert LogWorld(log, lambda: None).dispatch_specs == [(new, old)]

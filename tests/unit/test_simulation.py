@@ -207,6 +207,8 @@ class Sim:
             job_id = rng.choice(alive)
         else:
             job_id = rng.choice(list(known))
+        if rng.random() < 0.2 and self.worst_moment():
+            return
         roll = rng.random()
         if self.world.jobs[job_id].deleted or roll < 0.04:
             self.recreate(job_id)
@@ -238,6 +240,105 @@ class Sim:
             self.prune()
         else:
             self.edge_action(job_id)
+
+    def worst_moment(self) -> bool:
+        """A change at the worst moment for a run decided ahead, if some job has one:
+        its upstreams changed (`regate`), or, while it is claimed ahead of its time, the
+        job paused (the stop order races the holder's start) or, its withdrawal pending
+        already, its schedule changed too."""
+        actions = [self.regate, self.withdraw_claimed, self.close_cycle]
+        self.rng.shuffle(actions)
+        return any(action() for action in actions)
+
+    def close_cycle(self) -> bool:
+        """Quick changes of one job, at one stamp, that close a cycle through its
+        owner's jobs: its upstream switched from one job to another that both depend
+        on it, or dropped and added back (a probe's first copy may come back by a path
+        its origin has since dropped)."""
+        rng = self.rng
+        by_owner: dict[str, list[str]] = defaultdict(list)
+        for job_id, spec in self.specs.items():
+            job = self.world.jobs.get(job_id)
+            if job is not None and not job.deleted and spec.schedule is not None:
+                by_owner[spec.owner].append(job_id)
+        owners = [o for o, jobs in by_owner.items() if len(jobs) >= 3]
+        if not owners:
+            return False
+        x, b1, b2 = rng.sample(sorted(by_owner[rng.choice(owners)]), 3)
+        for b in (b1, b2):
+            if x not in self.specs[b].depends_on:
+                self.upsert(replace(self.specs[b], depends_on=(x,)), self.now)
+        spec = self.specs[x]
+        switched = rng.random() < 0.5  # to another upstream, else dropped and back
+        steps: list[tuple[str, ...]] = [(b1,), (b2,)] if switched else [(b1,), (), (b1,)]
+        for ups in steps:
+            self.upsert(replace(spec, depends_on=ups), self.now)
+        return True
+
+    def withdraw_claimed(self) -> bool:
+        rng = self.rng
+        claimed = []
+        for job_id, job in self.world.jobs.items():
+            if job.deleted or job_id not in self.specs:
+                continue
+            for run_id in job.live_runs:
+                run = self.world.runs.get(run_id)
+                if (
+                    run is not None
+                    and run.trigger == "schedule"
+                    and run.state == "dispatched"
+                    and run.scheduled_ms > self.now
+                ):
+                    claimed.append((job_id, run))
+        if not claimed:
+            return False
+        job_id, run = rng.choice(claimed)
+        if run.cancelling or self.world.jobs[job_id].paused:
+            spec, _ = simspecs.mutate(rng, self.specs[job_id], self.now, [], "schedule")
+            self.upsert(spec, self.now)
+        else:
+            self.command(JobPaused(job_id, self.now))
+        return True
+
+    def regate(self) -> bool:
+        """Upstreams changed at the worst moment: a job with a run waiting on them loses
+        one or all of them, or a job with a run due ahead of its time gains one (of its
+        owner's jobs: another owner's is never in effect). Whether it found such a job."""
+        rng = self.rng
+        waiting, ahead = [], []
+        for job_id, job in self.world.jobs.items():
+            if job.deleted or job_id not in self.specs or job.spec.schedule is None:
+                continue
+            for run_id in job.live_runs:
+                run = self.world.runs.get(run_id)
+                if run is None or run.trigger != "schedule":
+                    continue
+                if run.state == "waiting" and job.spec.depends_on:
+                    waiting.append(job_id)
+                elif run.state in ("due", "dispatched") and run.scheduled_ms > self.now:
+                    ahead.append(job_id)
+        if waiting and (not ahead or rng.random() < 0.5):
+            job_id = rng.choice(waiting)
+            ups = self.specs[job_id].depends_on  # as last sent: maybe none already
+            if not ups:
+                return False
+            gone = rng.choice(ups)
+            kept = () if rng.random() < 0.5 else tuple(u for u in ups if u != gone)
+            self.varied.add("depends_on")
+            self.upsert(replace(self.specs[job_id], depends_on=kept), self.now)
+            return True
+        if ahead:
+            job_id = rng.choice(ahead)
+            owner = self.specs[job_id].owner
+            mine = [j for j, s in self.specs.items() if j != job_id and s.owner == owner]
+            spec = self.specs[job_id]
+            fresh = [j for j in mine if j not in spec.depends_on]
+            if fresh:
+                added = (*spec.depends_on, rng.choice(fresh))
+                self.varied.add("depends_on")
+                self.upsert(replace(spec, depends_on=added), self.now)
+                return True
+        return False
 
     def _busy(self, job_id: str) -> bool:
         """A firing is decided ahead or near, or a run is claimed, running or cancelling."""

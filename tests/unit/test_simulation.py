@@ -246,9 +246,25 @@ class Sim:
         its upstreams changed (`regate`), or, while it is claimed ahead of its time, the
         job paused (the stop order races the holder's start) or, its withdrawal pending
         already, its schedule changed too."""
-        actions = [self.regate, self.withdraw_claimed, self.close_cycle]
+        actions = [self.regate, self.withdraw_claimed, self.close_cycle, self.forbid_live]
         self.rng.shuffle(actions)
         return any(action() for action in actions)
+
+    def forbid_live(self) -> bool:
+        """`allow` switched to `forbid` while two runs or more of the job are live (the
+        ones whose time has passed keep their decision: they may run side by side)."""
+        live: list[str] = []
+        for job_id, job in self.world.jobs.items():
+            if job.deleted or job_id not in self.specs or job.spec.concurrency != "allow":
+                continue
+            runs = [self.world.runs.get(r) for r in job.live_runs]
+            if sum(1 for r in runs if r is not None and not r.final) >= 2:
+                live.append(job_id)
+        if not live:
+            return False
+        job_id = self.rng.choice(live)
+        self.upsert(replace(self.specs[job_id], concurrency="forbid"), self.now)
+        return True
 
     def close_cycle(self) -> bool:
         """Quick changes of one job, at one stamp, that close a cycle through its

@@ -203,6 +203,7 @@ class LogSim(Sim):
         # a nested `settle` lets the others go on. A process is one thread: a nested
         # settle (another zombie frozen inside it) must never step one of them again.
         self.stepping: list[Ledger] = []
+        self.zombies: set[Ledger] = set()  # the nodes armed to freeze at their next offsets
         self.start_node()
 
     def upstream_successes(self) -> dict[tuple[str, str, int], int]:
@@ -289,12 +290,19 @@ class LogSim(Sim):
         goes on it is fenced and stops (streams/identity.py) instead of fencing back.
         `roll` picks the case (below 0.25: replaced; below 0.6: taken over; else only a
         new member), drawn from the seed unless given. While it stands frozen, another
-        zombie may freeze in the nested `settle`: both stay frozen (`stepping`)."""
+        zombie may freeze in the nested `settle`: both stay frozen (`stepping`). A node
+        armed already is left as it is: one call freezes once (a second freeze at the
+        same call, after its replacement started, would wait for ever for that live
+        replacement to leave)."""
+        if node in self.zombies:
+            return
+        self.zombies.add(node)
 
         def fault(call: str, client: object) -> None:
             if call != "send_offsets_to_transaction" or client is not node.producer:
                 return
             self.kafka.faults.remove(fault)
+            self.zombies.discard(node)
             self.faults["zombies"] += 1
             chance = self.rng.random() if roll is None else roll
             if chance < 0.25:
@@ -341,8 +349,13 @@ class LogSim(Sim):
                     self.kill(node)
                     # A node starts in its place: a new one (the broker's timeouts end the
                     # dead one's transaction), or under its id once the dead one's session
-                    # lapsed (streams/identity.py), fencing its transaction at once.
-                    if self.rng.random() < 0.5:
+                    # lapsed (streams/identity.py), fencing its transaction at once; none
+                    # if it was a frozen zombie killed once woken, replaced under its id
+                    # already (that live replacement would hold the id for ever).
+                    as_itself = self.rng.random() < 0.5
+                    if self._replaced(node):
+                        pass
+                    elif as_itself:
                         self.pending.append(node.node_id)
                     else:
                         self.start_node()
@@ -351,6 +364,12 @@ class LogSim(Sim):
         else:
             raise AssertionError(f"the ledger did not catch up: {self.faults}")
         self.now = max(self.now, int(self.clock.time() * 1000))
+
+    def _replaced(self, node: Ledger) -> bool:
+        """Whether another node runs, or is to start, under `node`'s id."""
+        return node.node_id in self.pending or any(
+            n.node_id == node.node_id for n in self.nodes if n is not node
+        )
 
     def _live(self) -> list[Ledger]:
         """The nodes a settle steps: every live one but those frozen inside a step."""
@@ -472,8 +491,7 @@ def test_two_zombies_frozen_at_once_both_stay_frozen(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Ledger, "step", one_at_a_time)
     sim.arm_zombie(first, roll=0.0)  # both frozen past their session, then replaced
     sim.arm_zombie(second, roll=0.0)
-    for p in range(SETTINGS.partitions):  # an input for each node (undecodable: the DLQ)
-        sim.producer.produce(SETTINGS.topic("job-log"), b"not an input", b"k", partition=p)
+    _one_input_each(sim)
     sim.settle()
     assert sim.faults["zombies"] == sim.faults["replaced"] == 2, sim.faults
     assert sim.faults["stopped"] == 2, sim.faults  # each woke fenced by its replacement
@@ -481,6 +499,59 @@ def test_two_zombies_frozen_at_once_both_stay_frozen(monkeypatch: pytest.MonkeyP
     assert sorted(n.node_id for n in sim.nodes) == sorted([first.node_id, second.node_id])
     assert not sim.kafka.lag(GROUP, SETTINGS.topic("job-log"))
     assert len(sim.kafka.records(SETTINGS.topic("commands.dlq"))) == SETTINGS.partitions
+
+
+def _one_input_each(sim: LogSim) -> None:
+    """An input on every job-log partition (undecodable: each goes to the DLQ), so every
+    node has a transaction to send offsets for."""
+    for p in range(SETTINGS.partitions):
+        sim.producer.produce(SETTINGS.topic("job-log"), b"not an input", b"k", partition=p)
+
+
+def test_a_node_armed_twice_as_a_zombie_freezes_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two zombies armed on one node before its next offsets: one freeze. Both fired at
+    that call, and the second, after the first's replacement had started under the
+    node's id, waited for ever for that live replacement to leave (loop seed 310)."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    sim = LogSim(0)
+    node = sim.nodes[0]
+    sim.settle()
+    sim.arm_zombie(node, roll=0.0)  # frozen past its session, then replaced
+    sim.arm_zombie(node, roll=0.0)
+    _one_input_each(sim)
+    sim.settle()
+    assert sim.faults["zombies"] == sim.faults["replaced"] == sim.faults["stopped"] == 1
+    assert [n.node_id for n in sim.nodes] == [node.node_id]
+    assert sim.nodes != [node]
+
+
+def test_a_zombie_killed_once_woken_after_its_replacement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A zombie replaced under its id while frozen, killed -9 as it wakes: its
+    replacement is its restart. Restarting it under its id again waited for ever for
+    that live replacement to leave."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    sim = LogSim(0)
+    node = sim.nodes[0]
+    sim.settle()
+    sim.arm_zombie(node, roll=0.0)  # frozen past its session, then replaced
+
+    def kill(call: str, client: object) -> None:  # then killed, at the same call
+        if call == "send_offsets_to_transaction" and client is node.producer:
+            sim.kafka.faults.remove(kill)
+            raise Killed(f"{node.node_id} at {call}")
+
+    sim.kafka.faults.append(kill)
+    monkeypatch.setattr(sim.rng, "random", lambda: 0.0)  # a kill restarts under the id
+    _one_input_each(sim)
+    sim.settle()
+    assert sim.faults["replaced"] == sim.faults["killed"] == 1, sim.faults
+    assert [n.node_id for n in sim.nodes] == [node.node_id]
+    assert sim.nodes != [node]
+    assert not sim.pending
 
 
 def test_the_spec_before_a_duplicated_upsert_is_the_one_before_both() -> None:

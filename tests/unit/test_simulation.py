@@ -841,8 +841,30 @@ def check_rules(sim: Sim) -> None:
     chain_start: dict[str, bool] = {}
     rerun_attempts: set[tuple[str, int]] = set()
     gated: dict[tuple[str, int], JobSpec | None] = {}
+    # (d') A change of upstreams re-gates the runs decided ahead of it: a scheduled run
+    # `due` or `waiting` for a time after the change when the ledger applies it is
+    # withdrawn (its cancel comes before the change's own event) and decided again;
+    # one that is neither and starts all the same ran on the old upstreams.
+    states: dict[str, RunEvent] = {}
+    regate: set[str] = set()
     for e in w.events:
         if isinstance(e, JobEvent):
+            old = current.get(e.job_id)
+            if (
+                e.kind == "upserted"
+                and e.spec is not None
+                and old is not None
+                and e.spec.schedule is not None
+                and e.spec.depends_on != old.depends_on
+            ):
+                regate |= {
+                    r.run_id
+                    for r in states.values()
+                    if r.job_id == e.job_id
+                    and r.trigger == "schedule"
+                    and r.state in ("due", "waiting")
+                    and r.scheduled_ms > e.at_ms
+                }
             if e.kind == "upserted":
                 if current.get(e.job_id) is None:
                     life[e.job_id] += 1
@@ -855,6 +877,11 @@ def check_rules(sim: Sim) -> None:
             continue
         before = previous.get(e.run_id)
         previous[e.run_id] = e
+        states[e.run_id] = e
+        if e.run_id in regate:
+            assert e.state != "running", f"{e.run_id} ran on the upstreams it had before a change"
+            if e.state in ("cancelled", "skipped", "failed", "succeeded"):
+                regate.discard(e.run_id)
         spec_now = current.get(e.job_id)
         fresh = before is None or (before.state == "cancelled" and e.state in ("due", "waiting"))
         if fresh:

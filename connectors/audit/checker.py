@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from connectors.audit.allowance import allowance_ms, not_final
 from connectors.audit.config import AuditConfig
 from connectors.audit.findings import KINDS, AuditReport, Findings, Violation, ViolationKind
-from connectors.audit.firings import missing_firings
+from connectors.audit.firings import missing_firings, re_created
 from connectors.audit.history import AuditedJob, History
 from connectors.audit.lateness import Lateness, lateness
 from connectors.audit.overlaps import index_starts
@@ -115,8 +115,12 @@ class Auditor:
             job.timeline.append((event.kind, event.at_ms, event.spec))
             job.marks.append(len(job.counted))
             if event.kind == "upserted" and event.spec is not None:
+                if job.deleted_ms is not None:
+                    re_created(job, len(job.timeline) - 1, event.at_ms)
                 job.spec = event.spec
                 job.forbid = event.spec.concurrency == "forbid"
+            elif event.kind == "deleted" and job.spec is not None and job.deleted_ms is None:
+                job.deleted_ms = event.at_ms
             return
         self._run_events.check(job, event, partition, offset)
 

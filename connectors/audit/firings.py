@@ -10,6 +10,23 @@ and starts one of the new schedule there (a schedule change is never retroactive
 last interval ends at ``now - safety_margin`` (120 s), where ``now`` is the newest event
 time read (or a later time the reader passes), so firings in flight are not flagged.
 
+A job re-created (``upserted`` at r after its ``deleted`` at d) starts afresh, but never
+below what its old life decided, as the ledger re-creates it (its watermark is the
+greater of r and the deleted stub's, which stays at the newest firing after d of the
+old life that was not withdrawn): its first interval starts at max(r, K), K the newest
+scheduled time after d of the firings its schedule recorded before the re-creation (a
+run of trigger ``schedule``, any record: due, waiting, skipped, ...) whose latest event
+then is not a confirmed withdrawal (``cancelled`` with exactly one of the withdrawal
+reasons, `WITHDRAWN`). The ledger decided those times once already (a run started
+before the deletion reached it, a firing skipped), and may have forgotten their runs
+since: it never decides them again under the new schedule. This is the one place the
+audit is conservative rather than exact: the ledger also leaves out a claimed run whose
+stop order its holder had not answered yet (its withdrawal pending), and caps K at the
+old watermark; neither is on the topics (a stop order leaves no run event, the
+watermark is the ledger's state), so K here may be later than the ledger's, and the
+audit then expects a subset of the firings the ledger makes after the re-creation
+(none it does not make).
+
 A schedule with ``max_runs`` stops once it made that many runs: a fire time t is not
 due (not expected, not counted as checked) when, at t, the runs the schedule made had
 reached the ``max_runs`` of the spec in force at t (the newest ``upserted`` before t).
@@ -56,7 +73,7 @@ from itertools import accumulate
 
 from connectors.audit.config import AuditConfig
 from connectors.audit.findings import Findings
-from connectors.audit.history import GIVEN_BACK, AuditedJob
+from connectors.audit.history import GIVEN_BACK, KEPT, AuditedJob
 from schemas.spec import DstPolicy, JobSpec, Schedule
 from streams.core.ids import iso_utc
 from streams.core.schedule import fires_between
@@ -77,7 +94,7 @@ def missing_firings(
         after_min[i] = best
     batch = Counter(at for _, at, _, _ in job.fires.values())
     checked = excused = 0
-    intervals, registrations = _active_intervals(job.timeline, until)
+    intervals, registrations = _active_intervals(job.timeline, until, job.floors)
     lives: dict[int, _Life | None] = {}
     for start, end, schedule, dst, registration in intervals:
         if registration not in lives:
@@ -189,12 +206,32 @@ def _due_ranges(start: int, end: int, life: _Life | None) -> Iterator[tuple[int,
         yield opened, end
 
 
+def re_created(job: AuditedJob, index: int, at: int) -> None:
+    """The job, deleted, is re-created at `at` by its timeline's event `index`: the
+    new life starts firing above the newest firing after the deletion that stayed
+    decided (see the module), noted in `AuditedJob.floors` when later than `at`."""
+    assert job.deleted_ms is not None
+    decided = job.decided
+    # The entries after the deletion, newest first: the first one kept is K.
+    low = bisect.bisect_right(decided, 2 * job.deleted_ms + 1)
+    for i in range(len(decided) - 1, low - 1, -1):
+        if decided[i] & 1 == KEPT:
+            if decided[i] >> 1 > at:
+                job.floors[index] = decided[i] >> 1
+            break
+    job.deleted_ms = None
+
+
 def _active_intervals(
-    timeline: list[tuple[str, int, JobSpec | None]], until: int
+    timeline: list[tuple[str, int, JobSpec | None]],
+    until: int,
+    floors: dict[int, int] | None = None,
 ) -> tuple[list[tuple[int, int, Schedule, DstPolicy, int]], list[int]]:
     """(after_ms exclusive, until_ms inclusive, schedule, dst, registration) in which the
     job fires, `registration` the timeline index of the registration of its life; and
-    those indexes (each registration or re-creation after a deletion)."""
+    those indexes (each registration or re-creation after a deletion). `floors`: per
+    re-creation (timeline index), the time its first interval starts at when later
+    than the event's own (`re_created`)."""
     out: list[tuple[int, int, Schedule, DstPolicy, int]] = []
     registrations: list[int] = []
     spec: JobSpec | None = None
@@ -209,7 +246,7 @@ def _active_intervals(
         if kind == "upserted" and new is not None:
             if not registered or deleted:
                 registered, paused, deleted = True, False, False
-                spec, start = new, at
+                spec, start = new, max(at, floors.get(index, at)) if floors else at
                 registrations.append(index)
             else:
                 assert spec is not None

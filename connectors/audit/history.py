@@ -6,10 +6,12 @@ started, who held and who ran each attempt: one shared worker id string and a bi
 the common case) and a flag (the policy its firing was decided under); per job its
 timeline (and a position per job event), its firings, 16 bytes per final event of a
 non-manual run (the outcomes it notifies), 8 bytes per event that counts for
-``max_runs`` (a run its schedule made, a firing revived or withdrawn) and, for a
-``forbid`` job, 24 bytes per start of a run; entries only for runs started more than
-once or whose claims ended without a start. Reports are judged as they come and not kept
-(but the findings' keys, to report each execution once, up to 100,000).
+``max_runs`` (a run its schedule made, a firing revived or withdrawn), 8 bytes per
+firing its schedule recorded (a run, or a skip: what a re-creation's watermark reads),
+one dict entry per re-creation above its time and, for a ``forbid`` job, 24 bytes per
+start of a run; entries only for runs started more than once or whose claims ended
+without a start. Reports are judged as they come and not kept (but the findings' keys,
+to report each execution once, up to 100,000).
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ ATTEMPT_MASK: Final = DECIDED_UNDER_ALLOW - 1
 # `AuditedJob.counted`: 2 * scheduled_ms + one of these.
 COUNTED: Final = 0
 GIVEN_BACK: Final = 1
+
+
+# `AuditedJob.decided`: 2 * scheduled_ms + one of these.
+KEPT: Final = 0
+WITHDRAWN_AHEAD: Final = 1
 
 
 # A run's grants: None (no claim yet); one worker id (every claim of the run went to
@@ -110,6 +117,16 @@ class AuditedJob:
     # Per job event (index-aligned with `timeline`): len(counted) when it came, so each
     # life of the job (from a registration on) knows its own counted events.
     marks: list[int] = field(default_factory=list)
+    # The firings its schedule recorded (runs of trigger ``schedule``, any record: due,
+    # waiting, skipped, ...), one per scheduled time, sorted: 2 * scheduled_ms +
+    # WITHDRAWN_AHEAD while the run's latest event is a confirmed withdrawal, else + KEPT.
+    decided: array[int] = field(default_factory=lambda: array("q"))
+    # The time of the deletion in force (None while the job is not deleted), and per
+    # re-creation (timeline index) the newest firing of the old life that stayed decided
+    # when it is above the re-creation's time: where the new life starts firing
+    # (connectors/audit/firings.py).
+    deleted_ms: int | None = None
+    floors: dict[int, int] = field(default_factory=dict)
     # (scheduled_ms, at_ms) of every final transition of a non-manual run, at_ms negated
     # minus one when not succeeded: the outcomes it notifies to its dependents.
     finals: array[int] = field(default_factory=lambda: array("q"))

@@ -2,7 +2,8 @@
 ``double_claim`` / ``double_start``, and a firing of a ``forbid`` or ``replace`` job
 created beside a live run (``overlapping_attempts``); and what the other checks read of
 them, kept in the `History` (grants, later starts, claims ended, finals, lateness, the
-events that count for ``max_runs``, the policy each firing was decided under).
+events that count for ``max_runs``, the policy each firing was decided under, the
+firings its schedule recorded and whether each stands withdrawn).
 
 What counts for ``max_runs`` (`AuditedJob.counted`, read by
 `connectors/audit/firings.py`), as the ledger counts `JobState.schedule_runs`: a run its
@@ -23,6 +24,7 @@ dispatched again.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Final
 
 from connectors.audit.config import AuditConfig
@@ -33,7 +35,9 @@ from connectors.audit.history import (
     COUNTED,
     DECIDED_UNDER_ALLOW,
     GIVEN_BACK,
+    KEPT,
     MAX_TRACKED,
+    WITHDRAWN_AHEAD,
     AuditedJob,
     AuditedRun,
     History,
@@ -153,13 +157,12 @@ class RunEvents:
             if e.trigger == "schedule":
                 if state == "cancelled" and e.reason in WITHDRAWN:
                     _count(job, e, GIVEN_BACK)
-                elif (
-                    run.state == "cancelled"
-                    and state in _NEW_ATTEMPT_INTO
-                    and e.reason.startswith(_REVIVED)
-                ):
-                    _count(job, e, COUNTED)
-                    run.forbid = job.forbid  # decided again, under the policy now
+                    _decided(job, e.scheduled_ms, WITHDRAWN_AHEAD)
+                elif run.state == "cancelled":
+                    if state in _NEW_ATTEMPT_INTO and e.reason.startswith(_REVIVED):
+                        _count(job, e, COUNTED)
+                        run.forbid = job.forbid  # decided again, under the policy now
+                    _decided(job, e.scheduled_ms, KEPT)  # withdrawn no more, if it was
             if run.state in FINAL_STATES:
                 if state not in FINAL_STATES:
                     job.live += 1
@@ -181,6 +184,9 @@ class RunEvents:
             other = job.fires.get(e.scheduled_ms)
             if other is None:
                 job.fires[e.scheduled_ms] = (e.run_id, e.at_ms, partition, offset)
+                if e.trigger == "schedule":
+                    ahead = e.state == "cancelled" and e.reason in WITHDRAWN
+                    _decided(job, e.scheduled_ms, WITHDRAWN_AHEAD if ahead else KEPT, new=True)
             elif other[0] != e.run_id:
                 self._violate(
                     "duplicate_run",
@@ -275,3 +281,20 @@ def _count(job: AuditedJob, e: RunEvent, code: int) -> None:
     no schedule has (beyond 2**62 ms either way) is not kept."""
     if -_HUGE <= e.scheduled_ms < _HUGE:
         job.counted.append(2 * e.scheduled_ms + code)
+
+
+def _decided(job: AuditedJob, t: int, code: int, new: bool = False) -> None:
+    """A firing its schedule recorded at `t` (`new`: its first record, kept in time
+    order), or its run's withdrawal confirmed (WITHDRAWN_AHEAD) or ended (KEPT), in
+    `AuditedJob.decided` (see there); a time no schedule has is not kept."""
+    if not -_HUGE <= t < _HUGE:
+        return
+    decided = job.decided
+    if new and (not decided or decided[-1] >> 1 < t):  # the common case: the newest
+        decided.append(2 * t + code)
+        return
+    i = bisect_left(decided, 2 * t)
+    if i < len(decided) and decided[i] >> 1 == t:
+        decided[i] = 2 * t + code
+    elif new:
+        decided.insert(i, 2 * t + code)

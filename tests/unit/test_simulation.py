@@ -141,6 +141,11 @@ class Sim:
         self.kinds: set[str] = set()
         self.resumes: set[str] = set()
         self.replies_seen = 0
+        # Attempts whose holder never reads a stop order in time: it starts them anyway.
+        self.deaf: set[tuple[str, int]] = set()
+        # The scheduler's lead for `allow` jobs: runs decided and claimed this far ahead
+        # (just under the ledger's max_lead_ms), the window a change can hit them in.
+        self.lead = self.rng.choice([1000, 1900])
         # (job, upstream, scheduled_ms) -> when a success notice was first delivered
         self.successes: dict[tuple[str, str, int], int] = {}
         self.started_at: dict[tuple[str, int], int] = {}  # (run, attempt) -> its start
@@ -243,9 +248,12 @@ class Sim:
 
     def worst_moment(self) -> bool:
         """A change at the worst moment for a run decided ahead, if some job has one:
-        its upstreams changed (`regate`), or, while it is claimed ahead of its time, the
-        job paused (the stop order races the holder's start) or, its withdrawal pending
-        already, its schedule changed too."""
+        while it is claimed ahead of its time, the job paused (the stop order races the
+        holder's start) or, its withdrawal pending already, its schedule changed too;
+        its upstreams changed (`regate`); quick changes closing a cycle; a switch to
+        `forbid` while runs are live."""
+        if self.rng.random() < 0.5 and self.withdraw_claimed():
+            return True
         actions = [self.regate, self.withdraw_claimed, self.close_cycle, self.forbid_live]
         self.rng.shuffle(actions)
         return any(action() for action in actions)
@@ -308,7 +316,15 @@ class Sim:
                     claimed.append((job_id, run))
         if not claimed:
             return False
-        job_id, run = rng.choice(claimed)
+        # Worst of all: the run claimed is the last one max_runs allows.
+        last = [
+            (job_id, run)
+            for job_id, run in claimed
+            if self.world.jobs[job_id].spec.max_runs == self.world.jobs[job_id].schedule_runs
+        ]
+        job_id, run = rng.choice(last if last and rng.random() < 0.7 else claimed)
+        if rng.random() < 0.5:  # its stop order loses the race (as after a failover)
+            self.deaf.add((run.run_id, run.attempt))
         if run.cancelling or self.world.jobs[job_id].paused:
             spec, _ = simspecs.mutate(rng, self.specs[job_id], self.now, [], "schedule")
             self.upsert(spec, self.now)
@@ -536,7 +552,7 @@ class Sim:
     def scheduler(self, view: World, proposer: str) -> None:
         at = self.stamp(proposer)
         for job in view.jobs.values():
-            lead = 1000 if job.spec.concurrency == "allow" else 0
+            lead = self.lead if job.spec.concurrency == "allow" else 0
             if job.next_due_ms is not None and job.next_due_ms <= self.now + lead:
                 self.send(FireProposed(job.spec.job_id, job.next_due_ms, at, proposer))
         for run in view.runs.values():
@@ -648,6 +664,8 @@ class Sim:
         for reply in self.world.replies[self.replies_seen :]:
             if not isinstance(reply, CancelOrder) or self.rng.random() < 0.3:
                 continue
+            if (reply.run_id, reply.attempt) in self.deaf:
+                continue
             for (run_id, attempt, _), h in self.workers.items():
                 if (run_id, attempt) != (reply.run_id, reply.attempt):
                     continue
@@ -702,6 +720,8 @@ class Sim:
         self.workers_act()
         if not calm:
             self.operate()
+            if self.rng.random() < 0.03:  # the narrow window of a run claimed ahead
+                self.withdraw_claimed()
         self.network()
         if not calm and self.rng.random() < 0.005:
             self.crash_and_replay()

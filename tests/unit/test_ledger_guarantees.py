@@ -6,6 +6,7 @@ withdrawal repeated, and a parameter declared after a run was made."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from schemas.records import (
     BackfillRequested,
@@ -174,7 +175,11 @@ def test_a_withdrawal_repeated_while_pending_gives_the_count_back_once() -> None
 # -- 5: a parameter declared after the run was made ---------------------------------------
 
 DAY = Param("day", "string")
-WITH_DAY = {"command": ("echo", "{day}"), "params": (DAY,), "params_in_command": True}
+WITH_DAY: dict[str, Any] = {
+    "command": ("echo", "{day}"),
+    "params": (DAY,),
+    "params_in_command": True,
+}
 
 
 def literal(w: World, run_id: str, since: int) -> bool:

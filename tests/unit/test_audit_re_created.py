@@ -36,11 +36,7 @@ from tests.unit.test_audit import (
     run_event,
     spec,
 )
-from tests.unit.test_audit_limits import missing_minutes
-
-
-def at(minute: float) -> int:
-    return T0 + int(minute * MIN)
+from tests.unit.test_audit_limits import at, missing_minutes
 
 
 def at_50(minute: int) -> int:

@@ -61,6 +61,15 @@ def execute(w: World, job_id: str, t: int, code: int, worker: str = "w1") -> Non
     w.apply(RunFinished(job_id, run.run_id, run.attempt, worker, code, "", at + 1), now=at + 1)
 
 
+def run_now(w: World, now: int) -> None:
+    """A run-now of j, run at once by w1 to its end."""
+    w.apply(RunNowRequested("j", "r1", now), now=now)
+    manual = manual_run_id("j", "r1")
+    w.apply(ClaimRequested("j", manual, 1, "w1", now), now=now)
+    w.apply(RunStarted("j", manual, 1, "w1", now), now=now)
+    w.apply(RunFinished("j", manual, 1, "w1", 0, "", now + 1), now=now + 1)
+
+
 def started(w: World, job_id: str) -> set[str]:
     """The runs of the job a worker started (executed), whatever became of them."""
     return {e.run_id for e in w.run_events() if e.job_id == job_id and e.state == "running"}
@@ -292,12 +301,7 @@ def test_a_one_off_moved_back_to_a_decided_time_is_not_run_again() -> None:
     execute(w, "j", T, 0)
     run_id = scheduled_run_id("j", T)
     w.apply(JobUpserted(spec("j", schedule=AtSchedule(T)), T + 30_000), now=T + 30_000)
-    now = T + 35_000
-    w.apply(RunNowRequested("j", "r1", now), now=now)
-    manual = manual_run_id("j", "r1")
-    w.apply(ClaimRequested("j", manual, 1, "w1", now), now=now)
-    w.apply(RunStarted("j", manual, 1, "w1", now), now=now)
-    w.apply(RunFinished("j", manual, 1, "w1", 0, "", now + 1), now=now + 1)
+    run_now(w, T + 35_000)  # its end forgets the oldest final run
     assert run_id not in w.runs  # forgotten
     fire(w, "j", T, T + 60_000)
     assert created(w, run_id) == 1
@@ -336,11 +340,6 @@ def test_a_withdrawal_its_holder_answered_by_starting_is_never_decided_again() -
     w.apply(JobPaused("j", T - 5_000), now=T - 5_000)
     w.apply(RunStarted("j", run_id, 1, "w1", T), now=T)
     assert w.runs[run_id].reason.endswith("(it had started)")
-    now = T + 10_000
-    w.apply(RunNowRequested("j", "r1", now), now=now)
-    manual = manual_run_id("j", "r1")
-    w.apply(ClaimRequested("j", manual, 1, "w1", now), now=now)
-    w.apply(RunStarted("j", manual, 1, "w1", now), now=now)
-    w.apply(RunFinished("j", manual, 1, "w1", 0, "", now + 1), now=now + 1)
+    run_now(w, T + 10_000)  # its end forgets the oldest final run
     w.apply(JobResumed("j", T + 2 * MINUTE, "all"), now=T + 2 * MINUTE)
     assert created(w, run_id) == 1

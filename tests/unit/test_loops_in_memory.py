@@ -133,6 +133,21 @@ def test_every_firing_once_through_schedulers_and_a_ledger_that_fail(
         assert len(due) >= 25  # the minute ran: ~29 firings each
 
 
+def _one_ledger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[ManualClock, MemoryLog, MemoryClients, Ledger]:
+    """An in-memory Kafka with the catalogue's topics and one ledger on it, open."""
+    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)  # real time, not the log's
+    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
+    clock = ManualClock()
+    log = MemoryLog(clock)
+    log.create_catalogue(SETTINGS)
+    clients = MemoryClients(log)
+    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
+    assert ledger.open()
+    return clock, log, clients, ledger
+
+
 class _Behind:
     """A machine whose wall clock is `offset_s` behind the broker's (same monotonic)."""
 
@@ -152,14 +167,7 @@ def test_a_scheduler_an_hour_behind_with_no_worker_proposes_on_time(
     """No heartbeat and nothing due by its own clock: the scheduler learns the broker's time
     from a clock probe of its own (its delivery report's stamp) and proposes every
     firing at its time; the ledger decides nothing for the probe."""
-    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
-    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
-    clock = ManualClock()
-    log = MemoryLog(clock)
-    log.create_catalogue(SETTINGS)
-    clients = MemoryClients(log)
-    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
-    assert ledger.open()
+    clock, log, clients, ledger = _one_ledger(monkeypatch)
     scheduler = Scheduler(SETTINGS, "behind", clients=clients, clock=_Behind(clock, 3600.0))
     scheduler.open()
     spec = JobSpec(job_id="j", owner="o", schedule=EverySchedule(EVERY_MS), command=("true",))
@@ -201,14 +209,7 @@ def test_an_upstream_removed_within_the_lead_frees_the_firing_on_the_real_loops(
     (the scheduler's lead); 3 s before T the owner drops the dependency. The real
     scheduler and ledger decide T again under no upstreams: the run is due at T, not
     left waiting for a day (issue 52)."""
-    monkeypatch.setattr(ledger_module, "TXN_WATCHDOG_S", 600.0)
-    monkeypatch.setattr(ledger_module, "OFFSETS_WATCHDOG_S", 600.0)
-    clock = ManualClock()
-    log = MemoryLog(clock)
-    log.create_catalogue(SETTINGS)
-    clients = MemoryClients(log)
-    ledger = Ledger(SETTINGS, LedgerConfig(), node_id="L", clients=clients, clock=clock)
-    assert ledger.open()
+    clock, log, clients, ledger = _one_ledger(monkeypatch)
     lead = SchedulerConfig(ProposalPolicy(lead_ms=int(TIMING.lead_s * 1000)))  # the default
     scheduler = Scheduler(SETTINGS, "s", lead, clients=clients, clock=clock)
     scheduler.open()

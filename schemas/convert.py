@@ -267,6 +267,7 @@ def job_state_rest_to_avro(s: JobState) -> AvroDict:
         "cycle": s.cycle,
         "probes": s.probes,
         "schedule_runs": s.schedule_runs,
+        "forgotten_ms": s.forgotten_ms,
         "upstream_outcomes": [
             {
                 "upstream": o.upstream,
@@ -307,6 +308,7 @@ def job_state_from_rest(spec: JobSpec, d: AvroDict) -> JobState:
         cycle=tuple(d["cycle"]),
         probes=tuple(d["probes"]),
         schedule_runs=d["schedule_runs"],
+        forgotten_ms=d["forgotten_ms"],
     )
 
 

@@ -334,6 +334,9 @@ class JobState:
     probes: tuple[str, ...] = ()
     # Runs its schedule made (the spec's max_runs counts them).
     schedule_runs: int = 0
+    # The newest scheduled time of a run forgotten (`keep_final_runs`): decided for
+    # good, so no change moves the watermark back below it (its run would be made again).
+    forgotten_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from connectors.audit.allowance import allowance_ms, not_final
 from connectors.audit.config import AuditConfig
 from connectors.audit.findings import KINDS, AuditReport, Findings, Violation, ViolationKind
-from connectors.audit.firings import missing_firings, re_created
+from connectors.audit.firings import missing_firings, re_created, rescheduled
 from connectors.audit.history import AuditedJob, History
 from connectors.audit.lateness import Lateness, lateness
 from connectors.audit.overlaps import index_starts
@@ -117,6 +117,11 @@ class Auditor:
             if event.kind == "upserted" and event.spec is not None:
                 if job.deleted_ms is not None:
                     re_created(job, len(job.timeline) - 1, event.at_ms)
+                elif job.spec is not None and (job.spec.schedule, job.spec.dst) != (
+                    event.spec.schedule,
+                    event.spec.dst,
+                ):
+                    rescheduled(job, len(job.timeline) - 1, event.at_ms)
                 job.spec = event.spec
                 job.forbid = event.spec.concurrency == "forbid"
             elif event.kind == "deleted" and job.spec is not None and job.deleted_ms is None:

@@ -211,15 +211,27 @@ def re_created(job: AuditedJob, index: int, at: int) -> None:
     new life starts firing above the newest firing after the deletion that stayed
     decided (see the module), noted in `AuditedJob.floors` when later than `at`."""
     assert job.deleted_ms is not None
+    _floor(job, index, at, job.deleted_ms)
+    job.deleted_ms = None
+
+
+def rescheduled(job: AuditedJob, index: int, at: int) -> None:
+    """The job's schedule changes at `at` (its timeline's event `index`): the new one
+    fires from `at`, but the audit expects it only above the newest firing after `at`
+    that stayed decided (see the module: the ledger never decides a forgotten firing
+    again, and which were forgotten is not on the topics)."""
+    _floor(job, index, at, at)
+
+
+def _floor(job: AuditedJob, index: int, at: int, after: int) -> None:
     decided = job.decided
-    # The entries after the deletion, newest first: the first one kept is K.
-    low = bisect.bisect_right(decided, 2 * job.deleted_ms + 1)
+    # The entries after `after`, newest first: the first one kept is K.
+    low = bisect.bisect_right(decided, 2 * after + 1)
     for i in range(len(decided) - 1, low - 1, -1):
         if decided[i] & 1 == KEPT:
             if decided[i] >> 1 > at:
                 job.floors[index] = decided[i] >> 1
             break
-    job.deleted_ms = None
 
 
 def _active_intervals(
@@ -230,8 +242,8 @@ def _active_intervals(
     """(after_ms exclusive, until_ms inclusive, schedule, dst, registration) in which the
     job fires, `registration` the timeline index of the registration of its life; and
     those indexes (each registration or re-creation after a deletion). `floors`: per
-    re-creation (timeline index), the time its first interval starts at when later
-    than the event's own (`re_created`)."""
+    re-creation or schedule change (timeline index), the time its interval starts at
+    when later than the event's own (`re_created`, `rescheduled`)."""
     out: list[tuple[int, int, Schedule, DstPolicy, int]] = []
     registrations: list[int] = []
     spec: JobSpec | None = None
@@ -252,7 +264,7 @@ def _active_intervals(
                 assert spec is not None
                 if (new.schedule, new.dst) != (spec.schedule, spec.dst) and not paused:
                     close(at)
-                    start = at
+                    start = max(at, floors.get(index, at)) if floors else at
                 spec = new
         elif not registered or deleted:
             continue

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from connectors.audit.config import AuditConfig
 from schemas.records import ClaimRequested, JobPaused, RunEvent, RunFinished, RunStarted
 from schemas.spec import EverySchedule, JobSpec, RetryPolicy
@@ -104,9 +102,6 @@ def test_a_step_with_an_upstream_of_another_owner_skips_only_its_own_owners_fail
     ]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the ledger fix is in streams/core/ledger/firing.py (respec), pending"
-)
 def test_a_change_of_a_step_keeps_the_wait_of_its_open_period() -> None:
     """s on a1 and a2 (silent), with a 15-minute dependency wait: a1's success at 10
     waits for a2, and a1's failure at 20 waits behind it. A change of s (its retry) must
@@ -141,9 +136,6 @@ def test_a_change_of_a_step_keeps_the_wait_of_its_open_period() -> None:
     assert report.clean, report.violations[:3]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the ledger fix is in streams/core/ledger/firing.py (respec), pending"
-)
 def test_a_switch_of_a_step_to_forbid_keeps_its_periods() -> None:
     """s on a: a switch of s to `replace` while a's run for 10 is running does not move
     the step's watermark past 10 (a step has no firings created ahead to withdraw), so

@@ -23,7 +23,7 @@ from schemas.records import (
     RunReleased,
     RunStarted,
 )
-from schemas.spec import AtSchedule, EverySchedule, JobSpec, Param
+from schemas.spec import AtSchedule, EverySchedule, Exclusion, JobSpec, Param
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.ledger import WITHDRAWN_BY_CHANGE, LedgerConfig
 from streams.core.params import ENV_NAME
@@ -343,3 +343,21 @@ def test_a_withdrawal_its_holder_answered_by_starting_is_never_decided_again() -
     run_now(w, T + 10_000)  # its end forgets the oldest final run
     w.apply(JobResumed("j", T + 2 * MINUTE, "all"), now=T + 2 * MINUTE)
     assert created(w, run_id) == 1
+
+
+def test_a_late_change_never_decides_again_a_firing_whose_run_was_forgotten() -> None:
+    """T is decided (skipped by a calendar), then later firings push its run out of the
+    final runs kept (four); a change effective before T, arriving late, must not move the
+    watermark back below T: its run would be made a second time (simulation seed 6267)."""
+    w = World(config=LedgerConfig(keep_final_runs=4))
+    day = Exclusion("freeze", "2027-01-15", "2027-01-15")  # T's day, in UTC
+    w.apply(JobUpserted(spec("j", exclude=(day,)), T - 30_000), now=T - 30_000)
+    for k in range(6):
+        fire(w, "j", T + k * MINUTE, T + k * MINUTE)
+    run_id = scheduled_run_id("j", T)
+    assert run_id not in w.runs  # forgotten: five final runs since
+    late = T + 5 * MINUTE + 1_000
+    w.apply(JobUpserted(spec("j", 2 * MINUTE, exclude=(day,)), T - 5_000), now=late)
+    fire(w, "j", T, late)
+    assert created(w, run_id) == 1
+    assert w.jobs["j"].forgotten_ms >= T

@@ -62,7 +62,13 @@ class Firing(Kernel):
         retimed = spec.schedule != old.schedule or spec.dst != old.dst
         # Runs created ahead under `allow` were never judged by `forbid`/`replace`: a
         # switch to either withdraws them all, to be decided again at their time.
-        exclusive = spec.concurrency != "allow" and spec.concurrency != old.concurrency
+        # (A step has none: it decides each period when its upstreams report it, and
+        # its watermark must stay, or the periods not yet reported are lost.)
+        exclusive = (
+            spec.concurrency != "allow"
+            and spec.concurrency != old.concurrency
+            and (spec.schedule is not None or old.schedule is not None)
+        )
         # Runs created ahead were gated by the upstreams of their decision: a change of
         # `depends_on` withdraws them too, to be gated at their time by the new ones (a
         # step, without a schedule, decides its periods as its upstreams report them).
@@ -82,7 +88,9 @@ class Firing(Kernel):
             )
         retimed = retimed or exclusive or regated
         job = self.job
-        fired = at if retimed else job.fired_ms
+        # The new schedule fires from `at`, never below a firing whose run was forgotten
+        # (decided for good: deciding it again would make its run twice).
+        fired = max(at, job.forgotten_ms) if retimed else job.fired_ms
         once = spec.schedule.at_ms - 1 if isinstance(spec.schedule, AtSchedule) else None
         if retimed and once is not None and once < at and self._undecided(once + 1, old, at):
             # A one-off moved to a time already past: proposed at once, as when registered
@@ -112,6 +120,14 @@ class Firing(Kernel):
         self._job_event("upserted", at, spec)
         if spec.depends_on != old.depends_on:
             self._regate()
+        self._step_due()
+
+    def _step_due(self) -> None:
+        """A step is due at the end of its first open period's wait, not by a schedule:
+        decided again by the upstreams now in effect (after a change or a resume)."""
+        spec = self.job.spec
+        if spec.schedule is None and spec.depends_on and not self.job.paused:
+            self._dag_steps()
 
     def _regate(self) -> None:
         """The runs still waiting for earlier times, judged again by the upstreams now in
@@ -140,7 +156,7 @@ class Firing(Kernel):
             window = at - self.config.catchup_window_ms
             times = newest_fires(old.schedule, window, at, old.dst, 1)
             decided = times[-1] if times else window
-        return t > decided
+        return t > max(decided, self.job.forgotten_ms)
 
     def _decide_until(self, at: int) -> None:
         """Decide the schedule's firings up to `at` that no proposal has decided yet: a
@@ -199,6 +215,7 @@ class Firing(Kernel):
             # resume.
             fired = max(self.job.fired_ms, at)
             self.set_job(fired_ms=fired, next_due_ms=due_after(job.spec, fired))
+            self._step_due()
             kind = "resumed"
         else:
             self._decide_until(at)
@@ -245,7 +262,7 @@ class Firing(Kernel):
             and not withdrawn(run)
             and run.cancelling not in WITHDRAWN  # withdrawn once its holder answers
         ]
-        return min(self.job.fired_ms, max([at, *kept]))
+        return min(self.job.fired_ms, max([at, self.job.forgotten_ms, *kept]))
 
     def _compact_deleted(self, at: int) -> None:
         """A deleted job keeps a small stub, not a tombstone: its version (event ids stay
@@ -255,6 +272,7 @@ class Firing(Kernel):
         firings withdrawn ahead of their time, which a re-creation may revive."""
         fired = self._fired_back_to(at)  # before forgetting: it reads the final runs
         keep: list[str] = []
+        gone: list[str] = []
         for run_id in self.job.final_runs:
             run = self.run(run_id)
             if run is not None and run.trigger != "manual" and run.scheduled_ms > fired:
@@ -264,6 +282,8 @@ class Firing(Kernel):
             else:
                 self.forget.append(run_id)
                 self.runs.pop(run_id, None)
+                gone.append(run_id)
+        self._forgotten(gone)
         self.set_job(
             deleted=True,
             next_due_ms=None,
@@ -279,19 +299,20 @@ class Firing(Kernel):
             return self.reject("job is paused or deleted")
         if inp.scheduled_ms <= job.fired_ms:
             return self.reject("already decided")  # the common duplicate: no change
-        if spec.max_runs is not None and job.schedule_runs >= spec.max_runs:
-            if job.next_due_ms is not None:
-                self.set_job(next_due_ms=None)  # the schedule is done: nothing to propose
-            return self.reject(f"the schedule made its {spec.max_runs} runs (max_runs)")
         if inp.scheduled_ms - self.at > cfg.max_lead_ms:
             return self.reject("proposed too early")
         if spec.schedule is None:
-            # A step is proposed only when the wait of its first open period runs out.
+            # A step is proposed only when the wait of its first open period runs out
+            # (max_runs limits a schedule's firings, never a step's periods).
             if not spec.depends_on or inp.scheduled_ms != job.next_due_ms:
                 return self.reject("not a fire time of the step")
             if inp.scheduled_ms > self.at:
                 return self.reject("proposed before its time (its wait runs out at it)")
             return self._dag_steps()
+        if spec.max_runs is not None and job.schedule_runs >= spec.max_runs:
+            if job.next_due_ms is not None:
+                self.set_job(next_due_ms=None)  # the schedule is done: nothing to propose
+            return self.reject(f"the schedule made its {spec.max_runs} runs (max_runs)")
         if spec.concurrency != "allow" and inp.scheduled_ms > self.at:
             # forbid/replace look at the previous run at the firing's time, not before:
             # decided early, replace would cancel a run about to finish and forbid would

@@ -223,9 +223,20 @@ class Kernel:
             self.forget.extend(gone)
             for old in gone:
                 self.runs.pop(old, None)
+            self._forgotten(gone)
             dropped = set(gone)
             finals = tuple(r for r in finals if r not in dropped)
         self.set_job(live_runs=live, final_runs=finals)
+
+    def _forgotten(self, run_ids: list[str]) -> None:
+        """Runs forgotten: their times are decided for good (`JobState.forgotten_ms`)."""
+        times = [
+            parts.scheduled_ms
+            for parts in map(parse_run_id, run_ids)
+            if parts is not None and parts.scheduled_ms is not None
+        ]
+        if times and max(times) > self.job.forgotten_ms:
+            self.set_job(forgotten_ms=max(times))
 
     def _create(
         self,

@@ -13,7 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from connectors.audit.config import AuditConfig
-from schemas.records import ClaimRequested, JobPaused, RunEvent, RunFinished, RunStarted
+from schemas.records import (
+    ClaimRequested,
+    JobPaused,
+    RunEvent,
+    RunFinished,
+    RunStarted,
+)
 from schemas.spec import EverySchedule, JobSpec, RetryPolicy
 from tests.unit.test_audit import MIN, T0, Ledger, check_all, rid, spec
 
@@ -159,4 +165,29 @@ def test_a_switch_of_a_step_to_forbid_keeps_its_periods() -> None:
         states.setdefault(e.scheduled_ms, e.state)  # its first record
     assert states == {t: "skipped", t + EVERY: "due"}
     report = check_all(led.events(), led.reports, now_ms=T0 + 58 * MIN)
+    assert report.clean, report.violations[:3]
+
+
+def test_max_runs_never_holds_a_steps_periods_open() -> None:
+    """A step with max_runs 1 whose one run is made: its end-of-wait proposal is still
+    taken (max_runs limits a schedule's firings, never a step's periods), so a period an
+    upstream never reports is skipped when the wait runs out, and `next_due_ms` is not
+    cleared by the limit."""
+    wait = 15 * MIN
+    led = Ledger()
+    led.w.config = replace(led.w.config, dependency_wait_ms=wait)
+    config = AuditConfig(dependency_wait_ms=wait)
+    led.register(upstream("a1"), T0)
+    led.register(upstream("a2"), T0)
+    led.register(spec("s", schedule=None, depends_on=("a1", "a2"), max_runs=1), T0 + 1)
+    led.w.jobs["s"] = replace(led.w.jobs["s"], schedule_runs=1)  # its one run was made
+    led.w.apply(JobPaused("a2", T0 + 2))
+    _run(led, "a1", 1, ok=True)
+    led.w.apply(JobPaused("a1", T0 + 11 * MIN))
+    due = led.w.jobs["s"].next_due_ms
+    assert due == T0 + EVERY + wait + 1
+    led.fire("s", due, at=due)
+    records = {e.scheduled_ms: e.reason for e in _step_records(led) if e.state == "skipped"}
+    assert records == {T0 + EVERY: "upstream a2 did not finish in time"}
+    report = check_all(led.events(), led.reports, config, now_ms=T0 + 60 * MIN)
     assert report.clean, report.violations[:3]

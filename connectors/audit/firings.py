@@ -10,22 +10,17 @@ and starts one of the new schedule there (a schedule change is never retroactive
 last interval ends at ``now - safety_margin`` (120 s), where ``now`` is the newest event
 time read (or a later time the reader passes), so firings in flight are not flagged.
 
-A job re-created (``upserted`` at r after its ``deleted`` at d) starts afresh, but never
-below what its old life decided, as the ledger re-creates it (its watermark is the
-greater of r and the deleted stub's, which stays at the newest firing after d of the
-old life that was not withdrawn): its first interval starts at max(r, K), K the newest
-scheduled time after d of the firings its schedule recorded before the re-creation (a
-run of trigger ``schedule``, any record: due, waiting, skipped, ...) whose latest event
-then is not a confirmed withdrawal (``cancelled`` with exactly one of the withdrawal
-reasons, `WITHDRAWN`). The ledger decided those times once already (a run started
-before the deletion reached it, a firing skipped), and may have forgotten their runs
-since: it never decides them again under the new schedule. This is the one place the
-audit is conservative rather than exact: the ledger also leaves out a claimed run whose
-stop order its holder had not answered yet (its withdrawal pending), and caps K at the
-old watermark; neither is on the topics (a stop order leaves no run event, the
-watermark is the ledger's state), so K here may be later than the ledger's, and the
-audit then expects a subset of the firings the ledger makes after the re-creation
-(none it does not make).
+A job re-created (``upserted`` at r after its ``deleted`` at d), or whose schedule
+changes at c, fires from r (or c) in the ledger, but never at or below a firing whose
+run it forgot (`JobState.forgotten_ms`: deciding it again would make its run twice;
+the ledger's state, not on the topics). So its interval here starts at max(r, K) (or
+max(c, K)), K the newest scheduled time after d (or c) of the firings its schedule
+recorded before the event (a run of trigger ``schedule``, any record: due, waiting,
+skipped, ...) whose latest event then is not a confirmed withdrawal (``cancelled`` with
+exactly one of the withdrawal reasons, `WITHDRAWN`): every forgotten firing is among
+those, so K is at least the ledger's floor. This is the one place the audit is
+conservative rather than exact: it expects a subset of the firings the ledger makes
+there (none it does not make).
 
 A schedule with ``max_runs`` stops once it made that many runs: a fire time t is not
 due (not expected, not counted as checked) when, at t, the runs the schedule made had

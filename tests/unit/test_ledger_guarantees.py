@@ -361,3 +361,21 @@ def test_a_late_change_never_decides_again_a_firing_whose_run_was_forgotten() ->
     fire(w, "j", T, late)
     assert created(w, run_id) == 1
     assert w.jobs["j"].forgotten_ms >= T
+
+
+def test_a_re_created_job_fires_its_own_times_after_an_old_firing_decided_ahead() -> None:
+    """Every 2 s, 184 s decided ahead (skipped by a calendar); deleted and re-created at
+    182.2 s every 3 s: the new life's 183 s is due (the old life's decision for a later
+    time does not swallow it), and 184 s keeps its one record (simulation seed 11936)."""
+    day = Exclusion("freeze", "2027-01-15", "2027-01-15")
+    w = World(config=LedgerConfig(keep_final_runs=4))
+    base = T0 + 170_000
+    w.apply(JobUpserted(spec("j", 2_000, exclude=(day,)), base), now=base)
+    for t in range(base + 2_000, base + 16_000, 2_000):
+        fire(w, "j", t, t - 1_800)  # each decided ahead of its time: skipped
+    gone = base + 12_188
+    w.apply(JobDeleted("j", gone), now=gone)
+    w.apply(JobUpserted(spec("j", 3_000), gone), now=gone)
+    fire(w, "j", base + 13_000, base + 13_000)
+    assert w.runs[scheduled_run_id("j", base + 13_000)].state == "due"
+    assert created(w, scheduled_run_id("j", base + 14_000)) == 1

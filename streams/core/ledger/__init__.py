@@ -189,9 +189,10 @@ def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Deci
     """A new job, or one re-created after its deletion, registered at `at`."""
     spec = inp.spec
     notices = dependency_links(spec.job_id, spec.owner, (), spec.depends_on, at)
-    # Only times after registration are due (a re-created job starts afresh, but never
-    # below the old watermark: those times were decided once already)...
-    old_fired = None if job is None else job.fired_ms
+    # Only times after registration are due (a re-created job too, but never at or
+    # below a firing of the old life whose run was forgotten: the stub keeps every other
+    # run after its deletion, so a time the new life shares with the old finds its run)...
+    old_fired = None if job is None else job.forgotten_ms
     fired = at if old_fired is None else max(old_fired, at)
     if isinstance(spec.schedule, AtSchedule) and spec.schedule.at_ms <= at:
         # ...except a one-off whose time passed before it was registered (a command sent

@@ -275,9 +275,9 @@ class Firing(Kernel):
         gone: list[str] = []
         for run_id in self.job.final_runs:
             run = self.run(run_id)
-            if run is not None and run.trigger != "manual" and run.scheduled_ms > fired:
-                # Above the watermark a re-creation decides its time again: it revives
-                # a withdrawn firing, and finds any other run the one run of it.
+            if run is not None and run.trigger != "manual" and run.scheduled_ms > at:
+                # A re-creation fires from its own time, after the deletion's: it revives
+                # a withdrawn firing, and finds any other run the one run of its time.
                 keep.append(run_id)
             else:
                 self.forget.append(run_id)

@@ -379,3 +379,20 @@ def test_a_re_created_job_fires_its_own_times_after_an_old_firing_decided_ahead(
     fire(w, "j", base + 13_000, base + 13_000)
     assert w.runs[scheduled_run_id("j", base + 13_000)].state == "due"
     assert created(w, scheduled_run_id("j", base + 14_000)) == 1
+
+
+def test_a_past_one_off_re_created_twice_runs_once() -> None:
+    """A one-off runs; deleted (its run forgotten) and re-created twice: the firing whose
+    run was forgotten is never decided again (its floor survives every re-creation:
+    loop seed 20 of the simulation)."""
+    once = T0 + 4_513
+    w = World()
+    w.apply(JobUpserted(spec("j", schedule=AtSchedule(once)), T0), now=T0)
+    fire(w, "j", once, once)
+    execute(w, "j", once, 0)
+    run_id = scheduled_run_id("j", once)
+    for k in (1, 2):
+        w.apply(JobDeleted("j", once + k * MINUTE), now=once + k * MINUTE)
+        w.apply(JobUpserted(spec("j", schedule=AtSchedule(once)), once + k * MINUTE + 1))
+        fire(w, "j", once, once + k * MINUTE + 2)
+    assert created(w, run_id) == 1

@@ -230,6 +230,7 @@ def _register(job: JobState | None, inp: JobUpserted, now: int, at: int) -> Deci
         # The probes it started or passed: a probe's id is never given twice, deleted
         # or not (streams/core/ledger/dependencies.py).
         probes=() if job is None else job.probes,
+        forgotten_ms=0 if job is None else job.forgotten_ms,
     )
     event = JobEvent(f"{spec.job_id}#job#{new.version}", spec.job_id, "upserted", at, spec)
     return Decision(job=new, events=(event,), notices=notices)

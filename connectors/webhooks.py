@@ -10,10 +10,14 @@ the certificate against the URL's host name.
 
 Refused unless allowed: loopback, link-local, private (RFC 1918, unique local),
 shared (100.64/10), multicast, unspecified, reserved and documentation ranges: every
-address that is not globally routable (`ipaddress`'s `is_global`), IPv4-mapped IPv6
-judged as its IPv4 address. The operator's allow-list (`cronlog notifier
---allow-destination`, CRONLOG_NOTIFY_ALLOW) names networks (`10.20.0.0/16`) or host
-names (`hooks.internal`) that may be reached anyway.
+address that is not globally routable (`ipaddress`'s `is_global`). An IPv6 address that
+embeds an IPv4 address is judged by it too, since a host, NAT64 gateway or relay on the
+way may deliver it there: IPv4-mapped `::ffff:a.b.c.d` and IPv4-compatible `::a.b.c.d`
+(judged as the IPv4 address alone), NAT64 `64:ff9b::/96`, 6to4 `2002::/16` and Teredo
+`2001::/32` (its server and its client, un-XOR-ed) must be public in both forms; the
+local-use NAT64 prefix `64:ff9b:1::/48` (RFC 8215) is never public. The operator's
+allow-list (`cronlog notifier --allow-destination`, CRONLOG_NOTIFY_ALLOW) names
+networks (`10.20.0.0/16`) or host names (`hooks.internal`) that may be reached anyway.
 """
 
 from __future__ import annotations
@@ -67,13 +71,26 @@ class Destinations:
         if host.lower().rstrip(".") in self.hosts:
             return ""
         ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
+        for one in judged_addresses(ip):
+            why = self._why_not(one)
+            if why:
+                embeds = "" if one == ip else f" (embeds {one})"
+                return (
+                    f"{host} resolves to {ip}{embeds} ({why}): webhooks may reach public "
+                    "addresses only unless the operator allows more "
+                    "(cronlog notifier --allow-destination)"
+                )
+        return ""
+
+    def _why_not(self, ip: Address) -> str:
+        """Why `ip` alone may not be reached ('' if it may)."""
         if any(ip in network for network in self.networks):
             return ""
+        if ip in LOCAL_NAT64:
+            return "local-use NAT64"
         if ip.is_global and not ip.is_multicast:
             return ""
-        kind = next(
+        return next(
             (
                 name
                 for name, flag in (
@@ -87,10 +104,32 @@ class Destinations:
             ),
             "not globally routable",
         )
-        return (
-            f"{host} resolves to {ip} ({kind}): webhooks may reach public addresses only "
-            "unless the operator allows more (cronlog notifier --allow-destination)"
-        )
+
+
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: local use, never public
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated ::a.b.c.d (:: and ::1 too)
+
+
+def judged_addresses(ip: Address) -> tuple[Address, ...]:
+    """The addresses a connection to `ip` may reach, each judged: `ip` and the IPv4
+    addresses it embeds. Mapped and compatible forms are only their IPv4 address (the
+    host's stack delivers them over IPv4); NAT64, 6to4 and Teredo both forms."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return (ip,)
+    if ip.ipv4_mapped is not None:
+        return (ip.ipv4_mapped,)
+    last32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip in IPV4_COMPATIBLE:
+        return (last32,)
+    if ip in NAT64:
+        return (ip, last32)
+    if ip.sixtofour is not None:
+        return (ip, ip.sixtofour)
+    if ip.teredo is not None:
+        server, client = ip.teredo
+        return (ip, server, client)
+    return (ip,)
 
 
 def system_resolver(host: str, port: int) -> list[str]:

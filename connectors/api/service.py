@@ -44,7 +44,7 @@ from streams.core.commands import (
 )
 from streams.core.dag import cycle_through
 from streams.core.ids import iso_utc, manual_run_id, parse_run_id
-from streams.core.params import ParamError, ParamValues, required, resolve
+from streams.core.params import ParamError, ParamValues, required, resolve, written
 from streams.core.schedule import fire_window
 from streams.kafka import producer_config
 from streams.settings import Settings
@@ -122,7 +122,19 @@ def _validated(doc: dict[str, Any]) -> Command:
 def _upsert_command(doc: dict[str, Any]) -> UpsertJob:
     command = _validated(doc)
     assert isinstance(command, UpsertJob)  # the caller set type job.upsert
+    _check_defaults(command.spec)
     return command
+
+
+def _check_defaults(spec: JobSpec) -> None:
+    """422 for a job whose defaults already make its command too large as dispatched
+    (`written`: every run of its schedule would fail). A parameter without a default is
+    left as written: the run-now that gives it is checked with it."""
+    defaults = tuple((p.name, p.default) for p in spec.params if p.default is not None)
+    try:
+        written(spec, defaults)
+    except ParamError as exc:
+        raise ServiceError(422, f"{exc}, with the defaults", exc.field) from None
 
 
 def patched_document(stored: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -144,10 +156,19 @@ def patched_document(stored: dict[str, Any], patch: dict[str, Any]) -> dict[str,
     return merged
 
 
-def _check_values(row: dict[str, Any], values: ParamValues) -> None:
-    """422 for values the job's declaration refuses (the ledger would dead-letter them)."""
+def _check_values(row: dict[str, Any], given: ParamValues) -> None:
+    """422 for values the job's declaration refuses, or that make the command too large
+    as dispatched, with the defaults (`written`): the ledger would dead-letter them.
+    Without values, a parameter without a default is the ledger's to refuse or skip."""
+    spec = from_plain(row["spec"], JobSpec)
     try:
-        resolve(from_plain(row["spec"], JobSpec).params, values)
+        values = resolve(spec.params, given)
+    except ParamError as exc:
+        if not given:
+            return
+        raise ServiceError(422, str(exc), exc.field) from None
+    try:
+        written(spec, values)
     except ParamError as exc:
         raise ServiceError(422, str(exc), exc.field) from None
 
@@ -449,7 +470,7 @@ class Service:
         if kind in ("run_now", "backfill"):
             doc.setdefault("request_id", uuid.uuid4().hex)
         command = _validated(doc)
-        if isinstance(command, RunNow | Backfill) and command.params:
+        if isinstance(command, RunNow | Backfill):
             _check_values(row, command.params)
         body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
         if isinstance(command, Backfill):

@@ -9,6 +9,11 @@ argv (`{{` and `}}` stand for a brace).
 
 Values travel as canonical JSON texts (`10`, `"2026-12-01"`, `true`), so a value's type
 survives every topic and table unchanged.
+
+Every limit is checked on what will be written (`written`): the argv after substitution
+and the environment with the values, not the command as registered. Twenty kilobytes of
+`{v}` and one kilobyte value are a 64 KiB command once substituted, and a dispatch
+request of megabytes, which no topic takes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any, get_args
 
 import orjson
 
-from schemas.spec import Param, ParamType
+from schemas.spec import JobSpec, Param, ParamType
 
 ParamValues = tuple[tuple[str, str], ...]  # sorted (name, JSON text) pairs
 
@@ -29,6 +34,15 @@ MAX_PARAMS = 32
 MAX_VALUE_CHARS = 1024  # a string value
 MAX_VALUES_BYTES = 8192  # all of a run's values, as JSON
 ENV_NAME = "CRONLOG_PARAMS"
+# A dispatched command as written (argv after substitution, env with CRONLOG_PARAMS), in
+# UTF-8 bytes: the size a command may have (commands.MAX_COMMAND_BYTES), so a dispatch
+# request stays far below what its topic takes (1 MB).
+MAX_WRITTEN_BYTES = 64 * 1024
+# What one argument and one variable may hold, as the registration checks them
+# (command_spec.MAX_ARG_CHARS, MAX_ENV_VALUE_CHARS: the parser imports this module, so the
+# values are repeated here; tests/unit/test_params_written.py holds them equal).
+MAX_ARG_CHARS = 32 * 1024
+MAX_ENV_VALUE_CHARS = 32 * 1024
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -211,3 +225,44 @@ def values_document(values: ParamValues) -> dict[str, Any]:
 def as_mapping(values: Mapping[str, str] | ParamValues) -> ParamValues:
     items = values.items() if isinstance(values, Mapping) else values
     return tuple(sorted(items))
+
+
+def written(
+    spec: JobSpec, values: ParamValues
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The argv and env a run with `values` is dispatched with: the values in
+    `CRONLOG_PARAMS` and, with `params_in_command`, in place of `{name}`. Every limit is
+    checked on them as written (ParamError naming it): an argument at most
+    MAX_ARG_CHARS, the values' variable at most MAX_ENV_VALUE_CHARS, and argv and env
+    together at most MAX_WRITTEN_BYTES. Without values the command is the one the
+    registration checked."""
+    command, env = spec.command, spec.env
+    if not values:
+        return command, env
+    variable = as_env(values)
+    if len(variable) > MAX_ENV_VALUE_CHARS:
+        raise ParamError(
+            f"params: {ENV_NAME} would be {len(variable)} characters; at most "
+            f"{MAX_ENV_VALUE_CHARS}",
+            "params",
+        )
+    env = tuple(sorted((*env, (ENV_NAME, variable))))
+    if spec.params_in_command:
+        command = substitute(command, values)
+        for index, arg in enumerate(command):
+            if len(arg) > MAX_ARG_CHARS:
+                raise ParamError(
+                    f"params: command[{index}] with the run's values in place of its "
+                    f"{{name}} would be {len(arg)} characters; at most {MAX_ARG_CHARS}",
+                    "params",
+                )
+    size = sum(len(a.encode()) for a in command)
+    size += sum(len(n.encode()) + len(v.encode()) for n, v in env)
+    if size > MAX_WRITTEN_BYTES:
+        raise ParamError(
+            f"params: the command as dispatched (argv with the run's values in place of "
+            f"{{name}}, env with {ENV_NAME}) would be {size} bytes; at most "
+            f"{MAX_WRITTEN_BYTES}",
+            "params",
+        )
+    return command, env

@@ -30,7 +30,7 @@ from streams.core.ledger.decision import (
     WITHDRAWN_BY_PAUSE,
 )
 from streams.core.ledger.kernel import Kernel, dependency_links, due_after, withdrawn
-from streams.core.params import ParamError, resolve
+from streams.core.params import ParamError, resolve, written
 from streams.core.schedule import fires_between, newest_fires, next_fire
 
 
@@ -446,8 +446,8 @@ class Firing(Kernel):
         duplicate = self._duplicate(inp.request_id, inp.at_ms)
         if duplicate or self.run(run_id) is not None:
             return self.reject(duplicate or "duplicate request")
-        try:
-            resolve(self.job.spec.params, inp.params)
+        try:  # the values, and the command they make as written (`written`)
+            written(self.job.spec, resolve(self.job.spec.params, inp.params))
         except ParamError as exc:  # written past the API's check: nothing runs
             return self.reject(f"job {self.job.spec.job_id}: {exc}", dead_letter=True)
         self._remember(inp.request_id, inp.at_ms)
@@ -468,7 +468,7 @@ class Firing(Kernel):
         created = int(so_far) if so_far.isdigit() else 0
         if inp.params:
             try:
-                resolve(spec.params, inp.params)
+                written(spec, resolve(spec.params, inp.params))
             except ParamError as exc:  # written past the API's check: nothing is created
                 return self.reject(f"job {spec.job_id}: {exc}", dead_letter=True)
         if not so_far:  # a continuation was checked and remembered as its first part
@@ -521,9 +521,9 @@ class Firing(Kernel):
             return self.reject(f"unknown or forgotten run {inp.run_id}")
         if not run.final:
             return self.reject(f"run {inp.run_id} is still {run.state}")
-        try:
-            self.values(run)
-        except ParamError as exc:  # declared since the run was made: it has no value
+        try:  # declared since the run was made (it has no value), or too large as written
+            written(self.job.spec, self.values(run))
+        except ParamError as exc:
             return self.reject(f"job {self.job.spec.job_id}: {exc}", dead_letter=True)
         self._remember(inp.request_id, inp.at_ms)
         self.set_job(

@@ -32,8 +32,7 @@ from streams.core.ledger.decision import (
     LedgerConfig,
     RunLookup,
 )
-from streams.core.params import ENV_NAME as PARAMS_ENV
-from streams.core.params import ParamError, ParamValues, as_env, resolve, substitute
+from streams.core.params import ParamError, ParamValues, resolve, written
 from streams.core.schedule import jitter_ms, next_fire
 
 
@@ -350,11 +349,13 @@ class Kernel:
         if values != run.params:
             run = self.runs[run.run_id] = replace(run, params=values)
         spec = self.job.spec
-        command, env = spec.command, spec.env
-        if run.params:  # the values reach the process in its environment, and its argv
-            env = tuple(sorted((*env, (PARAMS_ENV, as_env(run.params)))))
-            if spec.params_in_command:
-                command = substitute(command, run.params)
+        try:
+            # The values reach the process in its environment, and its argv: every limit
+            # is checked on that, as written (a default can make it megabytes).
+            command, env = written(spec, run.params)
+        except ParamError as exc:
+            self._move(run, "failed", str(exc))
+            return
         self.dispatch.append(
             DispatchRequest(
                 run_id=run.run_id,

@@ -163,6 +163,10 @@ class RemoteService:
     def run_command(self, who: Principal, run_id: str, kind: str, **fields: Any) -> Accepted:
         return self._accepted("POST", f"/runs/{segment(run_id)}/{kind}", json=fields or None)
 
+    def secrets(self, who: Principal) -> dict[str, Any]:
+        listed: dict[str, Any] = self._call("GET", "/secrets").json()
+        return listed
+
     def logs(
         self,
         who: Principal,

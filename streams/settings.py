@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streams.core.placement import UNBOUNDED, WorkerLimits
+from streams.core.secret_grants import ENV_VAR as GRANTS_ENV
+from streams.core.secret_grants import NO_GRANTS, GrantsError, SecretGrants
 
 DEFAULT_KAFKA = "localhost:9092"
 DEFAULT_TOPIC_PREFIX = "cronlog."
@@ -54,6 +56,10 @@ class Settings:
     # The most the dispatcher believes of any worker's heartbeat (CRONLOG_WORKER_MAX_*,
     # CRONLOG_WORKER_LABELS): a worker's word does not bound itself.
     worker_limits: WorkerLimits = UNBOUNDED
+    # Which owners may use which secret (CRONLOG_SECRETS_GRANTS, a YAML file: secret
+    # name -> owner patterns; streams/core/secret_grants.py): the ledger, the API and the
+    # worker check a job's secrets against it. Unset: no owner may use any secret.
+    secret_grants: SecretGrants = NO_GRANTS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -75,6 +81,7 @@ class Settings:
             partitions=partitions,
             kafka_config=read_client_properties(env.get("CRONLOG_KAFKA_CONFIG") or None),
             worker_limits=worker_limits_from_env(env),
+            secret_grants=read_secret_grants(env.get(GRANTS_ENV) or None),
         )
         settings.validate()
         return settings
@@ -154,6 +161,27 @@ def read_client_properties(path: str | None) -> tuple[tuple[str, str], ...]:
             )
         found[key] = value
     return tuple(sorted(found.items()))
+
+
+def read_secret_grants(path: str | None) -> SecretGrants:
+    """The grants file CRONLOG_SECRETS_GRANTS names (YAML: `secret NAME: [owner
+    patterns]`); unset, no grants: no owner may use any secret."""
+    if path is None:
+        return SecretGrants()
+    import yaml  # the one YAML file a process reads at start
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"{GRANTS_ENV}: cannot read {path}: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{GRANTS_ENV} {path}: not YAML: {exc}") from None
+    try:
+        return SecretGrants.from_document(doc, f"{GRANTS_ENV} {path}")
+    except GrantsError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def worker_limits_from_env(env: Mapping[str, str]) -> WorkerLimits:

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from connectors.api import ui
 from connectors.api.auth import Tokens
 from connectors.api.limits import RateLimiter, caller_key
-from connectors.api.routes import health, jobs, runs, workers
+from connectors.api.routes import health, jobs, runs, secrets, workers
 from connectors.api.service import Service, ServiceError
 from connectors.api.worker_gateway import WorkerGateway
 from streams import metrics
@@ -143,6 +143,7 @@ def create_app(
 
     app.include_router(jobs.router)
     app.include_router(runs.router)
+    app.include_router(secrets.router)
     if gateway is not None:
         app.include_router(workers.router)
     return app

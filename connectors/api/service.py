@@ -46,6 +46,7 @@ from streams.core.dag import cycle_through
 from streams.core.ids import iso_utc, manual_run_id, parse_run_id
 from streams.core.params import ParamError, ParamValues, required, resolve, written
 from streams.core.schedule import fire_window
+from streams.core.secret_grants import refusal
 from streams.kafka import producer_config
 from streams.settings import Settings
 
@@ -444,8 +445,29 @@ class Service:
             for u in unknown
         ]
 
+    def _check_secrets(self, spec: JobSpec) -> None:
+        """A prompt answer for what the ledger refuses anyway: a secret the job's owner
+        may not use (the grants, CRONLOG_SECRETS_GRANTS)."""
+        refused = self.settings.secret_grants.refused(spec.owner, spec.secret_env)
+        if refused:
+            env, secret = refused[0]
+            raise ServiceError(422, refusal(spec.owner, env, secret), f"env.{env}")
+
+    def secrets(self, who: Principal) -> dict[str, Any]:
+        """The secrets a caller may name, by name only (the API never holds a value): an
+        owner's, or every granted secret with its owner patterns for an admin."""
+        grants = self.settings.secret_grants
+        if who.kind == "admin":
+            items = [{"name": n, "owners": list(p)} for n, p in grants.grants]
+        elif who.kind == "owner":
+            items = [{"name": n} for n in grants.usable(who.name)]
+        else:
+            raise ServiceError(403, "workers cannot list secrets")
+        return {"items": items}
+
     def _upsert(self, doc: dict[str, Any], command: UpsertJob) -> Accepted:
         spec = command.spec
+        self._check_secrets(spec)
         self._check_upstreams(spec.owner, spec.depends_on)
         warnings = self._check_graph(spec.owner, spec.job_id, spec.depends_on)
         warnings += [

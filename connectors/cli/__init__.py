@@ -8,9 +8,9 @@ commands of one concern:
   `events`, `submit`);
 - ``processes``: the long-running components (`scheduler`, `worker`, `projector`,
   `notifier`, `api`);
-- ``jobs``, ``runs``, ``jobs_as_code``: the CLI for humans (`jobs`, `runs`, `apply`,
-  `diff`), which reaches cronlog as ``access`` says (`login`, `logout`) and prints as
-  ``output`` says;
+- ``jobs``, ``runs``, ``secrets``, ``jobs_as_code``: the CLI for humans (`jobs`, `runs`,
+  `secrets list`, `apply`, `diff`), which reaches cronlog as ``access`` says (`login`,
+  `logout`) and prints as ``output`` says;
 - ``run``: everything on one machine (`run`) under the ``supervisor``;
 - ``common``: what they share (errors, settings, logging, options).
 """
@@ -26,6 +26,7 @@ from connectors.cli.jobs_as_code import apply_files, diff_files
 from connectors.cli.processes import api, notifier, projector, scheduler, worker
 from connectors.cli.run import run_all
 from connectors.cli.runs import runs_app
+from connectors.cli.secrets import secrets_app
 from connectors.cli.stack import db_migrate, stack_app, topics_app
 from streams.core.zones import use_tzdata_only
 
@@ -52,6 +53,7 @@ db_app.command("prune")(db_prune)
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
+app.add_typer(secrets_app, name="secrets")
 app.command("apply")(apply_files)
 app.command("diff")(diff_files)
 app.command("scheduler")(scheduler)

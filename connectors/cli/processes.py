@@ -104,7 +104,9 @@ def scheduler(
         lead_ms=int(lead_s * 1000),
         lookahead_ms=int(lookahead_s * 1000),
         lookahead_per_s=lookahead_rate,
-        ledger_config=LedgerConfig(max_lead_ms=int(max_lead_s * 1000)),
+        ledger_config=LedgerConfig(
+            max_lead_ms=int(max_lead_s * 1000), secret_grants=settings.secret_grants
+        ),
         loglevel=loglevel,
         store_dir=_ledger_store(state_store),
         log_format=chosen,

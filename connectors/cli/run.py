@@ -28,6 +28,7 @@ from projections.migrate import MigrationError, migrate_for
 from streams.core.timing import TIMING
 from streams.logs import LogFormatError
 from streams.logs import log_format as chosen_log_format
+from streams.settings import SettingsError, read_secret_grants
 from streams.topics import TopicError, ensure_topics
 
 
@@ -93,6 +94,13 @@ def run_all(
     except (TopicError, MigrationError, psycopg.Error) as exc:
         raise fail(str(exc), 2) from exc
     tokens = token_file(state)
+    # One grants file for the node, the workers and the API (the user's, else the state
+    # folder's, made once with nothing granted): a secret is usable by the owners it names.
+    grants = os.environ.get("CRONLOG_SECRETS_GRANTS") or str(grants_file(state))
+    try:
+        settings = settings.with_(secret_grants=read_secret_grants(grants))
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from exc
     env = {
         **os.environ,
         "CRONLOG_KAFKA": settings.kafka,
@@ -100,6 +108,7 @@ def run_all(
         "CRONLOG_TOPIC_PREFIX": settings.topic_prefix,
         "CRONLOG_PARTITIONS": str(settings.partitions),
         "CRONLOG_API_TOKENS_FILE": str(tokens),
+        "CRONLOG_SECRETS_GRANTS": grants,
     }
     env.pop("CRONLOG_METRICS_PORT", None)  # each child is given its own port instead
     first_port = chosen_metrics_port(metrics_port)
@@ -141,3 +150,27 @@ def run_all(
 
     supervisor.run(started)
     lock.close()
+
+
+GRANTS_TEMPLATE = """\
+# Which owners may use which secret a job's env names ({secret: NAME}): a secret's name,
+# then the owners that may use it, as fnmatch patterns (docs/security.md, "Secrets"):
+#
+#   db-pass: [payments]
+#   api-token: [team-*, ops]
+#
+# A secret not named here is no one's. The values are on the workers: the file NAME in
+# CRONLOG_SECRETS_DIR, else CRONLOG_SECRET_<NAME> in their environment. Read at start by
+# the node and the API (restart `cronlog run` after a change); the workers read it per run.
+{}
+"""
+
+
+def grants_file(state: Path) -> Path:
+    """The local stack's secret grants (`secret-grants.yaml` in the state folder), made
+    once granting nothing; an operator's edits are kept."""
+    path = state / "secret-grants.yaml"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(GRANTS_TEMPLATE)
+    return path

@@ -704,7 +704,7 @@ class Worker:
             **self.base_env,
             **({} if self.config.run_as is None else self.config.run_as.env),
             **dict(d.env),
-            **self.secrets.resolve(d.secret_env),
+            **self.secrets.resolve(d.secret_env, d.owner),
             "CRONLOG_RUN_ID": d.run_id,
             "CRONLOG_JOB_ID": d.job_id,
             "CRONLOG_SCHEDULED_AT": iso_utc(d.scheduled_ms),

@@ -27,6 +27,7 @@ from schemas.spec import (
     RetryPolicy,
     Schedule,
 )
+from streams.core.secret_grants import SecretGrants
 
 # Zones whose dates differ around the simulated time (2027-01-15T08:00Z): it is midnight
 # in Los Angeles, 13:30 in Kolkata, 19:00 on Lord Howe (a half-hour DST offset).
@@ -40,6 +41,9 @@ PARAMS = (
     Param("dry", "boolean", "false"),
 )
 OWNERS = ("o", "p")
+# Who may use the secrets specs name (the simulation's ledger config): `api-token` every
+# owner, `<owner>-token` its owner alone.
+GRANTS = SecretGrants.from_document({"api-token": ["*"], **{f"{o}-token": [o] for o in OWNERS}})
 MANAGERS = ("", "cronlog-apply", "team-b")
 
 # Valid and invalid values a run-now or backfill may pass (the ledger dead-letters the
@@ -122,7 +126,9 @@ GENERATORS: dict[str, Gen] = {
         [None, Notify("https://hooks.example/n", ("failed",)), Notify("https://h/x", ("late",))]
     ),
     "sla_s": lambda rng, spec, now, others: rng.choice([None, 1.0, 5.0]),
-    "secret_env": lambda rng, spec, now, others: rng.choice([(), (("TOKEN", "api-token"),)]),
+    "secret_env": lambda rng, spec, now, others: rng.choice(
+        [(), (("TOKEN", "api-token"),), (("TOKEN", f"{spec.owner}-token"),)]
+    ),
     "managed_by": lambda rng, spec, now, others: rng.choice(MANAGERS),
     "params": lambda rng, spec, now, others: _params(rng),
     "params_in_command": lambda rng, spec, now, others: not spec.params_in_command,

@@ -86,6 +86,9 @@ CONFIG = LedgerConfig(
     max_lead_ms=2000,
     dependency_wait_ms=20_000,
     keep_final_runs=4,  # runs are forgotten soon: withdrawn ones must not be
+    # A secret is an owner's (simspecs' secret_env names these): one for every owner,
+    # one each; a change naming the other owner's is refused (`Sim.operate`).
+    secret_grants=simspecs.GRANTS,
 )
 
 
@@ -241,6 +244,11 @@ class Sim:
             other = next(o for o in simspecs.OWNERS if o != self.specs[job_id].owner)
             self.varied.add("owner")  # refused: a job id belongs to its first owner
             self.command(JobUpserted(replace(self.specs[job_id], owner=other), self.now))
+        elif roll < 0.845:
+            # A secret of another owner named: refused (dead-lettered), the spec unchanged.
+            other = next(o for o in simspecs.OWNERS if o != self.specs[job_id].owner)
+            stolen = (("TOKEN", f"{other}-token"),)
+            self.command(JobUpserted(replace(self.specs[job_id], secret_env=stolen), self.now))
         elif roll < 0.86:
             self.prune()
         else:
@@ -734,6 +742,8 @@ def check(sim: Sim) -> None:
         by_run[event.run_id].append(event)
     claims: Counter[tuple[str, int, int]] = Counter()
     starts: Counter[tuple[str, int]] = Counter()
+    for request in w.dispatch:  # a secret reaches only a job of an owner it is granted to
+        assert not CONFIG.secret_grants.refused(request.owner, request.secret_env), request
     for run_id, events in by_run.items():
         seqs = [int(e.event_id.rsplit("#", 1)[1]) for e in events]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (

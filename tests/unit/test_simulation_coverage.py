@@ -72,3 +72,14 @@ def test_every_input_kind_is_sent() -> None:
     assert not missing, f"the simulation never sends {sorted(missing)}"
     assert resumes == {"skip", "last", "all"}, resumes
     assert prunes > 0
+
+
+def test_a_secret_of_another_owner_is_refused() -> None:
+    """The grants enter the simulation's decisions: some seed sends a spec naming the
+    other owner's secret, and the ledger refuses it naming the secret (`Sim.operate`;
+    `check` verifies no dispatch carries a secret its owner may not use)."""
+    for seed in SEEDS:
+        rejections = simulate(seed, STEPS).world.rejections
+        if any("-token'" in r and "may not use" in r for r in rejections):
+            return
+    raise AssertionError("no seed named another owner's secret")

@@ -7,12 +7,15 @@ from pathlib import Path
 import pytest
 
 from connectors.worker.secrets import MissingSecret, Secrets, env_name
+from streams.core.secret_grants import SecretGrants
+
+MINE = SecretGrants.from_document({"db-pass": ["me"]})
 
 
 def test_a_file_wins_over_the_environment_and_loses_one_trailing_newline(tmp_path: Path) -> None:
     (tmp_path / "db-pass").write_text("from-file\n\n")
-    secrets = Secrets(tmp_path, {"CRONLOG_SECRET_DB_PASS": "from-env"})
-    assert secrets.resolve((("DB", "db-pass"),)) == {"DB": "from-file\n"}
+    secrets = Secrets(tmp_path, {"CRONLOG_SECRET_DB_PASS": "from-env"}, grants=MINE)
+    assert secrets.resolve((("DB", "db-pass"),), "me") == {"DB": "from-file\n"}
     assert Secrets(None, {"CRONLOG_SECRET_DB_PASS": "from-env"}).value("db-pass") == "from-env"
     assert env_name("api.key-2") == "CRONLOG_SECRET_API_KEY_2"
 

@@ -61,6 +61,7 @@ from streams.core.ledger.decision import (
 from streams.core.ledger.dependencies import Dependencies
 from streams.core.ledger.firing import Firing
 from streams.core.ledger.kernel import dependency_links, due_after
+from streams.core.secret_grants import refusal
 
 __all__ = [
     "MAY_HAVE_STARTED",
@@ -104,6 +105,11 @@ def decide(
             "passed on, even after a delete: use another job id)",
             dead_letter=True,
         )
+    if isinstance(inp, JobUpserted) and (refused := _refused_secret(inp.spec, config)):
+        # A secret is an owner's: a spec naming one its owner may not use is refused
+        # here (the API answers 422 first; the worker, which holds the values, refuses
+        # again when it resolves them, should a grant be revoked later).
+        return Decision(rejected=refused, dead_letter=True)
     if isinstance(inp, JobUpserted) and (job is None or job.deleted):
         return _register(job, inp, now, _effective(inp.at_ms, now, config))
     if job is None and isinstance(inp, DependencyLinked):
@@ -175,6 +181,16 @@ def _owned_by_another(job: JobState, spec: JobSpec) -> bool:
 def input_job(inp: LedgerInput) -> str:
     """The job whose log `inp` belongs to (the key it is written under)."""
     return inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
+
+
+def _refused_secret(spec: JobSpec, config: LedgerConfig) -> str:
+    """Why the spec may not be registered (its first secret the owner may not use), or
+    "" when its owner may use every secret it names."""
+    refused = config.secret_grants.refused(spec.owner, spec.secret_env)
+    if not refused:
+        return ""
+    env, secret = refused[0]
+    return f"job {spec.job_id!r}: " + refusal(spec.owner, env, secret)
 
 
 def _effective(stamp: int, now: int, config: LedgerConfig) -> int:

@@ -21,6 +21,7 @@ from schemas.records import (
     UpstreamFinished,
 )
 from streams.core.commands import MAX_BACKFILL_RUNS
+from streams.core.secret_grants import NO_GRANTS, SecretGrants
 from streams.core.timing import TIMING
 
 
@@ -66,6 +67,10 @@ class Decision:
     forget: tuple[str, ...] = ()  # run ids to drop from the run table (tombstones)
     events: tuple[RunEvent | JobEvent, ...] = ()
     dispatch: tuple[DispatchRequest, ...] = ()
+    # Which owners may use which secret (streams/core/secret_grants.py): a job spec
+    # naming a secret its owner may not use is refused and dead-lettered. The default
+    # grants nothing, as a node without CRONLOG_SECRETS_GRANTS: no secret may be named.
+    secret_grants: SecretGrants = NO_GRANTS
     # Inputs for other jobs' logs (dependency links and upstream notices) and for the
     # job's own (a backfill's continuation), written in the same transaction as the rest.
     notices: tuple[DependencyLinked | UpstreamFinished | BackfillRequested, ...] = ()

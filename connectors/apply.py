@@ -30,6 +30,7 @@ from typing import Any, Literal
 import orjson
 import yaml
 
+from connectors.safe_yaml import BoundedLoader
 from schemas.json import from_plain
 from schemas.spec import JobSpec
 from streams.core.commands import Rejection, UpsertJob, parse_command, upsert_document
@@ -107,8 +108,9 @@ def read_jobs(
     or several YAML documents of these. Calendars found are added to `calendars`, and
     the owners of `owner:` beside `jobs:` to `owners` (even when `jobs:` is empty: the
     file still says whose jobs it keeps). JobFileError names the file and line of YAML
-    that cannot be read, and of a top-level `owner:` that is not a name."""
-    loader = yaml.SafeLoader(text)
+    that cannot be read (aliases that would expand past a bound included: refused before
+    they are expanded), and of a top-level `owner:` that is not a name."""
+    loader = BoundedLoader(text)  # aliases expanding without bound (billion laughs) refused
     out: list[tuple[Any, int]] = []
     try:
         while loader.check_node():

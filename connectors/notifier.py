@@ -37,6 +37,7 @@ import orjson
 import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from connectors import safe_yaml
 from connectors.webhooks import DestinationRefused, Destinations, guarded_client
 from schemas.codec import JOB_STATE, RUN_EVENTS, CodecError
 from schemas.records import JobEvent, RunEvent
@@ -74,7 +75,7 @@ def load_routes(path: str | Path | None) -> dict[str, Notify]:
     if path is None:
         return {}
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
+        doc = safe_yaml.load_file(path) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise RoutesError(f"cannot read {path}: {exc}") from exc
     owners = doc.get("owners") if isinstance(doc, dict) else None

@@ -178,11 +178,6 @@ def _owned_by_another(job: JobState, spec: JobSpec) -> bool:
     return job.version > 0 and job.spec.owner != spec.owner
 
 
-def input_job(inp: LedgerInput) -> str:
-    """The job whose log `inp` belongs to (the key it is written under)."""
-    return inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
-
-
 def _refused_secret(spec: JobSpec, config: LedgerConfig) -> str:
     """Why the spec may not be registered (its first secret the owner may not use), or
     "" when its owner may use every secret it names."""
@@ -191,6 +186,11 @@ def _refused_secret(spec: JobSpec, config: LedgerConfig) -> str:
         return ""
     env, secret = refused[0]
     return f"job {spec.job_id!r}: " + refusal(spec.owner, env, secret)
+
+
+def input_job(inp: LedgerInput) -> str:
+    """The job whose log `inp` belongs to (the key it is written under)."""
+    return inp.spec.job_id if isinstance(inp, JobUpserted) else inp.job_id
 
 
 def _effective(stamp: int, now: int, config: LedgerConfig) -> int:

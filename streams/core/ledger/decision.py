@@ -58,6 +58,10 @@ class LedgerConfig:
     # worker. The ledger of a node always has it (streams/placement_key.py); None, no check, is
     # for the pure tests and benchmarks that play both the dispatcher and the worker.
     placement_key: bytes | None = None
+    # Which owners may use which secret (streams/core/secret_grants.py): a job spec
+    # naming a secret its owner may not use is refused and dead-lettered. The default
+    # grants nothing, as a node without CRONLOG_SECRETS_GRANTS: no secret may be named.
+    secret_grants: SecretGrants = NO_GRANTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +71,6 @@ class Decision:
     forget: tuple[str, ...] = ()  # run ids to drop from the run table (tombstones)
     events: tuple[RunEvent | JobEvent, ...] = ()
     dispatch: tuple[DispatchRequest, ...] = ()
-    # Which owners may use which secret (streams/core/secret_grants.py): a job spec
-    # naming a secret its owner may not use is refused and dead-lettered. The default
-    # grants nothing, as a node without CRONLOG_SECRETS_GRANTS: no secret may be named.
-    secret_grants: SecretGrants = NO_GRANTS
     # Inputs for other jobs' logs (dependency links and upstream notices) and for the
     # job's own (a backfill's continuation), written in the same transaction as the rest.
     notices: tuple[DependencyLinked | UpstreamFinished | BackfillRequested, ...] = ()

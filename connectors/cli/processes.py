@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +24,7 @@ from connectors.cli.common import (
     start_logging,
     stop_watchdog,
 )
+from connectors.private_files import NotPrivate, private_dir
 from connectors.stack import StackPaths
 from connectors.worker.confine import Confinement, confinement
 from projections.migrate import MigrationError, migrate_for
@@ -77,8 +77,9 @@ def scheduler(
         typer.Option(
             help="Where the ledger keeps the job and run states it is not deciding about: a "
             "directory for its RocksDB scratch store (rebuilt from the topics on every "
-            "takeover, deleted on exit), or 'memory' to keep them on the heap. Default: "
-            "CRONLOG_LEDGER_STORE, else cronlog-ledger in the system's temporary directory.",
+            "takeover, deleted on exit), or 'memory' to keep them on the heap; made 0700, "
+            "refused if another user's or writable by others. Default: "
+            "CRONLOG_LEDGER_STORE, else ledger/ in CRONLOG_STATE_DIR (.state).",
         ),
     ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
@@ -117,11 +118,24 @@ def scheduler(
 
 
 def _ledger_store(option: str | None) -> Path | None:
-    """The ledger's store directory (None: on the heap), from --state-store or the env."""
+    """The ledger's store directory (None: on the heap), from --state-store or the env,
+    else `ledger` in the node's state folder (CRONLOG_STATE_DIR, else .state). It holds
+    every owner's job states: made 0700, and one that is another user's or writable by
+    its group or others is refused (a fixed folder in /tmp, made first by another local
+    user, would have received them)."""
     chosen = (option or os.environ.get("CRONLOG_LEDGER_STORE", "")).strip()
     if chosen == "memory":
         return None
-    return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "cronlog-ledger"
+    if chosen:
+        store = Path(chosen)
+    else:
+        store = Path(os.environ.get("CRONLOG_STATE_DIR") or StackPaths.default().state) / "ledger"
+    try:
+        return private_dir(store, "the ledger's store (--state-store, CRONLOG_LEDGER_STORE)")
+    except NotPrivate as exc:
+        raise fail(str(exc), 2) from None
+    except OSError as exc:
+        raise fail(f"the ledger's store {store}: {exc}", 2) from None
 
 
 def _confinement(

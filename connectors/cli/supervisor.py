@@ -31,7 +31,9 @@ from typing import IO, Any
 
 import yaml
 
+from connectors import safe_yaml
 from connectors.api.service import ADMIN, Service, ServiceError
+from connectors.private_files import write_private
 from streams.lifecycle import die_with_parent_preexec
 from streams.settings import Settings
 
@@ -77,22 +79,24 @@ def token_file(state: Path) -> Path:
             "owners": {secrets.token_urlsafe(24): "demo"},
             "workers": {secrets.token_urlsafe(24): "local-http"},
         }
-        path.write_text(yaml.safe_dump(doc))
-        path.chmod(0o600)
+        # 0600 from its creation, never written then chmod-ed (connectors/private_files.py)
+        write_private(path, yaml.safe_dump(doc))
     else:
         # Made by an earlier version, its worker token acted as any worker ("*"), which
         # the API now refuses: bind it to the one worker it stands for here.
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = safe_yaml.load_file(path) or {}
         workers = doc.get("workers") if isinstance(doc, dict) else None
         if isinstance(workers, dict) and "*" in workers.values():
             doc["workers"] = {t: "local-http" if w == "*" else w for t, w in workers.items()}
-            path.write_text(yaml.safe_dump(doc))
+            write_private(path, yaml.safe_dump(doc))
+        elif path.stat().st_mode & 0o077:  # an earlier version's file: no one else's
+            path.chmod(0o600)
     return path
 
 
 def register_demo(settings: Settings, demo: Path, say: Callable[[str], None]) -> int:
     """Register (create or replace) the demo's jobs; how many were registered."""
-    docs = yaml.safe_load(demo.read_text()) or {}
+    docs = safe_yaml.load_file(demo) or {}
     service = Service(settings, wait_s=0.0)
     service.open()
     done = 0

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from connectors.private_files import write_private
 from connectors.stack.acls import ROLES, Grant
 from connectors.stack.process import Log, StackError
 from streams.settings import Settings
@@ -76,15 +77,15 @@ def _openssl(args: list[str], what: str) -> None:
 
 
 def _private(path: Path, text: str) -> None:
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(text)
+    """Written 0600 from its first byte (a new file renamed over the old one): a reader
+    of an older, wider file never sees the new passwords."""
+    write_private(path, text)
 
 
 def ensure_material(directory: Path, log: Log = print) -> SecureMaterial:
     """The CA, the broker's keystore, the users' passwords and the client properties;
     made once and reused (a second `up` changes nothing)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)
     users_file = directory / "users.json"
     if users_file.exists():

@@ -1,6 +1,9 @@
 """A secret referenced by a job's env reaches the job and nothing else: real node, worker,
 projector and API; then every topic, every table, the API's answers, the dashboard and
-the processes' logs are searched for a canary value."""
+the processes' logs are searched for a canary value. And a secret is an owner's (issue
+53 item 2): another owner's job naming it is refused by the API (422), dead-lettered by
+the ledger, and, should it get through (a grant revoked after its registration), refused
+by the worker, which holds the values."""
 
 from __future__ import annotations
 
@@ -32,6 +35,11 @@ from tests.support.waiting import eventually
 
 CANARY = "canary-7f3a9c1e-do-not-leak"
 A = {"Authorization": "Bearer tok-s-0123456789ab"}
+B = {"Authorization": "Bearer tok-b-0123456789ab"}
+ADMIN = {"Authorization": "Bearer tok-admin-0123456789"}
+# team-s's secrets; `loaned` (team-s's canary too) is lent to team-b, until revoked.
+GRANTS = "canary-token: [team-s]\nnope: [team-s]\nloaned: [team-s, team-b]\n"
+REVOKED = "canary-token: [team-s]\nnope: [team-s]\nloaned: [team-s]\n"
 
 
 @pytest.fixture
@@ -39,17 +47,27 @@ def stack(topics: Settings, tmp_path: Path) -> Iterator[httpx.Client]:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "canary-token").write_text(CANARY + "\n")
+    (secrets / "loaned").write_text(CANARY + "\n")
+    grants = tmp_path / "grants.yaml"  # one file for the node, the worker and the API
+    grants.write_text(GRANTS)
+    granted = {"CRONLOG_SECRETS_GRANTS": str(grants)}
     port = free_port()
     procs: list[CronlogProcess] = [
-        Node(topics, "sec-n1", tmp_path),
-        WorkerProc(topics, "sec-w1", tmp_path, extra_env={"CRONLOG_SECRETS_DIR": str(secrets)}),
+        Node(topics, "sec-n1", tmp_path, extra_env=granted),
+        WorkerProc(
+            topics, "sec-w1", tmp_path, extra_env={"CRONLOG_SECRETS_DIR": str(secrets), **granted}
+        ),
         ProjectorProc(topics, tmp_path / "projector.log"),
         CronlogProcess(
             topics,
             "api",
             tmp_path,
             ["api", "--port", str(port), "--loglevel", "info"],
-            {"CRONLOG_API_TOKENS": "tok-s-0123456789ab=team-s"},
+            {
+                "CRONLOG_API_TOKENS": "tok-s-0123456789ab=team-s,tok-b-0123456789ab=team-b",
+                "CRONLOG_API_ADMIN_TOKENS": "tok-admin-0123456789",
+                **granted,
+            },
         ),
     ]
     for proc in procs:
@@ -62,8 +80,8 @@ def stack(topics: Settings, tmp_path: Path) -> Iterator[httpx.Client]:
         stop_all(reversed(procs))
 
 
-def _visible(client: httpx.Client, job_id: str) -> bool:
-    return client.get(f"/jobs/{job_id}", headers=A).status_code == 200
+def _visible(client: httpx.Client, job_id: str, who: dict[str, str] = A) -> bool:
+    return client.get(f"/jobs/{job_id}", headers=who).status_code == 200
 
 
 def _ready(client: httpx.Client) -> bool:
@@ -146,6 +164,72 @@ def test_a_secret_reaches_the_job_and_nothing_else(
             ).fetchone()
             assert found == (0,), table
     # ...and every process's log.
+    for path in tmp_path.glob("*.log"):
+        assert CANARY not in path.read_text(errors="replace"), path
+
+
+def test_another_owners_secret_is_refused_at_every_step_and_never_leaks(
+    topics: Settings, tmp_path: Path, stack: httpx.Client
+) -> None:
+    """team-b names team-s's secrets: the API answers 422 naming the secret (POST, PUT,
+    PATCH), the topic path dead-letters the spec naming it; a secret lent to team-b and
+    revoked after its job was registered (the node read the grants at start, the worker
+    reads them per run) fails the attempt on the worker, naming the secret, and the
+    canary is nowhere: not in team-b's run, its output, nor any record or log."""
+    stolen = {"T": {"secret": "canary-token"}}
+    body = {"job_id": "sec-b-api", "command": ["true"], "schedule": {"every": "1h"}}
+    for method, url in (("POST", "/jobs"), ("PUT", "/jobs/sec-b-api")):
+        refused = stack.request(method, url, headers=B, json={**body, "env": stolen})
+        assert refused.status_code == 422, refused.text
+        assert "secret 'canary-token'" in refused.text, refused.text
+        assert "'team-b'" in refused.text
+    # The names each may use (never a value); an admin sees every grant.
+    assert stack.get("/secrets", headers=B).json() == {"items": [{"name": "loaned"}]}
+    names = [i["name"] for i in stack.get("/secrets", headers=A).json()["items"]]
+    assert names == ["canary-token", "loaned", "nope"]
+    listed = stack.get("/secrets", headers=ADMIN).json()["items"]
+    assert {"name": "loaned", "owners": ["team-b", "team-s"]} in listed
+
+    leak = ["sh", "-c", 'echo "[$T]"']
+    send_commands(
+        topics,
+        [
+            job("sec-b-topic", leak, owner="team-b", env=stolen),
+            job("sec-b-loaned", leak, owner="team-b", env={"T": {"secret": "loaned"}}),
+        ],
+    )
+    eventually(partial(_visible, stack, "sec-b-loaned", B), "team-b's loaned job")
+    patched = stack.patch("/jobs/sec-b-loaned", headers=B, json={"env": stolen})
+    assert patched.status_code == 422, patched.text
+    assert "secret 'canary-token'" in patched.text
+    reason = b"names secret 'canary-token', which owner 'team-b' may not use"
+    dead = eventually(
+        lambda: [r for r in _records_containing(topics, reason) if ".dlq/" in r],
+        "the topic path's spec dead-lettered",
+    )
+    assert dead, dead
+    assert stack.get("/jobs/sec-b-topic", headers=B).status_code == 404  # never registered
+
+    # Revoked after registration: the worker is the guarantee.
+    revoked = tmp_path / "grants.yaml.new"
+    revoked.write_text(REVOKED)
+    revoked.replace(tmp_path / "grants.yaml")
+    assert stack.post("/jobs/sec-b-loaned/run-now", headers=B).status_code in (200, 202)
+
+    def final() -> dict[str, object] | None:
+        items = stack.get("/jobs/sec-b-loaned/runs", headers=B).json()["items"]
+        done = [r for r in items if r["state"] in ("succeeded", "failed")]
+        return done[0] if done else None
+
+    run = eventually(final, "team-b's run to end", 90)
+    assert run["state"] == "failed", run
+    assert "secret 'loaned'" in str(run["error"]), run
+    assert "'team-b' may not use" in str(run["error"]), run
+    shown = stack.get(f"/runs/{run['run_id']}", headers=B).text
+    output = stack.get(f"/runs/{run['run_id']}/logs", headers=B).text
+    assert CANARY not in shown
+    assert CANARY not in output
+    assert _records_containing(topics, CANARY.encode()) == []
     for path in tmp_path.glob("*.log"):
         assert CANARY not in path.read_text(errors="replace"), path
 

@@ -34,7 +34,7 @@ This process writes to stdout, and appends to `--log` (so a restarted worker can
 outcome of what an earlier incarnation ran):
   {"ev": "started", "key", "pid", "started_ms", "started_mono"}
   {"ev": "finished", "key", "result": {outcome, exit_code, signal, started_ms,
-   finished_ms, started_mono, finished_mono, error}}
+   finished_ms, started_mono, finished_mono, error, [output_cut]}}
   {"ev": "tick"} every half second (the worker's sign that this process is alive).
 Times come twice: epoch ms of this machine's wall clock, and CLOCK_MONOTONIC seconds,
 which the worker turns into broker time for its reports.
@@ -60,7 +60,13 @@ than they use, so give them a generous `memory_mb`); cgroup v2 memory.max would 
 but needs a delegated hierarchy, which the machines this was built on do not have.
 
 Job processes that leave their process group (setsid, daemonising) are not killed with
-it; they are reaped here (this process is a child subreaper) but not tracked.
+it; they are reaped here (this process is a child subreaper) but not tracked. Under
+bubblewrap (connectors/worker/confine.py) they are: the job has a PID namespace of its
+own, whose init is in the group, and the kernel kills all of a namespace with its init.
+
+No file a job writes grows past the output cap (`--output-cap-mb`, RLIMIT_FSIZE,
+connectors/worker/outputcap.py); a run whose stdout or stderr reached it ends with
+`output_cut` in its result, saying so.
 """
 
 from __future__ import annotations
@@ -84,6 +90,12 @@ import orjson
 
 from connectors.worker.confine import Confinement
 from connectors.worker.lease import read_lease
+from connectors.worker.outputcap import (
+    DEFAULT_OUTPUT_CAP_MB,
+    cut_streams,
+    reason,
+    spawn_by_fork,
+)
 from connectors.worker.procs import (
     become_subreaper,
     conceal,
@@ -146,8 +158,12 @@ class ExecutorConfig:
     max_gap_s: float = 2.5
     start_wait_s: float = 30.0
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs as (`--run-as`)
-    # The worker's files hidden from jobs of its own user (connectors/worker/confine.py).
+    # The sandbox jobs run in (connectors/worker/confine.py): the worker's files hidden,
+    # a PID namespace and a /tmp of their own, their environment applied inside only.
     confinement: Confinement | None = None
+    # No file a job writes grows past this (RLIMIT_FSIZE), its output files included
+    # (connectors/worker/outputcap.py); 0: no cap.
+    output_cap: int = DEFAULT_OUTPUT_CAP_MB * MIB
 
 
 @dataclass
@@ -453,24 +469,32 @@ class ExecutorLoop:
             if job.prepare_error:
                 raise RunDirError(job.prepare_error)
             made = reopen(job.run_dir, run_as) if job.prepared else prepare(job.run_dir, run_as)
-            argv = job.argv
-            if self.config.confinement is not None:
-                argv = self.config.confinement.wrap(argv, made.work, job.env.get("PATH"))
+            argv, env, sandbox = job.argv, job.env, None
+            cap = self.config.output_cap
             try:
-                if run_as is not None or job.memory_mb > 0:
+                if self.config.confinement is not None:
+                    # bwrap gets an environment of its own; the job's is applied inside
+                    # the sandbox, from a descriptor (connectors/worker/confine.py).
+                    sandbox = self.config.confinement.wrap(argv, made.work, job.env)
+                    argv, env = sandbox.argv, sandbox.env
+                if run_as is not None or job.memory_mb > 0 or spawn_by_fork(cap):
                     pid, job.rlimit_error = spawn_limited(
                         argv,
-                        job.env,
+                        env,
                         made.work,
                         made.stdout,
                         made.stderr,
                         job.memory_mb * MIB,
                         run_as,
+                        cap,
+                        () if sandbox is None else (sandbox.args_fd,),
                     )
                 else:
-                    pid = spawn(argv, job.env, made.work, made.stdout, made.stderr)
+                    pid = spawn(argv, env, made.work, made.stdout, made.stderr, cap)
             finally:
                 made.close()
+                if sandbox is not None:
+                    sandbox.close()
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
             return
@@ -555,8 +579,9 @@ class ExecutorLoop:
                 self.in_use[i] = max(0.0, self.in_use[i] - n)
         exit_code, sig = decode_status(job.status) if job.status is not None else (None, None)
         if job.rlimit_error:
-            note = f"memory limit not applied: {job.rlimit_error}"
+            note = f"limits not applied: {job.rlimit_error}"
             error = f"{error}; {note}" if error else note
+        cut = [] if job.started_ms is None else cut_streams(job.run_dir, self.config.output_cap)
         result = {
             "outcome": outcome,
             "exit_code": exit_code,
@@ -567,6 +592,8 @@ class ExecutorLoop:
             "finished_mono": time.monotonic(),
             "error": error,
         }
+        if cut:
+            result["output_cut"] = reason(cut, self.config.output_cap)
         del self.jobs[job.key]
         self.stopping.discard(job.key)
         self._emit({"ev": "finished", "key": job.key, "result": result})
@@ -658,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-as-gid", type=int, default=None)
     parser.add_argument("--bwrap", default=None)
     parser.add_argument("--hide", action="append", default=[])
+    parser.add_argument("--output-cap-mb", type=float, default=float(DEFAULT_OUTPUT_CAP_MB))
     args = parser.parse_args(argv)
     run_as = None if args.run_as_uid is None else (args.run_as_uid, args.run_as_gid)
     if os.getsid(0) != os.getpid():
@@ -676,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
             args.start_wait_s,
             run_as,
             None if args.bwrap is None else Confinement(args.bwrap, tuple(args.hide)),
+            int(args.output_cap_mb * MIB),
         )
     )
     executor.install_signals()

@@ -28,6 +28,7 @@ from typing import Protocol
 import orjson
 
 from connectors.worker.confine import Confinement
+from connectors.worker.outputcap import DEFAULT_OUTPUT_CAP_MB
 from streams.core.clock import BrokerClock
 
 Key = tuple[str, int]
@@ -73,6 +74,8 @@ class Finished:
     error: str
     started_mono: float | None = None  # CLOCK_MONOTONIC
     finished_mono: float | None = None
+    # Why its output was cut ('' if it was not): connectors/worker/outputcap.py.
+    output_cut: str = ""
 
     @staticmethod
     def of(key: Key, result: dict[str, object]) -> Finished:
@@ -94,6 +97,7 @@ class Finished:
             str(result.get("error") or ""),
             mono("started_mono"),
             mono("finished_mono"),
+            str(result.get("output_cut") or ""),
         )
 
 
@@ -246,6 +250,7 @@ class ProcessExecutor:
         run_as: tuple[int, int] | None = None,
         confinement: Confinement | None = None,
         broker: BrokerClock | None = None,
+        output_cap_mb: float = DEFAULT_OUTPUT_CAP_MB,
     ) -> None:
         self.log_path = str(log_file)
         # The worker's broker clock, handed on to the executor process as it improves:
@@ -274,6 +279,8 @@ class ProcessExecutor:
             repr(grace_s),
             "--max-gap-s",
             repr(max_gap_s),
+            "--output-cap-mb",
+            repr(output_cap_mb),
         ]
         if run_as is not None:
             argv += ["--run-as-uid", str(run_as[0]), "--run-as-gid", str(run_as[1])]

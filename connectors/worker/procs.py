@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from connectors.worker.outputcap import lowered, set_limit, spawn_by_fork
+
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_DUMPABLE = 4
 
@@ -60,23 +62,27 @@ def conceal() -> str:
     return _prctl(_PR_SET_DUMPABLE, 0, "PR_SET_DUMPABLE")
 
 
-def limit_address_space(limit_bytes: int, report_fd: int) -> Callable[[], None]:
+def limit_address_space(
+    limit_bytes: int, report_fd: int, output_cap: int = 0
+) -> Callable[[], None]:
     """A ``preexec_fn`` that sets ``RLIMIT_AS`` (soft and hard, never above an existing
-    hard limit) and writes b'ok' or the error to ``report_fd``. A limit of 0 or less
-    sets nothing (and says ok)."""
+    hard limit) and the output cap (``RLIMIT_FSIZE``, connectors/worker/outputcap.py),
+    and writes b'ok' or the error to ``report_fd``. A limit of 0 or less sets nothing
+    (and says ok)."""
 
     def apply() -> None:
-        if limit_bytes <= 0:
-            with contextlib.suppress(OSError):
-                os.write(report_fd, b"ok")
-            return
+        message = b"ok"
         try:
-            _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            value = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (value, value))
-            message = b"ok"
+            set_limit(output_cap)
         except (OSError, ValueError) as exc:
-            message = f"setrlimit(RLIMIT_AS, {limit_bytes}) failed: {exc}".encode()
+            message = f"setrlimit(RLIMIT_FSIZE, {output_cap}) failed: {exc}".encode()
+        if limit_bytes > 0 and message == b"ok":
+            try:
+                _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+                value = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+                resource.setrlimit(resource.RLIMIT_AS, (value, value))
+            except (OSError, ValueError) as exc:
+                message = f"setrlimit(RLIMIT_AS, {limit_bytes}) failed: {exc}".encode()
         with contextlib.suppress(OSError):
             os.write(report_fd, message)
 
@@ -129,15 +135,37 @@ class ProgramLookup:
 _PROGRAMS = ProgramLookup()
 
 
-def spawn(argv: Sequence[str], env: dict[str, str], cwd: Path, stdout: int, stderr: int) -> int:
+def spawn(
+    argv: Sequence[str],
+    env: dict[str, str],
+    cwd: Path,
+    stdout: int,
+    stderr: int,
+    output_cap: int = 0,
+) -> int:
     """Start a job with posix_spawn (vfork + exec: far less of this process's CPU than
     `subprocess.Popen`, docs/performance.md, "Real processes"): a new session and process
     group, stdin from /dev/null, stdout and stderr on the descriptors given
     (connectors/worker/rundirs.py made them; nothing is opened by name here). The program
     is looked up in the job's own PATH, as `subprocess` does. Returns the pid (the caller reaps it).
+    Descriptors marked inheritable (a sandbox's `--args` memfd) are passed on.
+
+    posix_spawn cannot set limits: the output cap (RLIMIT_FSIZE, `output_cap` bytes, 0:
+    none) is this process's own for the spawn, which the job inherits, and only by a
+    process that may raise its limit back (connectors/worker/outputcap.py; others start
+    capped jobs with `spawn_limited`).
 
     posix_spawn has no working-directory attribute here, so this process changes its
     own for the call: callers must be single-threaded (the executor is)."""
+    if spawn_by_fork(output_cap):
+        raise ValueError("the output cap needs spawn_limited here (no CAP_SYS_RESOURCE)")
+    with lowered(output_cap):
+        return _spawn_found(argv, env, cwd, stdout, stderr)
+
+
+def _spawn_found(
+    argv: Sequence[str], env: dict[str, str], cwd: Path, stdout: int, stderr: int
+) -> int:
     program = argv[0] if "/" in argv[0] else _PROGRAMS.find(argv[0], env.get("PATH"))
     if program is None:
         raise FileNotFoundError(2, "No such file or directory", argv[0])
@@ -185,11 +213,14 @@ def spawn_limited(
     stderr: int,
     limit_bytes: int,
     run_as: tuple[int, int] | None = None,
+    output_cap: int = 0,
+    pass_fds: tuple[int, ...] = (),
 ) -> tuple[int, str]:
-    """Like `spawn`, with RLIMIT_AS set in the child before exec (fork + exec, since
-    posix_spawn can neither set limits nor change the user), and as `run_as` (uid, gid,
-    no supplementary groups) when given. `limit_bytes` 0: no limit. Returns the pid and
-    '' or why the limit was not applied (the job runs anyway)."""
+    """Like `spawn`, with RLIMIT_AS and the output cap (RLIMIT_FSIZE) set in the child
+    before exec (fork + exec, since posix_spawn can neither set limits nor change the
+    user), and as `run_as` (uid, gid, no supplementary groups) when given, `pass_fds`
+    passed on. `limit_bytes` 0: no limit. Returns the pid and '' or why a limit was not
+    applied (the job runs anyway)."""
     report_r, report_w = os.pipe()  # close-on-exec: EOF once the job execs
     try:
         try:
@@ -201,7 +232,8 @@ def spawn_limited(
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=limit_address_space(limit_bytes, report_w),
+                preexec_fn=limit_address_space(limit_bytes, report_w, output_cap),
+                pass_fds=pass_fds,
                 user=None if run_as is None else run_as[0],
                 group=None if run_as is None else run_as[1],
                 extra_groups=None if run_as is None else [],

@@ -56,19 +56,37 @@ def worker() -> Iterator[Worker]:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def _as_job(argv: list[str], cwd: Path) -> str:
-    done = subprocess.run(
-        argv,
-        cwd=cwd,
-        user=NOBODY.pw_uid,
-        group=NOBODY.pw_gid,
-        extra_groups=[],
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+JOB_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _as_job(
+    argv: list[str], cwd: Path, made: Confinement | None = None, env: dict[str, str] | None = None
+) -> str:
+    """Run `argv` as the job's user, as the executor does: under `made` if given (bwrap
+    with its own environment, the job's passed by descriptor)."""
+    env = {"PATH": JOB_PATH, **(env or {})}
+    fds: tuple[int, ...] = ()
+    sandbox = None
+    if made is not None:
+        sandbox = made.wrap(argv, cwd, env)
+        argv, env, fds = sandbox.argv, sandbox.env, (sandbox.args_fd,)
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=cwd,
+            user=NOBODY.pw_uid,
+            group=NOBODY.pw_gid,
+            extra_groups=[],
+            env=env,
+            pass_fds=fds,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        if sandbox is not None:
+            sandbox.close()
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -88,7 +106,7 @@ def _probe(w: Worker) -> list[str]:
 def test_the_job_sees_only_its_own_directory(worker: Worker) -> None:
     made = confinement([worker.state, worker.token])
     assert isinstance(made, Confinement), made
-    seen = _as_job(made.wrap(_probe(worker), worker.work), worker.work).split()
+    seen = _as_job(_probe(worker), worker.work, made).split()
     assert seen == ["journal-hidden", "token-hidden", "cover-held", "mine"]
     assert (worker.work / "own").read_text() == "mine\n"  # its writes land where they should
 
@@ -102,7 +120,7 @@ def test_a_missing_program_is_said_as_without_bubblewrap(worker: Worker) -> None
     made = confinement([worker.state])
     assert isinstance(made, Confinement), made
     with pytest.raises(FileNotFoundError, match="no-such-program"):
-        made.wrap(["no-such-program"], worker.work, "/usr/bin:/bin")
+        made.wrap(["no-such-program"], worker.work, {"PATH": "/usr/bin:/bin"})
 
 
 def test_no_confinement_where_bubblewrap_cannot_run(tmp_path: Path) -> None:
@@ -114,3 +132,204 @@ def test_no_confinement_where_bubblewrap_cannot_run(tmp_path: Path) -> None:
     refused = confinement([tmp_path], program=false)
     assert isinstance(refused, str)
     assert refused.startswith("bwrap cannot make its namespaces")
+
+
+# -- issue 53: what bwrap itself runs with, the PID namespace, the private /tmp ----------
+
+PRELOAD_SOURCE = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+/* An owner's library: says where it was loaded, and copies the file GRAB names to
+   stderr from wherever it runs. */
+__attribute__((constructor)) static void grab(void) {
+    char comm[64] = {0};
+    int fd = open("/proc/self/comm", O_RDONLY);
+    if (fd >= 0) { if (read(fd, comm, sizeof comm - 1) < 0) comm[0] = 0; close(fd); }
+    dprintf(2, "preload-in:%s", comm);
+    const char *target = getenv("GRAB");
+    if (target == NULL) return;
+    fd = open(target, O_RDONLY);
+    if (fd < 0) { dprintf(2, "grab-denied\n"); return; }
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0 && write(2, buf, (size_t)n) < 0) return;
+    close(fd);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def preload_library() -> Iterator[Path]:
+    """The owner's LD_PRELOAD library, in a folder anyone may read outside /tmp (which
+    jobs no longer share: the library must be where the job itself finds it too)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler (cc) to build the LD_PRELOAD library")
+    folder = Path(tempfile.mkdtemp(prefix="cronlog-preload-", dir="/var/lib"))
+    folder.chmod(0o755)
+    (folder / "grab.c").write_text(PRELOAD_SOURCE)
+    built = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-o", str(folder / "grab.so"), str(folder / "grab.c")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    (folder / "grab.so").chmod(0o755)
+    try:
+        yield folder / "grab.so"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stderr_as_job(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
+    """stderr of `argv` run as the job's user with exactly `env` (no sandbox)."""
+    done = subprocess.run(
+        argv,
+        cwd=cwd,
+        user=NOBODY.pw_uid,
+        group=NOBODY.pw_gid,
+        extra_groups=[],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return done.stderr
+
+
+def test_the_jobs_ld_preload_never_runs_in_bwrap(worker: Worker, preload_library: Path) -> None:
+    """The job's environment is applied inside the sandbox only: its LD_PRELOAD runs in
+    the job's own processes, where the journal is covered, never in bwrap, which starts
+    before any namespace exists and sees every file of the worker's user."""
+    made = confinement([worker.state, worker.token])
+    assert isinstance(made, Confinement), made
+    env = {"PATH": JOB_PATH, "LD_PRELOAD": str(preload_library), "GRAB": str(worker.journal)}
+    sandbox = made.wrap(["true"], worker.work, env)
+    try:
+        done = subprocess.run(
+            sandbox.argv,
+            cwd=worker.work,
+            user=NOBODY.pw_uid,
+            group=NOBODY.pw_gid,
+            extra_groups=[],
+            env=sandbox.env,
+            pass_fds=(sandbox.args_fd,),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        sandbox.close()
+    assert done.returncode == 0, done.stderr
+    assert "preload-in:true" in done.stderr  # the library ran, in the job
+    assert "grab-denied" in done.stderr
+    assert "preload-in:bwrap" not in done.stderr
+    assert "seal-of-another-run" not in done.stderr
+    # The control, as the executor ran jobs before issue 53: bwrap started with the
+    # job's environment, and the owner's library read the journal from bwrap.
+    old = [made.program, "--dev-bind", "/", "/", "--tmpfs", str(worker.state)]
+    old += ["--bind", str(worker.work), str(worker.work), "--", "true"]
+    leaked = _stderr_as_job(old, worker.work, env)
+    assert "preload-in:bwrap" in leaked
+    assert "seal-of-another-run" in leaked
+
+
+def test_the_jobs_environment_is_on_no_command_line(worker: Worker) -> None:
+    """Every user may read every /proc/PID/cmdline: the job's values (its secrets among
+    them) are handed to bwrap by descriptor, never as arguments."""
+    made = confinement([worker.state])
+    assert isinstance(made, Confinement), made
+    value = f"VALUE-{os.getpid()}-{id(made)}"
+    sandbox = made.wrap(
+        ["sh", "-c", 'echo "$SECRET"; sleep 3'],
+        worker.work,
+        {
+            "PATH": JOB_PATH,
+            "SECRET": value,
+        },
+    )
+    try:
+        proc = subprocess.Popen(
+            sandbox.argv,
+            cwd=worker.work,
+            user=NOBODY.pw_uid,
+            group=NOBODY.pw_gid,
+            extra_groups=[],
+            env=sandbox.env,
+            pass_fds=(sandbox.args_fd,),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        sandbox.close()
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == value  # the job has it
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                assert value.encode() not in cmdline, f"{entry}: {cmdline!r}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_job_cannot_see_or_signal_processes_outside_its_sandbox(worker: Worker) -> None:
+    """A process of the job's own user (another job, the executor of a worker that runs
+    jobs as itself) is neither visible nor killable from the job; its parents neither.
+    Without the sandbox the same job kills it."""
+    made = confinement([worker.state])
+    assert isinstance(made, Confinement), made
+    bystander = subprocess.Popen(
+        ["sleep", "60"], user=NOBODY.pw_uid, group=NOBODY.pw_gid, extra_groups=[]
+    )
+    killer = [
+        "sh",
+        "-c",
+        f"kill -9 {bystander.pid} 2>/dev/null && echo killed || echo missed; "
+        # and every ancestor it can find, as a job hunting its executor would
+        'p=$PPID; while [ "$p" -gt 1 ]; do kill -9 $p 2>/dev/null; '
+        "p=$(awk '/^PPid:/ {print $2}' /proc/$p/status 2>/dev/null || echo 0); done; "
+        "echo processes=$(ls /proc | grep -c '^[0-9]')",
+    ]
+    try:
+        seen = _as_job(killer, worker.work, made).split()
+        assert seen[0] == "missed"
+        assert int(seen[1].removeprefix("processes=")) <= 6  # init, sh, $(), ls, grep
+        assert bystander.poll() is None
+        # The control: the same job without the sandbox.
+        assert _as_job([*killer[:2], killer[2].split(";")[0]], worker.work).split() == ["killed"]
+        bystander.wait(5)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_each_job_has_a_tmp_of_its_own(worker: Worker) -> None:
+    """What one run leaves in /tmp (an LD_PRELOAD library, a rigged tool) a later run of
+    the same user never sees; the job's working directory, under /tmp here, still
+    shows through."""
+    made = confinement([worker.state])
+    assert isinstance(made, Confinement), made
+    name = f"planted-{os.getpid()}"
+    plant = ["sh", "-c", f"echo x > /tmp/{name} && echo planted; echo x > /dev/shm/{name}"]
+    look = ["sh", "-c", f"ls /tmp/{name} /dev/shm/{name} 2>/dev/null | wc -l; pwd"]
+    assert _as_job(plant, worker.work, made).split() == ["planted"]
+    assert _as_job(look, worker.work, made).split() == ["0", str(worker.work)]
+    assert not Path(f"/tmp/{name}").exists()
+
+
+def test_an_environment_that_would_inject_options_is_refused(worker: Worker) -> None:
+    made = confinement([worker.state])
+    assert isinstance(made, Confinement), made
+    forged = {"PATH": JOB_PATH, "X": f"a\0--bind\0{worker.state}\0/uncovered"}
+    with pytest.raises(ValueError, match="NUL"):
+        made.wrap(["true"], worker.work, forged)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from connectors.stack.process import pid_alive
+from connectors.worker.confine import Confinement
 from connectors.worker.engine import read_log
 from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
 from connectors.worker.lease import write_lease
@@ -37,6 +38,8 @@ class Harness:
         max_gap_s: float,
         run_as: tuple[int, int] | None = None,
         broker: BrokerClock | None = None,
+        confinement: Confinement | None = None,
+        output_cap_mb: float = 64,
     ):
         self.root = root
         self.lease = root / "lease"
@@ -50,6 +53,8 @@ class Harness:
             stderr=root / "executor.stderr",
             run_as=run_as,
             broker=broker,
+            confinement=confinement,
+            output_cap_mb=output_cap_mb,
         )
         self.seen: list[Event] = []
 
@@ -66,6 +71,7 @@ class Harness:
         timeout_s: float = 30,
         memory_mb: int = 0,
         need: tuple[float, float, float] = (0, 0, 0),
+        env: dict[str, str] | None = None,
     ) -> tuple[str, int]:
         key = (name, 1)
         self.executor.start(
@@ -73,7 +79,7 @@ class Harness:
                 key,
                 self.root / name,
                 tuple(argv),
-                {"PATH": os.environ["PATH"], "CRONLOG_RUN_ID": name},
+                {"PATH": os.environ["PATH"], "CRONLOG_RUN_ID": name, **(env or {})},
                 timeout_s,
                 memory_mb,
                 now_ms() if at_ms is None else at_ms,
@@ -129,8 +135,10 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         max_gap_s: float = 2.5,
         run_as: tuple[int, int] | None = None,
         broker: BrokerClock | None = None,
+        confinement: Confinement | None = None,
+        output_cap_mb: float = 64,
     ) -> Harness:
-        harness = Harness(tmp_path, capacity, max_gap_s, run_as, broker)
+        harness = Harness(tmp_path, capacity, max_gap_s, run_as, broker, confinement, output_cap_mb)
         made.append(harness)
         return harness
 

@@ -30,6 +30,7 @@ from schemas.records import (
     JobState,
     JobUpserted,
     LedgerInput,
+    PendingBackfill,
     RecentRequest,
     RerunRequested,
     RunEvent,
@@ -268,6 +269,17 @@ def job_state_rest_to_avro(s: JobState) -> AvroDict:
         "probes": s.probes,
         "schedule_runs": s.schedule_runs,
         "forgotten_ms": s.forgotten_ms,
+        "backfill_queue": [
+            {
+                "request_id": b.request_id,
+                "from_ms": b.from_ms,
+                "to_ms": b.to_ms,
+                "at_ms": b.at_ms,
+                "created": b.created,
+                "params": dict(b.params),
+            }
+            for b in s.backfill_queue
+        ],
         "upstream_outcomes": [
             {
                 "upstream": o.upstream,
@@ -309,6 +321,17 @@ def job_state_from_rest(spec: JobSpec, d: AvroDict) -> JobState:
         probes=tuple(d["probes"]),
         schedule_runs=d["schedule_runs"],
         forgotten_ms=d["forgotten_ms"],
+        backfill_queue=tuple(
+            PendingBackfill(
+                b["request_id"],
+                b["from_ms"],
+                b["to_ms"],
+                b["at_ms"],
+                b["created"],
+                tuple(sorted((b.get("params") or {}).items())),
+            )
+            for b in d.get("backfill_queue") or ()
+        ),
     )
 
 

@@ -300,6 +300,19 @@ class Span:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingBackfill:
+    """A backfill accepted and not fully created yet: the times in (from_ms - 1, to_ms]
+    are still to be looked at; `created` runs were made by it so far."""
+
+    request_id: str
+    from_ms: int
+    to_ms: int
+    at_ms: int
+    created: int = 0
+    params: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class JobState:
     spec: JobSpec
     paused: bool
@@ -337,6 +350,10 @@ class JobState:
     # The newest scheduled time of a run forgotten (`keep_final_runs`): decided for
     # good, so no change moves the watermark back below it (its run would be made again).
     forgotten_ms: int = 0
+    # Backfills accepted and not fully created, oldest first: a job holds at most
+    # `LedgerConfig.backfill_live_runs` live backfill runs, and the queue's head goes on
+    # as they finish (streams/core/ledger/firing.py, `Firing.pace_backfills`).
+    backfill_queue: tuple[PendingBackfill, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from schemas.records import (
     JobEvent,
     JobState,
     JobUpserted,
+    PendingBackfill,
     RecentRequest,
     RunEvent,
     RunLogChunk,
@@ -174,6 +175,18 @@ BY_FIELD: dict[str, st.SearchStrategy[Any]] = {
     ).map(tuple),
     "backfilled": st.lists(
         st.builds(Span, st.integers(0, 2**45), st.integers(0, 2**45)), max_size=3
+    ).map(tuple),
+    "backfill_queue": st.lists(
+        st.builds(
+            PendingBackfill,
+            ids,
+            st.integers(0, 2**45),
+            st.integers(0, 2**45),
+            st.integers(0, 2**45),
+            st.integers(0, 10**5),
+            st.dictionaries(ids, text, max_size=2).map(lambda d: tuple(sorted(d.items()))),
+        ),
+        max_size=2,
     ).map(tuple),
     "version": st.integers(0, 10**9),
     "seq": st.integers(0, 10**6),

@@ -133,9 +133,10 @@ def test_a_backfill_sent_twice_creates_each_run_once_even_after_forgetting() -> 
 
 
 def test_a_backfill_past_one_transaction_carries_on_to_the_end_of_its_range() -> None:
-    """1,000 runs a transaction; the rest of the range follows as continuations on the
-    job's log (the world delivers them as Kafka would): every time once, none past it."""
-    config = LedgerConfig(max_catchup_runs=100, keep_final_runs=2)
+    """1,000 fire times a transaction; the rest of the range follows after nudges on the
+    job's log (the world delivers them as Kafka would): every time once, none past it.
+    (Pacing by live runs is lifted here: tests/unit/test_backfill_pacing.py has it.)"""
+    config = LedgerConfig(max_catchup_runs=100, keep_final_runs=2, backfill_live_runs=10**6)
     w = registered(spec(), config=config)
     start = T0 - 349 * MIN
     w.apply(BackfillRequested("j", start, T0, T0 + 1, "b1"))
@@ -150,7 +151,7 @@ def test_a_backfill_past_one_transaction_carries_on_to_the_end_of_its_range() ->
 
 
 def test_a_backfill_stops_at_its_run_limit_and_says_where() -> None:
-    config = LedgerConfig(max_catchup_runs=100, max_backfill_runs=250)
+    config = LedgerConfig(max_catchup_runs=100, max_backfill_runs=250, backfill_live_runs=10**6)
     w = registered(spec(), config=config)
     start = T0 - 999 * MIN
     w.apply(BackfillRequested("j", start, T0, T0 + 1, "big"))

@@ -86,6 +86,10 @@ CONFIG = LedgerConfig(
     max_lead_ms=2000,
     dependency_wait_ms=20_000,
     keep_final_runs=4,  # runs are forgotten soon: withdrawn ones must not be
+    # Backfills paced by their live runs (a 15 s backfill makes up to 16 runs): the rest
+    # waits in the job's state and goes on as they end, with every other input between.
+    backfill_live_runs=3,
+    max_pending_backfills=4,
     # A secret is an owner's (simspecs' secret_env names these): one for every owner,
     # one each; a change naming the other owner's is refused (`Sim.operate`).
     secret_grants=simspecs.GRANTS,

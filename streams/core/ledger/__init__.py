@@ -152,6 +152,14 @@ def decide(
             builder.upstream_finished(inp)
         case DispatchFailed():
             builder.dispatch_failed(inp)
+    if (
+        builder.job.backfill_queue
+        and not isinstance(inp, BackfillRequested)
+        and (builder.job.deleted or any(r.final for r in builder.runs.values()))
+    ):
+        # A run of the job ended (or the job was deleted): its queued backfills go on
+        # (streams/core/ledger/firing.py, `Firing.pace_backfills`).
+        builder.pace_backfills()
     return builder.decision()
 
 

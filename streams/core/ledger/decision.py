@@ -40,6 +40,15 @@ class LedgerConfig:
     max_catchup_runs: int = 1000
     # Runs one backfill request creates at most, over all its transactions.
     max_backfill_runs: int = MAX_BACKFILL_RUNS
+    # Backfill pacing (owner fairness, issue 53 item 12): a job holds at most this many
+    # live backfill runs; a backfill's further runs are created as earlier ones finish
+    # (driven by the run-finished inputs on the job's own log), so one owner's backfill
+    # never puts a large backlog before other owners' firings, in the ledger's input or
+    # on the dispatch topic. The rest of its range waits in the job's state.
+    backfill_live_runs: int = 100
+    # Backfills one job holds accepted and not fully created at most; one more is
+    # refused, dead-lettered naming this quota (the API's per-owner quota comes first).
+    max_pending_backfills: int = 64
     # Fire proposals may come this early (the lead, and the look-ahead of a burst, which
     # begins as early as the burst needs: streams/core/proposals.py, `Pacer`); earlier
     # ones are bogus.

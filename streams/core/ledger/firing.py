@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import lru_cache
 
 from schemas.records import (
     BackfillRequested,
@@ -15,6 +16,7 @@ from schemas.records import (
     JobPaused,
     JobResumed,
     JobUpserted,
+    PendingBackfill,
     RecentRequest,
     RerunRequested,
     RunNowRequested,
@@ -22,7 +24,7 @@ from schemas.records import (
 )
 from schemas.spec import AtSchedule, JobSpec
 from streams.core.calendar import excluded_by, skip_reason
-from streams.core.ids import manual_run_id, scheduled_run_id
+from streams.core.ids import manual_run_id, parse_run_id, scheduled_run_id
 from streams.core.ledger.decision import (
     WITHDRAWN,
     WITHDRAWN_BY_CHANGE,
@@ -32,6 +34,13 @@ from streams.core.ledger.decision import (
 from streams.core.ledger.kernel import Kernel, dependency_links, due_after, withdrawn
 from streams.core.params import ParamError, resolve, written
 from streams.core.schedule import fires_between, newest_fires, next_fire
+
+
+@lru_cache(maxsize=65_536)
+def _scheduled_ms(run_id: str) -> int | None:
+    """The scheduled time a run id names (None: a manual run's id)."""
+    parts = parse_run_id(run_id)
+    return None if parts is None else parts.scheduled_ms
 
 
 def _merge(spans: tuple[Span, ...], new: Span, keep: int) -> tuple[Span, ...]:
@@ -457,60 +466,152 @@ class Firing(Kernel):
     def backfill(self, inp: BackfillRequested) -> None:
         """Runs for times the schedule never decided: before the job's registration, and
         not decided by an earlier backfill (the spans say so even once its runs are
-        forgotten). At most `max_catchup_runs` times are looked at in one transaction;
-        the rest of the range follows as a continuation on the job's own log (its
-        request id `<id>+<runs created so far>`, a form no user id takes), up to
-        `max_backfill_runs` runs in all."""
+        forgotten). A backfill accepted joins the job's queue of pending backfills
+        (`JobState.backfill_queue`); `pace_backfills` creates its runs, never more than
+        `backfill_live_runs` live at once, and the rest as those finish, up to
+        `max_backfill_runs` runs in all. A request id `<id>+next` is the ledger's own
+        nudge to go on (written when one transaction looked at `max_catchup_runs` times
+        and there was room for more); `<id>+<runs so far>` is a continuation written
+        before pacing (it joins the queue as its remainder). Neither form is a user id."""
         spec, cfg = self.job.spec, self.config
         if self.job.deleted:
             return self.reject("job is deleted")
         request, _, so_far = inp.request_id.partition("+")
+        if so_far == "next":
+            if not self.job.backfill_queue:
+                return self.reject("nothing pending to backfill")
+            self.pace_backfills()
+            if self._backfill_stopped:
+                self.reject(self._backfill_stopped)
+            return None
         created = int(so_far) if so_far.isdigit() else 0
         if inp.params:
             try:
                 written(spec, resolve(spec.params, inp.params))
             except ParamError as exc:  # written past the API's check: nothing is created
                 return self.reject(f"job {spec.job_id}: {exc}", dead_letter=True)
-        if not so_far:  # a continuation was checked and remembered as its first part
-            duplicate = self._duplicate(inp.request_id, inp.at_ms)
-            if duplicate:
-                return self.reject(duplicate)
-            self._remember(inp.request_id, inp.at_ms)
         upper = min(inp.to_ms, self.job.created_ms)
-        budget = min(cfg.max_catchup_runs, cfg.max_backfill_runs - created)
-        times = fires_between(spec.schedule, inp.from_ms - 1, upper, spec.dst, limit=budget)
-        spans = self.job.backfilled
-        fresh = [
-            t
-            for t in times
-            if not any(s.after_ms < t <= s.until_ms for s in spans)
-            and self.run(scheduled_run_id(spec.job_id, t)) is None
-        ]
-        if len(times) == budget and times[-1] < upper:
-            if created + len(fresh) < cfg.max_backfill_runs:
-                rest = f"{request}+{created + len(fresh)}"
-                self.notices.append(
-                    BackfillRequested(
-                        spec.job_id, times[-1] + 1, inp.to_ms, inp.at_ms, rest, inp.params
-                    )
+        if not fires_between(spec.schedule, inp.from_ms - 1, upper, spec.dst, limit=1):
+            if not so_far:
+                self._check_and_remember(inp)
+            return self.reject("nothing to backfill: before registration, not backfilled yet")
+        if len(self.job.backfill_queue) >= cfg.max_pending_backfills:
+            # Not remembered: the same request may be sent again once the queue drains.
+            return self.reject(
+                f"quota max_pending_backfills: job {spec.job_id} holds "
+                f"{len(self.job.backfill_queue)} backfills not fully created (at most "
+                f"{cfg.max_pending_backfills}); send it again once they are",
+                dead_letter=not so_far,
+            )
+        if not so_far and not self._check_and_remember(inp):
+            return None
+        pending = PendingBackfill(
+            inp.request_id if not so_far else request,
+            inp.from_ms,
+            inp.to_ms,
+            inp.at_ms,
+            created,
+            inp.params,
+        )
+        self.set_job(backfill_queue=(*self.job.backfill_queue, pending))
+        before = self._backfill_runs_made
+        self.pace_backfills()
+        still = any(b.request_id == pending.request_id for b in self.job.backfill_queue)
+        if self._backfill_stopped:
+            self.reject(self._backfill_stopped)
+        elif self._backfill_runs_made == before and not still:
+            # Nothing new in its range: the earlier spans decided it all.
+            self.reject("nothing to backfill: before registration, not backfilled yet")
+        return None
+
+    def _check_and_remember(self, inp: BackfillRequested) -> bool:
+        """A user's backfill request: refused if it was applied already, else remembered."""
+        duplicate = self._duplicate(inp.request_id, inp.at_ms)
+        if duplicate:
+            self.reject(duplicate)
+            return False
+        self._remember(inp.request_id, inp.at_ms)
+        return True
+
+    _backfill_runs_made = 0  # runs `pace_backfills` created in this decision
+    _backfill_stopped = ""  # a backfill it stopped at `max_backfill_runs`, and where
+
+    def _live_backfill_runs(self) -> int:
+        """The job's live runs of times up to its registration: backfill runs (the
+        schedule decides only times after it), read from their ids."""
+        first = self.job.created_ms
+        count = 0
+        for run_id in self.job.live_runs:
+            scheduled = _scheduled_ms(run_id)
+            if scheduled is not None and scheduled <= first:
+                count += 1
+        return count
+
+    def pace_backfills(self) -> None:
+        """Create the queued backfills' next runs, oldest backfill first, while the job
+        holds fewer than `backfill_live_runs` live backfill runs, looking at no more
+        than `max_catchup_runs` fire times. Called after every input that may have
+        made room (a backfill accepted, a run of the job ended): deterministic, on the
+        job's own log. When it stopped for its look limit with room left, it writes a
+        nudge (`<id>+next`) to the job's log to go on in a later transaction."""
+        spec, cfg = self.job.spec, self.config
+        queue = self.job.backfill_queue
+        if not queue:
+            return
+        if self.job.deleted:
+            self.set_job(backfill_queue=())
+            return
+        looked = 0
+        room = cfg.backfill_live_runs - self._live_backfill_runs()
+        while queue and room > 0 and looked < cfg.max_catchup_runs:
+            head = queue[0]
+            upper = min(head.to_ms, self.job.created_ms)
+            limit = min(room, cfg.max_backfill_runs - head.created, cfg.max_catchup_runs - looked)
+            times = (
+                fires_between(spec.schedule, head.from_ms - 1, upper, spec.dst, limit=limit)
+                if limit > 0
+                else []
+            )
+            looked += max(1, len(times))
+            spans = self.job.backfilled
+            fresh = [
+                t
+                for t in times
+                if not any(s.after_ms < t <= s.until_ms for s in spans)
+                and self.run(scheduled_run_id(spec.job_id, t)) is None
+            ]
+            previous = head.from_ms - 1
+            for t in fresh:
+                run_id = scheduled_run_id(spec.job_id, t)
+                self._create(t, "backfill", run_id, period_start=previous, given=head.params)
+                previous = t
+            if fresh:
+                # Decided: (from - 1, the last time created].
+                merged = _merge(spans, Span(head.from_ms - 1, fresh[-1]), cfg.keep_spans)
+                self.set_job(backfilled=merged)
+            self._backfill_runs_made += len(fresh)
+            made = head.created + len(fresh)
+            if len(times) < limit or times[-1] >= upper or limit <= 0:
+                queue = queue[1:]  # its range is done (or its run limit reached)
+            elif made >= cfg.max_backfill_runs:
+                queue = queue[1:]  # stopped at its limit: the API refuses such a range
+                self._backfill_stopped = (
+                    f"backfill {head.request_id.partition('+')[0]!r} stopped at "
+                    f"{cfg.max_backfill_runs} runs; the range from {times[-1] + 1} ms on "
+                    "was not backfilled"
                 )
             else:
-                self.reject(
-                    f"backfill {request!r} stopped at {cfg.max_backfill_runs} runs; the range "
-                    f"from {times[-1] + 1} ms on was not backfilled"
+                queue = (replace(head, from_ms=times[-1] + 1, created=made), *queue[1:])
+            room = cfg.backfill_live_runs - self._live_backfill_runs()
+        self.set_job(backfill_queue=queue)
+        if queue and room > 0:
+            head = queue[0]
+            request = head.request_id.partition("+")[0]
+            self.notices.append(
+                BackfillRequested(
+                    spec.job_id, head.from_ms, head.to_ms, head.at_ms, f"{request}+next", ()
                 )
-        if not fresh:
-            if not self.rejected and not self.notices:
-                self.reject("nothing to backfill: before registration, not backfilled yet")
-            return None
-        previous = inp.from_ms - 1
-        for t in fresh:
-            run_id = scheduled_run_id(spec.job_id, t)
-            self._create(t, "backfill", run_id, period_start=previous, given=inp.params)
-            previous = t
-        # Decided: (from - 1, the last time created]; limited runs may end before `upper`.
-        self.set_job(backfilled=_merge(spans, Span(inp.from_ms - 1, fresh[-1]), cfg.keep_spans))
-        return None
+            )
 
     def rerun(self, inp: RerunRequested) -> None:
         run = self.run(inp.run_id)

@@ -43,7 +43,7 @@ def test_a_whole_item_placeholder_is_one_literal_item(value: str) -> None:
 
 @given(
     st.text(
-        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+        alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"),
         max_size=200,
     )
 )

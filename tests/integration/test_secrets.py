@@ -8,6 +8,9 @@ by the worker, which holds the values."""
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -26,6 +29,7 @@ from tests.support.nodes import (
     Node,
     ProjectorProc,
     WorkerProc,
+    env_for,
     job,
     send_commands,
     stop_all,
@@ -189,6 +193,10 @@ def test_another_owners_secret_is_refused_at_every_step_and_never_leaks(
     assert names == ["canary-token", "loaned", "nope"]
     listed = stack.get("/secrets", headers=ADMIN).json()["items"]
     assert {"name": "loaned", "owners": ["team-b", "team-s"]} in listed
+    mine = _cli_secrets(topics, stack, "tok-b-0123456789ab", "--json")
+    assert json.loads(mine) == [{"name": "loaned"}]
+    table = _cli_secrets(topics, stack, "tok-admin-0123456789")
+    assert "team-b, team-s" in table, table
 
     leak = ["sh", "-c", 'echo "[$T]"']
     send_commands(
@@ -232,6 +240,21 @@ def test_another_owners_secret_is_refused_at_every_step_and_never_leaks(
     assert _records_containing(topics, CANARY.encode()) == []
     for path in tmp_path.glob("*.log"):
         assert CANARY not in path.read_text(errors="replace"), path
+
+
+def _cli_secrets(topics: Settings, api: httpx.Client, token: str, *args: str) -> str:
+    """`cronlog secrets list` over the REST API with `token`: its output."""
+    env = {**env_for(topics), "CRONLOG_API_URL": str(api.base_url), "CRONLOG_TOKEN": token}
+    done = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "secrets", "list", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def _records_containing(settings: Settings, needle: bytes) -> list[str]:

@@ -22,6 +22,7 @@ its command (`upsert_document`), so `every: 60s` and `every: 1m` are the same jo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,6 +235,72 @@ def _parsed(doc: Mapping[str, Any], where: str) -> JobSpec:
         raise JobFileError(f"{where}: job {job}: {parsed.reason}")
     assert isinstance(parsed, UpsertJob)
     return parsed.spec
+
+
+# Programs whose `-c`/`-e` item is code: a `{name}` written into it runs the value.
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "busybox"})
+_CODE_OPTIONS = {
+    **dict.fromkeys(_SHELLS, "c"),
+    **dict.fromkeys(("python", "python3", "python2"), "c"),
+    **dict.fromkeys(("perl", "ruby", "node"), "e"),
+}
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}", re.ASCII)
+
+
+def _names(arg: str) -> list[str]:
+    return [m.group(1) for m in _PLACEHOLDER.finditer(arg) if m.group(1)]
+
+
+def param_hazards(spec: JobSpec) -> list[str]:
+    """Where a run's parameter values would be more than text (README "Parameters"):
+    `{name}` inside code a shell or interpreter runs (`sh -c "... {day} ..."`), and a
+    string `{name}` standing alone as a positional argument before any `--` (a value
+    starting with `-` is read as an option). Empty when the command does not take values
+    (`params_in_command` off) or takes them only in the safe forms."""
+    if not spec.params_in_command or not spec.command:
+        return []
+    declared = {p.name: p.type for p in spec.params}
+    command = spec.command
+    program = Path(command[0]).name.rstrip("0123456789.") or command[0]
+    letter = _CODE_OPTIONS.get(program) or _CODE_OPTIONS.get(Path(command[0]).name)
+    found: list[str] = []
+    code_at = None
+    if letter is not None:
+        for index, arg in enumerate(command[1:], 1):
+            if arg == "--" or not arg.startswith("-"):
+                break
+            if not arg.startswith("--") and letter in arg[1:]:
+                code_at = index + 1
+                break
+    ended = False  # after `--`: no more options
+    for index, arg in enumerate(command):
+        if index == 0:
+            continue
+        names = [n for n in _names(arg) if n in declared]
+        if index == code_at and names:
+            found.append(
+                f"command[{index}] is code {command[0]} runs, with "
+                f"{', '.join('{' + n + '}' for n in names)} written into it: a value is run "
+                "as code. Pass the value as an argument of its own after the code "
+                '(["sh", "-c", "tool \\"$1\\"", "sh", "{name}"]; sys.argv in Python) or '
+                "read it from CRONLOG_PARAMS"
+            )
+        elif (
+            code_at is None  # after a shell's code: its own arguments ($0, $1, ...)
+            and not ended
+            and names
+            and arg == "{" + names[0] + "}"
+            and declared[names[0]] == "string"
+            and not command[index - 1].startswith("-")
+        ):
+            found.append(
+                f"command[{index}] is {arg} alone, before any `--`: a value starting with "
+                f"`-` is read as an option. Put `--` before it, or glue it to its option "
+                f"(--{names[0]}={arg})"
+            )
+        if arg == "--":
+            ended = True
+    return found
 
 
 def _normal(spec: JobSpec, with_owner: bool) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from connectors.apply import (
     PruneScopeError,
     describe,
     export_documents,
+    param_hazards,
     plan,
     prune_scope,
     read_files,
@@ -36,6 +37,15 @@ FilesOpt = Annotated[
 ]
 ManagedOpt = Annotated[
     str, typer.Option("--managed-by", help="The name apply marks its jobs with, and prunes by.")
+]
+StrictParamsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict-params",
+        help="Refuse (exit 1) jobs whose parameter values would be more than text: "
+        "`{name}` inside `sh -c` code, or alone as an argument before `--` (warned "
+        "otherwise).",
+    ),
 ]
 PruneOpt = Annotated[
     bool,
@@ -95,9 +105,21 @@ def _plan(
     managed_by: str,
     owner: str | None,
     prune: bool,
+    strict_params: bool = False,
 ) -> list[Change]:
-    """What applying the files changes; with --prune, its scope printed first."""
+    """What applying the files changes; with --prune, its scope printed first. Jobs
+    whose parameter values would be more than text are warned about on stderr (refused
+    with --strict-params: `param_hazards`)."""
     found = _load(files, managed_by, owner or _default_owner(service))
+    hazards = [
+        f"{job.where}: job {job.spec.job_id}: {h}"
+        for job in found.jobs
+        for h in param_hazards(job.spec)
+    ]
+    for hazard in hazards:
+        typer.secho(f"warning: {hazard}", fg=typer.colors.YELLOW, err=True)
+    if hazards and strict_params:
+        raise fail(f"--strict-params: {len(hazards)} parameter hazard(s), above", 1)
     rows = _registered(service)
     owners: frozenset[str] = frozenset()
     if prune:
@@ -122,12 +144,13 @@ def apply_files(
     api: ApiOpt = None,
     token: TokenOpt = None,
     direct: DirectOpt = False,
+    strict_params: StrictParamsOpt = False,
 ) -> None:
     """Make the registered jobs what the files say: print the difference (created,
     changed field by field, unchanged, deleted with --prune), then apply it."""
     use_mode(api, token, direct)
     with open_service() as service:
-        changes = _plan(service, files, managed_by, owner, prune)
+        changes = _plan(service, files, managed_by, owner, prune, strict_params)
         for change in changes:
             for line in describe(change):
                 typer.echo(line)
@@ -161,12 +184,13 @@ def diff_files(
     api: ApiOpt = None,
     token: TokenOpt = None,
     direct: DirectOpt = False,
+    strict_params: StrictParamsOpt = False,
 ) -> None:
     """Print how the registered jobs differ from the files; exit 1 when they do (drift),
     0 when they do not, 2 when cronlog cannot be reached."""
     use_mode(api, token, direct)
     with open_service() as service:
-        changes = _plan(service, files, managed_by, owner, prune)
+        changes = _plan(service, files, managed_by, owner, prune, strict_params)
     drift = [c for c in changes if c.kind != "same"]
     for change in drift:
         for line in describe(change):

@@ -215,7 +215,8 @@ def worker(
         typer.Option(
             envvar="CRONLOG_SECRETS_DIR",
             help="Files named after the secrets jobs reference (`env: {X: {secret: NAME}}`); "
-            "else CRONLOG_SECRET_<NAME> in this worker's environment.",
+            "else CRONLOG_SECRET_<NAME> in this worker's environment. A job may use a "
+            "secret only if CRONLOG_SECRETS_GRANTS grants it to the job's owner (read per run).",
         ),
     ] = None,
     state_dir: Annotated[

@@ -27,7 +27,8 @@ PLUMBING: dict[str, dict[str, str]] = {
         "Worker.__init__": "the worker's PATH, HOME, LANG... handed on to the jobs",
     },
     "connectors/worker/secrets.py": {
-        "Secrets.__init__": "CRONLOG_SECRET_<NAME>: runtime values jobs name, not settings",
+        "Secrets.__init__": "CRONLOG_SECRET_<NAME>: runtime values jobs name, not settings; "
+        "and the path of the grants file it reads per run (Settings check it at start)",
     },
     "connectors/worker/executor.py": {
         "ProcessExecutor.__init__": "the worker's environment handed on to its executor",

@@ -13,9 +13,10 @@ shared (100.64/10), multicast, unspecified, reserved and documentation ranges: e
 address that is not globally routable (`ipaddress`'s `is_global`). An IPv6 address that
 embeds an IPv4 address is judged by it too, since a host, NAT64 gateway or relay on the
 way may deliver it there: IPv4-mapped `::ffff:a.b.c.d` and IPv4-compatible `::a.b.c.d`
-(judged as the IPv4 address alone), NAT64 `64:ff9b::/96`, 6to4 `2002::/16` and Teredo
-`2001::/32` (its server and its client, un-XOR-ed) must be public in both forms; the
-local-use NAT64 prefix `64:ff9b:1::/48` (RFC 8215) is never public. The operator's
+(judged as the IPv4 address alone), NAT64 `64:ff9b::/96`, IPv4-translated
+`::ffff:0:a.b.c.d`, 6to4 `2002::/16` and Teredo `2001::/32` (its server and its client,
+un-XOR-ed) must be public in both forms; the local-use NAT64 prefix `64:ff9b:1::/48`
+(RFC 8215) and the deprecated site-local `fec0::/10` are never public. The operator's
 allow-list (`cronlog notifier --allow-destination`, CRONLOG_NOTIFY_ALLOW) names
 networks (`10.20.0.0/16`) or host names (`hooks.internal`) that may be reached anyway.
 """
@@ -88,6 +89,8 @@ class Destinations:
             return ""
         if ip in LOCAL_NAT64:
             return "local-use NAT64"
+        if ip in SITE_LOCAL:
+            return "site-local"
         if ip.is_global and not ip.is_multicast:
             return ""
         return next(
@@ -109,6 +112,8 @@ class Destinations:
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
 LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: local use, never public
 IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated ::a.b.c.d (:: and ::1 too)
+IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # SIIT, RFC 6145: last 32 bits
+SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")  # deprecated, but routed inside some sites
 
 
 def judged_addresses(ip: Address) -> tuple[Address, ...]:
@@ -122,7 +127,7 @@ def judged_addresses(ip: Address) -> tuple[Address, ...]:
     last32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip in IPV4_COMPATIBLE:
         return (last32,)
-    if ip in NAT64:
+    if ip in NAT64 or ip in IPV4_TRANSLATED:
         return (ip, last32)
     if ip.sixtofour is not None:
         return (ip, ip.sixtofour)

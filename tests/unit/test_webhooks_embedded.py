@@ -56,7 +56,17 @@ def teredo(server: ipaddress.IPv4Address, client: ipaddress.IPv4Address) -> ipad
     )  # fmt: skip
 
 
-FORMS = {"nat64": nat64, "compatible": compatible, "mapped": mapped, "6to4": sixtofour}
+def translated(v4: ipaddress.IPv4Address) -> ipaddress.IPv6Address:
+    return ipaddress.IPv6Address((0xFFFF0000 << 32) | int(v4))  # ::ffff:0:a.b.c.d (SIIT)
+
+
+FORMS = {
+    "nat64": nat64,
+    "compatible": compatible,
+    "mapped": mapped,
+    "6to4": sixtofour,
+    "translated": translated,
+}
 
 
 @given(v4=internal_v4(), form=st.sampled_from(sorted(FORMS)))
@@ -102,6 +112,9 @@ def test_the_local_use_nat64_prefix_is_never_public(low: int) -> None:
         "::127.0.0.1",
         "::10.1.2.3",
         "64:ff9b:1::a00:1",
+        "::ffff:0:127.0.0.1",
+        "::ffff:0:169.254.169.254",
+        "fec0::1",
     ],
 )
 def test_the_reported_attacks_are_refused(address: str) -> None:
@@ -109,7 +122,7 @@ def test_the_reported_attacks_are_refused(address: str) -> None:
 
 
 @pytest.mark.parametrize("v4", PUBLIC_V4)
-@pytest.mark.parametrize("form", ["nat64", "6to4", "mapped", "compatible"])
+@pytest.mark.parametrize("form", sorted(FORMS))
 def test_a_public_ipv4_in_an_ipv6_form_is_allowed(v4: str, form: str) -> None:
     address = FORMS[form](ipaddress.IPv4Address(v4))
     assert Destinations().refusal("h", str(address)) == ""

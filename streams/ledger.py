@@ -72,6 +72,21 @@ and been restarted:
 A watchdog that fires on a slow but healthy call (a saturated machine) costs a recovery,
 never correctness: the abandoned transaction is committed or aborted as a whole, and the
 takeover reads back whichever it was.
+
+An output that can never be written. A record librdkafka refuses at produce() (message
+larger than message.max.bytes: MSG_SIZE_TOO_LARGE) or the broker refuses in a delivery
+report (MSG_SIZE_TOO_LARGE past the topic's max.message.bytes, RECORD_LIST_TOO_LARGE,
+INVALID_RECORD), which then fails the commit as an abortable error carrying that code,
+would fail the same transaction again on every retry: the input that led to it holds its
+partition for ever. The domain refuses what it can see (`params.written`); for the rest,
+such an error (`refusal`) aborts and recovers as always, then the batch is decided again
+one input per transaction (`_one_by_one`), so the input whose outputs are refused is
+isolated (a produce request refused as a whole fails its batch-mates' delivery reports
+too: only a transaction of one input says which it was). That input is refused: its own
+transaction is redone with nothing but its dead letter (its bytes and the reason), or,
+should that be refused as well, the reason without its bytes, and at last nothing but its
+offset (logged). Every other error is retried as before. Deterministic: the same input
+leads to the same outputs and the same refusal on every node.
 """
 
 from __future__ import annotations
@@ -113,6 +128,7 @@ from streams.lifecycle import run_steps
 from streams.placement_key import placement_key
 from streams.settings import Settings
 from streams.state_store import DiskStore
+from streams.topics import DLQ_MAX_BYTES
 
 log = logging.getLogger("cronlog.ledger")
 _APPLIED = metrics.DECISIONS.labels("applied")
@@ -151,6 +167,23 @@ class LedgerStats:
     produced: int = 0  # records produced in committed transactions
     queue_full: int = 0  # produce calls that met a full local queue (then retried)
     longest_txn_s: float = 0.0
+
+
+# Producer errors an input's outputs meet every time (module docstring: an output that can
+# never be written): the input is refused, never retried. Any other code may pass.
+REFUSED_CODES = frozenset(
+    (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD)
+)
+
+
+def refusal(exc: KafkaException) -> str:
+    """Why the ledger can never write what an input leads to ("" for an error that may
+    pass): librdkafka's or the broker's refusal of a record, from produce(), a delivery
+    report (the commit's abortable error carries its code) or the commit."""
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError) and error.code() in REFUSED_CODES:
+        return f"the ledger cannot write what this input leads to: {error.name()}: {error.str()}"
+    return ""
 
 
 def _fenced(exc: KafkaException) -> bool:
@@ -235,6 +268,9 @@ class Ledger(Membership, Outputs):
             restore_stall_s,
         )
         self._txn_rejected = self._txn_dlq = 0
+        # Inputs refused for the outputs they lead to, while a batch is decided one by
+        # one (`_one_by_one`): (topic, partition, offset) -> (reason, what is kept).
+        self._refusing: dict[tuple[str, int, int], tuple[str, str]] = {}
         self.assigned = False  # a first assignment came and was restored (readiness)
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
@@ -261,7 +297,13 @@ class Ledger(Membership, Outputs):
         # (init_transactions) instead of leaving readers blocked until it times out.
         # Node ids must therefore be unique: two live nodes with one id fence each other.
         txn_id = f"{self.settings.group('ledger')}-{self.node_id}"
-        config = {**transactional_producer_config(self.settings, txn_id), **self.producer_overrides}
+        config = {
+            **transactional_producer_config(self.settings, txn_id),
+            # The dead letter of any job-log record (a third larger than the record) is
+            # never refused by librdkafka: commands.dlq takes DLQ_MAX_BYTES.
+            "message.max.bytes": DLQ_MAX_BYTES,
+            **self.producer_overrides,
+        }
         failures = 0
         while True:
             producer = self.clients.producer(config)
@@ -367,7 +409,9 @@ class Ledger(Membership, Outputs):
             if _fenced(exc):
                 self._check_node_id()  # before recovering fences the other in turn
             log.error("transaction failed (%s): aborting and recovering", exc)
-            self._recover()
+            positions = self._recover()
+            if refusal(exc):
+                self._one_by_one(records, positions)
         except Hung as exc:
             # Never touch that producer again: it is inside a call that may still return.
             self._abandoned += 1
@@ -440,7 +484,50 @@ class Ledger(Membership, Outputs):
         for (topic, partition), offset in rest.items():
             self.consumer.seek(TopicPartition(topic, partition, offset))
 
-    def _recover(self, abort: bool = True) -> None:
+    def _one_by_one(self, records: list[Message], positions: list[TopicPartition]) -> None:
+        """A batch whose transaction met a refused record (`refusal`), decided again one
+        input per transaction from the committed `positions`: an input whose own
+        transaction is refused is refused in turn (its dead letter with its bytes, then
+        without them, then only its offset: `Outputs._refusing`), and the partition goes
+        on. A transient error, or a fence, recovers as always and leaves the rest to the
+        next batch, read again from the committed offsets."""
+        committed = {(tp.topic, tp.partition): tp.offset for tp in positions}
+        resume: dict[tuple[str, int], int] = {}
+        try:
+            for msg in records:
+                where, offset = (msg.topic() or "", msg.partition() or 0), msg.offset() or 0
+                if where not in committed or offset < committed[where]:
+                    continue  # no longer this ledger's, or committed already
+                # What its next transaction keeps of it, should this one be refused.
+                for then in ("bytes", "reason", "offset", ""):
+                    try:
+                        self._transact([msg])
+                        break
+                    except KafkaException as exc:
+                        reason = refusal(exc)
+                        log.error(
+                            "input %s [%d] @%d alone: transaction failed (%s)",
+                            *where,
+                            offset,
+                            exc,
+                        )
+                        self._recover()
+                        if not reason or not then:
+                            return  # the rest from the committed offsets, next batch
+                        first = self._refusing.get((*where, offset), (reason, ""))[0]
+                        self._refusing[(*where, offset)] = (first, then)
+                    except Hung as exc:
+                        self._abandoned += 1
+                        log.error("ledger %s: %s; abandoning the producer", self.node_id, exc)
+                        self._recover(abort=False)
+                        return
+                resume[where] = offset + 1
+        finally:
+            self._refusing.clear()
+        for (topic, partition), offset in resume.items():
+            self.consumer.seek(TopicPartition(topic, partition, offset))
+
+    def _recover(self, abort: bool = True) -> list[TopicPartition]:
         """Abort (unless the producer is abandoned), recreate the producer, and take the
         assigned partitions over again: committed offsets, then state, then seek
         (`Takeover.take_over` says why that order). The new producer's init_transactions
@@ -453,5 +540,7 @@ class Ledger(Membership, Outputs):
             except (KafkaException, Hung) as exc:
                 log.warning("abort failed (%s); the producer is replaced anyway", exc)
         self.producer = self._new_producer()
-        for tp in self._take_over(self.consumer.assignment()).positions:
+        positions = self._take_over(self.consumer.assignment()).positions
+        for tp in positions:
             self.consumer.seek(tp)
+        return positions

@@ -86,6 +86,7 @@ class Outputs:
     _dirty_runs: dict[tuple[int, str], RunState | None]
     _in_txn: int
     _queue_full: int
+    _refusing: dict[tuple[str, int, int], tuple[str, str]]
     _rejected: int
     _txn_dlq: int
     _txn_rejected: int
@@ -96,6 +97,11 @@ class Outputs:
         state = self.state.get(partition)
         if state is None:  # revoked mid-batch: the new owner redoes it
             raise KafkaException(KafkaError(KafkaError._STATE, "partition revoked mid-batch"))
+        if self._refusing:
+            refused = self._refusing.get((msg.topic() or "", partition, msg.offset() or 0))
+            if refused is not None:
+                self._refuse(msg, partition, *refused)
+                return
         try:
             inp = JOB_LOG.decode_keeping_spec(msg.value() or b"")
         except CodecError as exc:
@@ -128,6 +134,33 @@ class Outputs:
             self._produce(self.topics["commands.dlq"], msg.key(), record)
             self._txn_dlq += 1
         self._apply(partition, state, decision)
+
+    def _refuse(self, msg: Message, partition: int, reason: str, keep: str) -> None:
+        """An input whose outputs can never be written (streams/ledger.py, `_one_by_one`):
+        decided no further, its dead letter instead, with its bytes (`keep` "bytes") or
+        without them ("reason", when that dead letter was refused too); "offset": nothing,
+        the input is only passed (logged)."""
+        topic, offset = msg.topic() or "", msg.offset() or 0
+        if keep == "offset":
+            log.error(
+                "input %s [%d] @%d dropped: %s, and its dead letter was refused too",
+                topic,
+                partition,
+                offset,
+                reason,
+            )
+            return
+        original = msg.value() or b""
+        if keep != "bytes":
+            reason = f"{reason} (its {len(original)} bytes are not kept: refused as well)"
+            original = b""
+        log.error("input %s [%d] @%d refused: %s", topic, partition, offset, reason)
+        self._produce(
+            self.topics["commands.dlq"],
+            msg.key(),
+            dlq_record(original, reason, topic, partition, offset),
+        )
+        self._txn_dlq += 1
 
     def _now_ms(self, msg: Message) -> int | None:
         """The broker's append time of the record: the ledger's one clock."""

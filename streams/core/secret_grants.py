@@ -86,7 +86,7 @@ class SecretGrants:
             ):
                 raise GrantsError(
                     f"{where}: {name!r} is not a secret name (1 to {MAX_NAME_CHARS} letters, "
-                    "digits, '.', '_' or '-', starting with a letter or digit)"
+                    "digits, '.', '_' or '-', starting with a letter or digit)" + _quote(name)
                 )
             patterns = [value] if isinstance(value, str) else value
             if not isinstance(patterns, list):
@@ -102,7 +102,7 @@ class SecretGrants:
                 ):
                     raise GrantsError(
                         f"{where}: secret {name!r}: {pattern!r} is not an owner pattern "
-                        "(an owner id, or one with fnmatch's *, ? and [...])"
+                        "(an owner id, or one with fnmatch's *, ? and [...])" + _quote(pattern)
                     )
             grants.append((name, tuple(sorted(set(patterns)))))
         return cls(tuple(sorted(grants)))
@@ -118,6 +118,11 @@ def refusal(owner: str, env: str, secret: str) -> str:
         f"env.{env} names secret {secret!r}, which owner {owner!r} may not use "
         f"(no grant of it matches the owner: see {ENV_VAR})"
     )
+
+
+def _quote(value: object) -> str:
+    """A hint for what YAML read as a number or a boolean (`123`, `yes`): quote it."""
+    return "" if isinstance(value, str) else f" (YAML read {value!r}, not text: quote it)"
 
 
 def _kind(value: object) -> str:

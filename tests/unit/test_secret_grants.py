@@ -103,6 +103,8 @@ def test_a_question_mark_is_one_character_and_a_class_one_of_its_own(owner: str)
         ({"s": ["team a"]}, "is not an owner pattern"),
         ({"s": [""]}, "is not an owner pattern"),
         ({"s": [3]}, "is not an owner pattern"),
+        ({123: ["x"]}, r"YAML read 123, not text: quote it"),
+        ({"s": [True]}, r"YAML read True, not text: quote it"),
     ],
 )
 def test_a_bad_grants_document_is_refused_saying_what(doc: object, said: str) -> None:

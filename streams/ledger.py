@@ -495,6 +495,8 @@ class Ledger(Membership, Outputs):
         resume: dict[tuple[str, int], int] = {}
         try:
             for msg in records:
+                if self._stop.is_set():
+                    return  # the rest from the committed offsets, by the next owner
                 where, offset = (msg.topic() or "", msg.partition() or 0), msg.offset() or 0
                 if where not in committed or offset < committed[where]:
                     continue  # no longer this ledger's, or committed already
@@ -504,6 +506,8 @@ class Ledger(Membership, Outputs):
                         self._transact([msg])
                         break
                     except KafkaException as exc:
+                        if _fenced(exc):
+                            self._check_node_id()  # as `_process_batch` does
                         reason = refusal(exc)
                         log.error(
                             "input %s [%d] @%d alone: transaction failed (%s)",

@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from connectors.api.service import ADMIN, Principal
+from connectors.safe_yaml import safe_load
 
 
 class AuthConfigError(ValueError):
@@ -80,7 +81,7 @@ class Tokens:
         path = env.get("CRONLOG_API_TOKENS_FILE")
         if path:
             try:
-                doc = yaml.safe_load(Path(path).read_text()) or {}
+                doc = safe_load(Path(path).read_text()) or {}
             except (OSError, yaml.YAMLError) as exc:
                 raise AuthConfigError(f"cannot read {path}: {exc}") from exc
             if not isinstance(doc, dict):

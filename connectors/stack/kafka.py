@@ -33,6 +33,7 @@ from string import Template
 
 from confluent_kafka.admin import AdminClient
 
+from connectors.private_files import write_private
 from connectors.stack.paths import KAFKA_ASSETS, StackPaths
 from connectors.stack.process import (
     Log,
@@ -399,8 +400,8 @@ class KafkaStack:
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
                 ]
             )
-        node.config.touch(mode=0o600, exist_ok=True)  # a secured node's holds passwords
-        node.config.write_text(
+        write_private(  # a secured node's holds passwords: 0600 from its creation
+            node.config,
             template.substitute(
                 listener_config=listeners,
                 node_id=node.node_id,
@@ -410,7 +411,7 @@ class KafkaStack:
                 log_dirs=node.dir / "data",
                 replication=self.replication,
                 min_isr=self.min_isr,
-            )
+            ),
         )
 
     def _format_storage(

@@ -110,6 +110,7 @@ bench: topics
 	$(BIN)/python -m bench.prune --quick
 	$(BIN)/python -m bench.detector --seconds 30 --workers 4
 	$(BIN)/python -m bench.outage --quick
+	$(BIN)/python -m bench.fairness --quick
 
 bench-full: topics
 	$(BIN)/python -m bench.ledger --jobs 50000
@@ -133,6 +134,7 @@ bench-full: topics
 	$(BIN)/python -m bench.projector
 	$(BIN)/python -m bench.prune
 	$(BIN)/python -m bench.detector --seconds 60 --workers 4
+	$(BIN)/python -m bench.fairness
 
 # Long fault scenarios (about 40 minutes, most of it waiting): 2,000 jobs every second,
 # every node killed for 20 minutes and restarted. The ledger must work through

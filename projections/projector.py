@@ -35,6 +35,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
+from projections.backlog import backfill_pending
 from projections.deployment import TOPICS
 from projections.job_rows import WrittenRows
 from projections.migrate import migrate_for
@@ -137,12 +138,13 @@ class StalePosition(Exception):
 # column can go backwards (the job events on run-events are the audit's, not this table's).
 JOB_ROW = """
 INSERT INTO jobs (job_id, owner, spec, paused, deleted, next_due_at, created_at, updated_at,
-    cycle)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+    cycle, backfill_pending)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (job_id) DO UPDATE SET owner = excluded.owner, spec = excluded.spec,
     paused = excluded.paused, deleted = excluded.deleted,
     next_due_at = excluded.next_due_at, created_at = excluded.created_at,
-    updated_at = excluded.updated_at, cycle = excluded.cycle"""
+    updated_at = excluded.updated_at, cycle = excluded.cycle,
+    backfill_pending = excluded.backfill_pending"""
 TRANSITION_COLUMNS = "event_id, run_id, attempt, state, at, worker_id, detail, seq"
 TRANSITION = f"""
 INSERT INTO run_transitions ({TRANSITION_COLUMNS})
@@ -618,6 +620,7 @@ class Projector:
         spec = state.spec
         if state.deleted and not spec.owner:
             return  # the ledger's placeholder for a job others depend on: not a job yet
+        pending = backfill_pending(state)
         if key and known is not None:
             written = (
                 len(known.data),
@@ -628,6 +631,7 @@ class Projector:
                 state.created_ms,
                 state.updated_ms,  # moves with every change of the spec
                 state.cycle,
+                pending,
             )
             if self._job_rows.unchanged(key, written):
                 return  # a run's end: only the run lists changed, which the row lacks
@@ -641,6 +645,7 @@ class Projector:
             _ts(state.created_ms),
             _ts(state.updated_ms),
             list(state.cycle),
+            pending,
         )
         rows.append((JOB_ROW, row))
 

@@ -217,3 +217,23 @@ def workers() -> Query:
 def projector_alive() -> Query:
     """Answers once the projections' schema exists (readiness)."""
     return "SELECT 1 FROM projector_offsets LIMIT 1", ()
+
+
+# -- owner quotas (connectors/api/quotas.py) ---------------------------------------------------
+def owner_usage(owner: str) -> Query:
+    """What an owner holds against its quotas: jobs registered, runs not final (in
+    flight), backfill runs created and not final, and the runs its queued backfills have
+    still to create (the jobs rows' estimate)."""
+    return (
+        "SELECT"
+        " (SELECT count(*) FROM jobs WHERE owner = %s AND NOT deleted) AS jobs,"
+        " (SELECT coalesce(sum(backfill_pending), 0) FROM jobs WHERE owner = %s"
+        "   AND NOT deleted) AS backfill_queued,"
+        " (SELECT count(*) FROM runs r JOIN jobs j ON j.job_id = r.job_id"
+        "   WHERE j.owner = %s AND r.state IN ('waiting', 'due', 'dispatched', 'running',"
+        "   'retrying')) AS in_flight,"
+        " (SELECT count(*) FROM runs r JOIN jobs j ON j.job_id = r.job_id"
+        "   WHERE j.owner = %s AND r.trigger = 'backfill' AND r.state IN ('waiting', 'due',"
+        "   'dispatched', 'running', 'retrying')) AS backfill_live",
+        (owner, owner, owner, owner),
+    )

@@ -35,17 +35,21 @@ CSP = (
 UNLIMITED = ("/metrics", "/healthz", "/readyz", "/ui/static/")
 
 
-def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, field: str | None = None, retry_after_s: int | None = None
+) -> JSONResponse:
     body = {"error": {"status": status, "message": message, "field": field}}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 503:
         headers = {"Retry-After": "5"}  # a backing service (Kafka, PostgreSQL) is down
+    if retry_after_s is not None:  # a quota (connectors/api/quotas.py)
+        headers = {"Retry-After": str(retry_after_s)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 # -- errors ---------------------------------------------------------------------------------
 async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-    return _error(exc.status, exc.message, exc.field)
+    return _error(exc.status, exc.message, exc.field, exc.retry_after_s)
 
 
 async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import threading
 import time
 import uuid
@@ -26,7 +27,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from connectors.api import quotas
 from connectors.api.dead_letters import DeadLetterView, recent_dead_letters
+from connectors.api.quotas import OwnerQuotas
 from projections import queries
 from schemas.json import from_plain, to_plain
 from schemas.spec import JobSpec
@@ -73,11 +76,18 @@ class ServiceError(Exception):
     """A refusal with an HTTP-like status: 400 malformed, 403 forbidden, 404 not found,
     409 conflict, 413 too large, 422 invalid, 503 a backing service is unavailable."""
 
-    def __init__(self, status: int, message: str, field: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        retry_after_s: int | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        self.retry_after_s = retry_after_s  # a 429's Retry-After (a quota)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +219,11 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 class Service:
-    def __init__(self, settings: Settings, wait_s: float = 5.0):
+    def __init__(self, settings: Settings, wait_s: float = 5.0, quotas: OwnerQuotas | None = None):
         self.settings = settings
         self.wait_s = wait_s
+        # Per-owner quotas (connectors/api/quotas.py): CRONLOG_OWNER_QUOTAS, else defaults.
+        self.quotas = OwnerQuotas.from_env(os.environ) if quotas is None else quotas
         self.pool = ConnectionPool(
             settings.database_url,
             min_size=1,
@@ -402,6 +414,7 @@ class Service:
             raise ServiceError(
                 409, f"job {command.spec.job_id!r} exists; change it with PATCH", "job_id"
             )
+        self._within_quota(command.spec.owner, quotas.check_job)
         return self._upsert(doc, command)
 
     def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
@@ -412,7 +425,18 @@ class Service:
         existing = self._job_row(command.spec.job_id)
         if existing and not existing["deleted"] and not who.may_see(existing["owner"]):
             raise ServiceError(409, f"job {command.spec.job_id!r} belongs to another owner")
+        if existing is None or existing["deleted"]:
+            self._within_quota(command.spec.owner, quotas.check_job)
         return self._upsert(doc, command)
+
+    def _within_quota(self, owner: str, check: Callable[..., None], *args: Any) -> None:
+        """429 with Retry-After when `owner` is at one of its quotas (`check`'s)."""
+        quota = self.quotas.of(owner)
+        (row,) = self._query(queries.owner_usage(owner))
+        try:
+            check(quota, owner, quotas.Usage.of(row), *args)
+        except quotas.QuotaExceeded as exc:
+            raise ServiceError(429, exc.message, None, exc.retry_after_s) from None
 
     def patch_job(self, who: Principal, job_id: str, patch: dict[str, Any]) -> Accepted:
         current = self.job(who, job_id)
@@ -497,6 +521,9 @@ class Service:
         body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
         if isinstance(command, Backfill):
             body["runs_at_most"] = _backfill_size(row, command)
+            self._within_quota(row["owner"], quotas.check_backfill, body["runs_at_most"])
+        elif isinstance(command, RunNow):
+            self._within_quota(row["owner"], quotas.check_in_flight)
         self._produce_command(doc, command)
         if kind in ("run_now", "backfill"):
             body["request_id"] = doc["request_id"]

@@ -55,7 +55,7 @@ def _finish_all_live(w: World, at: int, job_id: str = "j") -> int:
 
 
 def test_a_big_backfill_creates_no_more_runs_than_the_live_cap_at_once() -> None:
-    w = registered(spec(), config=LedgerConfig(keep_final_runs=5))
+    w = registered(spec(), config=LedgerConfig(backfill_live_runs=CAP, keep_final_runs=5))
     start = T0 - 999 * MIN
     decision = w.apply(BackfillRequested("j", start, T0, T0 + 1, "big"))
     assert len(decision.dispatch) == CAP  # not 1,000 in one transaction
@@ -68,7 +68,7 @@ def test_a_big_backfill_creates_no_more_runs_than_the_live_cap_at_once() -> None
 
 
 def test_the_rest_is_created_as_earlier_runs_finish_every_time_once() -> None:
-    w = registered(spec(), config=LedgerConfig(keep_final_runs=5))
+    w = registered(spec(), config=LedgerConfig(backfill_live_runs=CAP, keep_final_runs=5))
     start = T0 - 999 * MIN
     w.apply(BackfillRequested("j", start, T0, T0 + 1, "big"))
     most = 0
@@ -92,7 +92,7 @@ def test_another_owners_firing_is_decided_alone_between_the_backfill_slices() ->
     the quiet job's firing and run-now, arriving while the backfill is pending, are
     decided with their own runs at once."""
     quiet = replace(spec("q", every=2 * S), owner="quiet")
-    w = registered(spec(), quiet, config=LedgerConfig(keep_final_runs=5))
+    w = registered(spec(), quiet, config=LedgerConfig(backfill_live_runs=CAP, keep_final_runs=5))
     w.apply(BackfillRequested("j", T0 - 5000 * MIN, T0, T0 + 1, "huge"))
     assert len(w.dispatch) == CAP
     fired = w.apply(FireProposed("q", T0 + 2 * S, T0 + 2 * S, "n"))
@@ -108,7 +108,7 @@ def test_another_owners_firing_is_decided_alone_between_the_backfill_slices() ->
 
 
 def test_backfills_queue_in_order_and_one_past_the_pending_quota_is_dead_lettered() -> None:
-    config = LedgerConfig(max_pending_backfills=3, keep_final_runs=5)
+    config = LedgerConfig(backfill_live_runs=CAP, max_pending_backfills=3, keep_final_runs=5)
     w = registered(spec(), config=config)
     for n in range(3):
         lo = T0 - (n + 1) * 200 * MIN + MIN
@@ -134,7 +134,7 @@ def test_backfills_queue_in_order_and_one_past_the_pending_quota_is_dead_lettere
 def test_a_continuation_written_before_pacing_joins_the_queue() -> None:
     """A log written by the ledger before pacing holds `<id>+<runs so far>`: it is the
     rest of an accepted backfill, paced like any other."""
-    w = registered(spec(), config=LedgerConfig(keep_final_runs=5))
+    w = registered(spec(), config=LedgerConfig(backfill_live_runs=CAP, keep_final_runs=5))
     start = T0 - 499 * MIN
     d = w.apply(BackfillRequested("j", start, T0, T0 + 1, "old+1000"))
     assert not d.rejected
@@ -145,7 +145,7 @@ def test_a_continuation_written_before_pacing_joins_the_queue() -> None:
 
 
 def test_a_delete_drops_the_queued_backfills() -> None:
-    w = registered(spec(), config=LedgerConfig(keep_final_runs=5))
+    w = registered(spec(), config=LedgerConfig(backfill_live_runs=CAP, keep_final_runs=5))
     w.apply(BackfillRequested("j", T0 - 999 * MIN, T0, T0 + 1, "big"))
     assert w.jobs["j"].backfill_queue
     w.apply(JobDeleted("j", T0 + 2))
@@ -155,7 +155,7 @@ def test_a_delete_drops_the_queued_backfills() -> None:
 
 def test_the_queue_survives_the_jobs_topic_codec() -> None:
     with_param = spec(params=(Param("k", "string", "x"),))
-    w = registered(with_param, config=LedgerConfig(keep_final_runs=5))
+    w = registered(with_param, config=LedgerConfig(backfill_live_runs=CAP, keep_final_runs=5))
     w.apply(BackfillRequested("j", T0 - 999 * MIN, T0, T0 + 1, "big", (("k", '"v"'),)))
     state = w.jobs["j"]
     assert JOB_STATE.decode(JOB_STATE.encode(state)) == state

@@ -116,7 +116,7 @@ def test_a_one_off_older_than_the_catch_up_window_leaves_a_record() -> None:
 
 # -- firings ---------------------------------------------------------------------------
 def test_a_backfill_sent_twice_creates_each_run_once_even_after_forgetting() -> None:
-    w = registered(spec(), config=LedgerConfig(keep_final_runs=2))
+    w = registered(spec(), config=LedgerConfig(keep_final_runs=2, backfill_live_runs=100))
     start = T0 - 50 * MIN
     w.apply(BackfillRequested("j", start, T0, T0 + 1, "b1"))
     created = [r for r in w.runs.values() if r.trigger == "backfill"]

@@ -45,7 +45,7 @@ class LedgerConfig:
     # (driven by the run-finished inputs on the job's own log), so one owner's backfill
     # never puts a large backlog before other owners' firings, in the ledger's input or
     # on the dispatch topic. The rest of its range waits in the job's state.
-    backfill_live_runs: int = 100
+    backfill_live_runs: int = 10
     # Backfills one job holds accepted and not fully created at most; one more is
     # refused, dead-lettered naming this quota (the API's per-owner quota comes first).
     max_pending_backfills: int = 64

@@ -139,10 +139,15 @@ def _ledger_store(option: str | None) -> Path | None:
 
 
 def _confinement(
-    states: tuple[Path, ...], secrets_dir: Path | None, confine: bool
+    states: tuple[Path, ...],
+    secrets_dir: Path | None,
+    confine: bool,
+    run_as: tuple[int, int] | None = None,
 ) -> Confinement | None:
-    """How this worker hides its files from jobs of its own user, or None, said plainly
-    (docs/security.md, "Jobs not as root")."""
+    """The sandbox of this worker's jobs (connectors/worker/confine.py), or None, said
+    plainly (docs/security.md, "The job boundary"). Jobs of its own user need it to be
+    kept from its files; jobs of another user (`run_as`) get it too where bubblewrap
+    works for that user: a private /tmp and a PID namespace of their own."""
     from connectors.remote import profile_path
 
     log = logging.getLogger("cronlog.worker")
@@ -150,6 +155,13 @@ def _confinement(
         "jobs run as this worker's own user and can read its state folder (journal, "
         "seals), secrets folder and every file of that user"
     )
+    shared = (
+        "jobs are kept from this worker's files by permissions, but share /tmp and "
+        "see (and may signal) each other's processes, all running as one user"
+    )
+    if run_as is not None and not confine:
+        log.info("--no-confine: %s", shared)
+        return None
     if not confine:
         log.warning("--no-confine: %s", exposed)
         return None
@@ -159,7 +171,15 @@ def _confinement(
     for variable in ("CRONLOG_KAFKA_CONFIG", "CRONLOG_API_TOKENS_FILE"):
         if os.environ.get(variable):
             hidden.append(Path(os.environ[variable]))
-    made = confinement(hidden)
+    state = states[-1]
+    state.mkdir(parents=True, exist_ok=True)  # the worker's runs are made in it
+    # Jobs of another user are kept from the worker's files by their permissions: only
+    # the private /tmp and PID namespace are theirs to get (covers of paths that user
+    # may not reach, root's home say, could not even be made).
+    made = confinement([] if run_as is not None else hidden, run_as=run_as, probe_in=state)
+    if isinstance(made, str) and run_as is not None:
+        log.warning("%s: %s", made, shared)
+        return None
     if isinstance(made, str):
         log.warning(
             "%s: %s; install bubblewrap, or start the worker as root with --run-as USER",
@@ -167,7 +187,10 @@ def _confinement(
             exposed,
         )
         return None
-    log.info("jobs run as this worker's own user, with %s hidden", ", ".join(made.hidden))
+    log.info(
+        "jobs run under bubblewrap (own /tmp, own PID namespace), with %s hidden",
+        ", ".join(made.hidden),
+    )
     return made
 
 
@@ -231,11 +254,22 @@ def worker(
         bool,
         typer.Option(
             envvar="CRONLOG_WORKER_CONFINE",
-            help="Jobs that run as this worker's own user (no --run-as) get its state "
-            "folder, secrets folder and credential files hidden, with bubblewrap (bwrap) "
-            "where it is installed and allowed.",
+            help="Jobs run under bubblewrap (bwrap) where it is installed and allowed: "
+            "a private /tmp and PID namespace each, and, when they run as this worker's "
+            "own user (no --run-as), its state folder, secrets folder and credential "
+            "files hidden.",
         ),
     ] = True,
+    output_cap_mb: Annotated[
+        float,
+        typer.Option(
+            envvar="CRONLOG_WORKER_OUTPUT_CAP_MB",
+            min=0,
+            help="No file a job writes, its stdout and stderr included, grows past this "
+            "(MiB, RLIMIT_FSIZE; 0: no cap); a run whose output reached it fails, "
+            "saying so. The first 1 MiB of output is shipped whatever this is.",
+        ),
+    ] = 64.0,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
     log_format: LogFormatOption = None,
     metrics_port: MetricsPortOption = None,
@@ -281,8 +315,9 @@ def worker(
     if problem:
         logging.getLogger("cronlog.worker").warning("%s: jobs may read its environment", problem)
     confinement = None
-    if executor == "process" and jobs_as is None and os.geteuid() != 0:
-        confinement = _confinement((shared, state), secrets_dir, confine)
+    if executor == "process" and (jobs_as is not None or os.geteuid() != 0):
+        ids = None if jobs_as is None else jobs_as.ids
+        confinement = _confinement((shared, state), secrets_dir, confine, ids)
     config = WorkerConfig(
         worker_id,
         Capacity(cpu, memory_mb, gpu),
@@ -294,6 +329,7 @@ def worker(
         secrets_dir=secrets_dir,
         run_as=jobs_as,
         confinement=confinement,
+        output_cap_mb=output_cap_mb,
     )
     space_out_full_collections()  # a burst's held attempts, walked without pauses
     running = Worker(settings, config)

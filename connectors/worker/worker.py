@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ from connectors.worker.executor import (
 from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
 from connectors.worker.journal import Entry, Journal
+from connectors.worker.outputcap import DEFAULT_OUTPUT_CAP_MB
 from connectors.worker.procs import job_processes, signal_group
 from connectors.worker.report_hold import ReportHold
 from connectors.worker.runas import RunAs
@@ -158,8 +159,12 @@ class WorkerConfig:
     keep_s: float = DEFAULT_KEEP_S
     secrets_dir: Path | None = None  # files named after secrets (connectors/worker/secrets.py)
     run_as: RunAs | None = None  # the user every job runs as (connectors/worker/runas.py)
-    # Jobs of the worker's own user: its files hidden (connectors/worker/confine.py).
+    # The sandbox of its jobs (connectors/worker/confine.py): its files hidden, a PID
+    # namespace and a /tmp of their own, their environment applied inside only.
     confinement: Confinement | None = None
+    # No file a job writes grows past this, its output included (MiB, 0: no cap;
+    # connectors/worker/outputcap.py).
+    output_cap_mb: float = DEFAULT_OUTPUT_CAP_MB
 
 
 @dataclass
@@ -278,6 +283,7 @@ class Worker:
             run_as=None if self.config.run_as is None else self.config.run_as.ids,
             confinement=self.config.confinement,
             broker=self.broker,
+            output_cap_mb=self.config.output_cap_mb,
         )
 
     def _now_ms(self) -> int:
@@ -981,10 +987,17 @@ def _is_executor(pid: int) -> bool:
 
 
 def _exit_code(event: Finished) -> int | None:
-    return event.exit_code if event.outcome == "exited" else None
+    """The exit code reported: none for a run that did not exit by itself, nor for one
+    whose output was cut (a failure, even if it then exited 0: what it wrote is lost)."""
+    if event.outcome != "exited" or (event.output_cut and event.exit_code == 0):
+        return None
+    return event.exit_code
 
 
 def _error(event: Finished) -> str:
+    if event.output_cut:
+        rest = _error(replace(event, output_cut=""))
+        return f"{event.output_cut}; {rest}" if rest else event.output_cut
     if event.outcome == "exited":
         return f"killed by signal {event.signal}" if event.signal else ""
     return {

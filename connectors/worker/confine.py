@@ -141,18 +141,22 @@ def confinement(
     hidden: Iterable[Path | str],
     program: str | None = None,
     run_as: tuple[int, int] | None = None,
+    probe_in: Path | None = None,
 ) -> Confinement | str:
     """A working confinement hiding these paths (those that exist; relative ones made
     absolute) for jobs of this process's user, or of `run_as` (uid, gid), or why there is
     none here: bwrap missing, or unable to make its namespaces (a kernel or container
-    that forbids unprivileged user namespaces, or a fresh /proc)."""
+    that forbids unprivileged user namespaces, or a fresh /proc), or, probed with a
+    working directory in `probe_in` (where the worker's run directories will be), unable
+    to reach it as the job's user (bwrap binds it by its path: a folder above it that
+    the job's user may not traverse)."""
     found = program or shutil.which(PROGRAM)
     if found is None:
         return "bubblewrap (bwrap) is not installed"
     paths = tuple(sorted({os.path.abspath(p) for p in hidden if os.path.lexists(p)}))
     made = Confinement(found, paths)
     try:
-        with tempfile.TemporaryDirectory(prefix="cronlog-confine-") as work:
+        with tempfile.TemporaryDirectory(prefix="cronlog-confine-", dir=probe_in) as work:
             if run_as is not None:
                 os.chown(work, *run_as)
             wrapped = made.wrap(["true"], Path(work), {"PATH": FIXED_PATH})

@@ -143,11 +143,14 @@ bench-full: topics
 # private three-broker cluster: no duplicate, no missed firing, every run final.
 # 10,000 generated bad records on each topic the system reads, and FUZZ_API_N requests
 # per API operation generated from its OpenAPI (the suite runs 200 per topic and 25 per
-# operation: tests/integration/test_fuzz_topics.py, test_fuzz_api.py).
+# operation: tests/integration/test_fuzz_topics.py, test_fuzz_api.py), and owner inputs whose
+# outputs pass the limits once substituted (test_fuzz_owner_limits.py: 50 of each kind a
+# partition; 1 in the suite): no partition stalled, no process dead.
 FUZZ_API_N ?= 10000
 fuzz: topics
 	CRONLOG_FUZZ_N=10000 CRONLOG_FUZZ_API_N=$(FUZZ_API_N) $(BIN)/python -m pytest $(PYTEST_ARGS) -s \
-		tests/integration/test_fuzz_topics.py tests/integration/test_fuzz_api.py
+		tests/integration/test_fuzz_topics.py tests/integration/test_fuzz_api.py \
+		tests/integration/test_fuzz_owner_limits.py
 
 # The seeded simulations (tests/unit/test_simulation.py, test_simulation_log.py) at
 # volume, in parallel on the machine's cores: seeds/s, the failing seeds, the total time.

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from connectors.worker.outputcap import lowered, set_limit, spawn_by_fork
+from connectors.worker.outputcap import lowered, set_limit, spawn_by_fork, trampoline
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_DUMPABLE = 4
@@ -151,16 +151,27 @@ def spawn(
     Descriptors marked inheritable (a sandbox's `--args` memfd) are passed on.
 
     posix_spawn cannot set limits: the output cap (RLIMIT_FSIZE, `output_cap` bytes, 0:
-    none) is this process's own for the spawn, which the job inherits, and only by a
-    process that may raise its limit back (connectors/worker/outputcap.py; others start
-    capped jobs with `spawn_limited`).
+    none) is this process's own for the spawn, which the job inherits, where this
+    process may raise its limit back, else set by `prlimit` started in the job's place,
+    which then execs it (connectors/worker/outputcap.py; without `prlimit`, capped jobs
+    are started with `spawn_limited`).
 
     posix_spawn has no working-directory attribute here, so this process changes its
     own for the call: callers must be single-threaded (the executor is)."""
     if spawn_by_fork(output_cap):
         raise ValueError("the output cap needs spawn_limited here (no CAP_SYS_RESOURCE)")
+    given = list(argv)
+    through = trampoline(given, output_cap)
+    # `prlimit` looks the program up in the same PATH: a missing one is said here, as
+    # without it (the job's own argv[0] is kept).
+    if through is not given and (
+        not os.access(argv[0], os.X_OK)
+        if "/" in argv[0]
+        else _PROGRAMS.find(argv[0], env.get("PATH")) is None
+    ):
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
     with lowered(output_cap):
-        return _spawn_found(argv, env, cwd, stdout, stderr)
+        return _spawn_found(through, env, cwd, stdout, stderr)
 
 
 def _spawn_found(

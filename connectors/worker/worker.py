@@ -11,6 +11,12 @@ Its parts, and why:
   through worker-reports, hands granted attempts to the executor, reports starts and outcomes,
   and streams logs.
 
+Its concerns apart, each a module of its own: its configuration and its record of an
+attempt (connectors/worker/config.py); the job boundary: a job's environment
+(jobenv.py), its secrets (secrets.py), its user (runas.py), its sandbox (confine.py),
+its run directory (rundirs.py) and its output cap (outputcap.py); what a run is reported
+as (outcomes.py); what an earlier incarnation or a dead executor left (recovery.py).
+
 Guarantees: an attempt starts only after the ledger granted the claim, and at most once,
 also across restarts: the "started" journal line is fsynced (one fsync per batch) before
 the executor is asked to start it. A report counts as made only when Kafka acknowledged
@@ -30,24 +36,31 @@ no lease either). The records it stamps itself carry that clock's time too.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from connectors.stack.process import pid_alive
-from connectors.worker.confine import Confinement
-from connectors.worker.engine import read_log
+from connectors.worker.config import (
+    CLAIM_REPLY_S,
+    HEARTBEAT_PRODUCER,
+    HORIZON_MS,
+    INBOX_ASK_S,
+    LOOP_STUCK_S,
+    MAX_HELD,
+    RECONNECT,
+    START_WAIT_S,
+    TAIL_EVERY_S,
+    Attempt,
+    Key,
+    WorkerConfig,
+)
 from connectors.worker.executor import (
     Executor,
     Finished,
@@ -57,17 +70,17 @@ from connectors.worker.executor import (
     StartSpec,
 )
 from connectors.worker.heartbeat import Heartbeat
-from connectors.worker.housekeeping import DEFAULT_KEEP_S, Housekeeping
+from connectors.worker.housekeeping import Housekeeping
+from connectors.worker.jobenv import JobEnvironment
 from connectors.worker.journal import Entry, Journal
-from connectors.worker.outputcap import DEFAULT_OUTPUT_CAP_MB
-from connectors.worker.procs import job_processes, signal_group
+from connectors.worker.outcomes import error_of, exit_code_of
+from connectors.worker.recovery import Recovery
 from connectors.worker.report_hold import ReportHold
-from connectors.worker.runas import RunAs
 from connectors.worker.rundirs import attempt_dir
 from connectors.worker.runlogs import LogTail
 from connectors.worker.secrets import MissingSecret, Secrets
 from schemas.codec import JOB_LOG, WORKER_INBOX, CodecError
-from schemas.json import from_plain, to_plain
+from schemas.json import to_plain
 from schemas.records import (
     CancelOrder,
     ClaimReply,
@@ -80,112 +93,23 @@ from schemas.records import (
 )
 from streams import metrics
 from streams.core.clock import SYSTEM_CLOCK, BrokerClock, Clock, broker_stamp
-from streams.core.ids import iso_utc, job_of
+from streams.core.ids import job_of
 from streams.core.placement import Capacity, labels_match
 from streams.core.timeline import DurationEstimates, Timeline, as_vector
-from streams.core.timing import TIMING
 from streams.inboxes import MISS_TTL_S, REFRESH_MIN_S, ensure_private_inbox, private_inbox
 from streams.kafka import KAFKA_CLIENTS, Clients, committed_or, consumer_config, producer_config
 from streams.settings import Settings
-from streams.topics import HEARTBEAT_MAX_BYTES, TopicError
+from streams.topics import TopicError
 
+# WorkerConfig and HEARTBEAT_PRODUCER live in connectors/worker/config.py; named here too.
+__all__ = ["HEARTBEAT_PRODUCER", "Worker", "WorkerConfig"]
 log = logging.getLogger("cronlog.worker")
 _STARTED = metrics.WORKER_REPORTS.labels("started")
 _FINISHED = metrics.WORKER_REPORTS.labels("finished")
 _RELEASED = metrics.WORKER_REPORTS.labels("released")
-ExecutorKind = Literal["process", "noop"]
-Key = tuple[str, int]
-HORIZON_MS = 60_000  # heartbeats advertise the busiest second of the coming minute
-TAIL_EVERY_S = 1.0
-CLAIM_REPLY_S = 60.0  # a claim unanswered this long is given up
-# A start's report waits this long for its run's end, so that a short run (most are) is
-# reported by one record, start and end (`RunFinished.started_ms`): a record fewer on
-# worker-reports and job-log, and one input fewer for the gate and the ledger. Little
-# needs the ledger's record of a start sooner (docs/architecture.md, "Dispatch and
-# workers"): lateness is the start's own time, a lost worker's attempt is judged by its
-# lease, and the timeout backstop (30 s of grace) moves by as much.
-START_WAIT_S = 0.1
-# The most attempts a worker holds (claimed ahead, or running): each heartbeat lists them
-# all (~40 bytes each), within the heartbeats topic's record limit with room to spare.
-MAX_HELD = HEARTBEAT_MAX_BYTES // 160
-
-# The heartbeat thread's producer: unlingered, and allowed a beat as large as the
-# heartbeats topic takes (`MAX_HELD` attempts listed).
-# A beat counts only if acknowledged within the ack window: a request a broker does not
-# answer (paused) is given up, and its connection dropped, after that long.
-# Not idempotent: an idempotent producer sends nothing until a broker grants it a
-# producer id, which a producer made fresh during a failover (the replacement in
-# heartbeat.py) waits for while the ids' coordinator moves and loads, for longer than
-# the lease. A beat repeated is harmless; one request in flight keeps beats in order.
-HEARTBEAT_PRODUCER: dict[str, Any] = {
-    "enable.idempotence": False,
-    "max.in.flight.requests.per.connection": 1,
-    "linger.ms": 0,
-    "message.max.bytes": HEARTBEAT_MAX_BYTES,
-    "socket.timeout.ms": int(TIMING.ack_window_s * 1000),
-    "request.timeout.ms": int(TIMING.ack_window_s * 1000),
-}
 
 
-INBOX_ASK_S = 10.0  # one try at finding or making the private inbox (retried while down)
-PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
-# Retry a broker that is down every second (librdkafka's default backs off up to 10 s):
-# heartbeats, claims and reports resume within about a second of its return.
-RECONNECT = {"reconnect.backoff.max.ms": 1000}
-LOOP_STUCK_S = 20.0  # a main loop without a pass for this long stops the lease renewals
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    worker_id: str
-    capacity: Capacity
-    labels: tuple[tuple[str, str], ...] = ()
-    executor: ExecutorKind = "process"
-    state_dir: Path = Path(".state/workers")
-    # The liveness chain (streams/core/timing.py has the inequalities): a beat every
-    # heartbeat_s renews the lease if acknowledged within ack_window_s of its making;
-    # runs are fenced when the lease ends, lease_s after the renewing beat was made,
-    # which outlives a broker failover and ends, with fence_grace_s, before the
-    # failure detector's verdict.
-    heartbeat_s: float = TIMING.heartbeat_s
-    ack_window_s: float = TIMING.ack_window_s
-    lease_s: float = TIMING.lease_s
-    fence_grace_s: float = TIMING.kill_grace_s  # SIGTERM -> SIGKILL when fenced or timed out
-    # The executor fences everything when it was itself paused this long: the detector
-    # may have declared the worker dead meanwhile.
-    max_gap_s: float = TIMING.executor_gap_s
-    # Finished attempts (report acknowledged) are forgotten, their run directories
-    # removed, this long after (connectors/worker/housekeeping.py).
-    keep_s: float = DEFAULT_KEEP_S
-    secrets_dir: Path | None = None  # files named after secrets (connectors/worker/secrets.py)
-    run_as: RunAs | None = None  # the user every job runs as (connectors/worker/runas.py)
-    # The sandbox of its jobs (connectors/worker/confine.py): its files hidden, a PID
-    # namespace and a /tmp of their own, their environment applied inside only.
-    confinement: Confinement | None = None
-    # No file a job writes grows past this, its output included (MiB, 0: no cap;
-    # connectors/worker/outputcap.py).
-    output_cap_mb: float = DEFAULT_OUTPUT_CAP_MB
-
-
-@dataclass
-class Attempt:
-    dispatch: DispatchRequest
-    phase: str  # claiming | granted | started | done
-    executor: Executor | None = None
-    run_dir: Path | None = None
-    pid: int = 0
-    started_ms: int | None = None
-    tail: LogTail | None = None
-    cancelled: bool = False
-    since: float = 0.0  # monotonic: when it entered its phase
-    claimed_ms: int = 0  # the time of the latest claim: only its reply counts
-
-    @property
-    def key(self) -> Key:
-        return self.dispatch.run_id, self.dispatch.attempt
-
-
-class Worker:
+class Worker(Recovery):
     def __init__(
         self,
         settings: Settings,
@@ -260,8 +184,7 @@ class Worker:
             metrics.WORKER_CAPACITY.labels(resource).set(offered)
         # What of the worker's own environment every job gets (taken once, not per run).
         # Not configuration: the process environment handed on to the jobs' processes.
-        self.base_env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
-        self.secrets = Secrets(config.secrets_dir)
+        self.job_env = JobEnvironment(os.environ, config.run_as, Secrets(config.secrets_dir))
         self.tailed = 0.0
         self.published = 0.0
         self.consume_error_logged = 0.0
@@ -299,44 +222,6 @@ class Worker:
             return wall_ms
         at = self.broker.now_ms(mono)
         return wall_ms if at is None else at
-
-    def _replace_executor(self, why: str) -> None:
-        """The executor died or hangs: kill it and the job groups it ran; report what
-        started as lost and release what had not; then start a new one."""
-        old = self.executor
-        log.error("executor %d unusable (%s): replacing it", old.pid, why)
-        old.kill()
-        written = read_log(Path(old.log_path))[0] if old.log_path else {}
-        for attempt in [a for a in self.attempts.values() if a.executor is old]:
-            self._from_log(attempt, written.get(attempt.key, {}), f"the executor failed: {why}")
-        with contextlib.suppress(OSError):
-            self.lease.unlink()
-        self.executor = self._new_executor()
-
-    def _from_log(self, attempt: Attempt, entry: dict[str, Any], why: str) -> None:
-        """Settle an attempt from what its (dead) executor's log says of it."""
-        result = entry.get("result")
-        if result is not None:
-            self._finished(attempt, Finished.of(attempt.key, result))
-        elif "started" in entry or "starting" in entry or attempt.pid:
-            # It started, or may have (the executor died between the two lines): what is
-            # left of it must not run on, and whether it did its work is unknown.
-            d = attempt.dispatch
-            started = entry.get("started") or {}
-            pid = attempt.pid or int(started.get("pid", 0))
-            for leader in [pid] if pid else job_processes(d.run_id, d.attempt):
-                _kill_job(leader, d.run_id)
-            # A start its log holds and no report told (an earlier incarnation's, whose
-            # start report was still waiting): reported with the loss.
-            unreported = None
-            if attempt.started_ms is None and isinstance(started.get("started_ms"), int):
-                mono = started.get("started_mono")
-                unreported = self._at(
-                    mono if isinstance(mono, float) else None, started["started_ms"]
-                )
-            self._report(attempt, None, f"lost: {why}", self._now_ms(), unreported)
-        else:
-            self._release(attempt, f"never started: {why}")
 
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -647,7 +532,7 @@ class Worker:
         envs: dict[Key, dict[str, str]] = {}
         for attempt in list(batch):
             try:
-                envs[attempt.key] = self._env(attempt.dispatch)
+                envs[attempt.key] = self.job_env.of(attempt.dispatch)
             except MissingSecret as exc:
                 # Never started: a failure of this attempt, with the secret's name only.
                 log.warning("run %s not started: %s", attempt.dispatch.run_id, exc)
@@ -704,18 +589,6 @@ class Worker:
 
     def alive(self) -> bool:
         return self.clock.monotonic() - self.loop_seen < LOOP_STUCK_S
-
-    def _env(self, d: DispatchRequest) -> dict[str, str]:
-        return {
-            **self.base_env,
-            **({} if self.config.run_as is None else self.config.run_as.env),
-            **dict(d.env),
-            **self.secrets.resolve(d.secret_env, d.owner),
-            "CRONLOG_RUN_ID": d.run_id,
-            "CRONLOG_JOB_ID": d.job_id,
-            "CRONLOG_SCHEDULED_AT": iso_utc(d.scheduled_ms),
-            "CRONLOG_ATTEMPT": str(d.attempt),
-        }
 
     def pump(self) -> None:
         """Executor events, its health, the logs of long runs, failed deliveries."""
@@ -838,7 +711,7 @@ class Worker:
         ):
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
         at = self._at(event.finished_mono, event.finished_ms)
-        self._report(attempt, _exit_code(event), _error(event), at, unreported)
+        self._report(attempt, exit_code_of(event), error_of(event), at, unreported)
 
     def _report(
         self,
@@ -903,105 +776,3 @@ class Worker:
         self.attempts.pop(attempt.key, None)
         self.adopted.pop(attempt.key, None)
         self.timeline.end(attempt.key)
-
-    # -- restart ---------------------------------------------------------------------------
-    def _recover(self) -> None:
-        """Settle what an earlier incarnation left: claims are asked again (a reply may
-        have been lost); started attempts are read from their executor's log (the outcome
-        is reported), waited for while that executor lives (it fences them when its lease,
-        which nobody renews now, expires), or else reported lost / released."""
-        for entry in self.journal.unfinished():
-            d = from_plain(entry.info["dispatch"], DispatchRequest)
-            attempt = Attempt(d, entry.phase)
-            self.attempts[attempt.key] = attempt
-            if entry.phase == "claiming":
-                expected = self.durations.expected_ms(d.job_id)
-                self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
-                attempt.since, attempt.claimed_ms = self.clock.monotonic(), self._claim(d)
-                continue
-            attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
-            self.timeline.begin(attempt.key, d.resources)  # may be running: hold it
-            self.adopted[attempt.key] = (attempt, entry)
-        self._check_adopted()
-        for stale in self.dir.glob("lease.*"):
-            pid = _executor_pid_of(stale, self.journal)
-            if pid is None or not _is_executor(pid):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
-
-    def _check_adopted(self) -> None:
-        """Read what is new in each earlier executor's log for the attempts still waited
-        on; settle those it finished, or whose executor is gone. Not before the broker's
-        time is known: the reports carry it."""
-        if not self.broker.synced:
-            return
-        wanted, read_now = set(self.adopted), set()
-        for key, (attempt, entry) in list(self.adopted.items()):
-            path = str(entry.info.get("executor_log") or "")
-            written: dict[str, Any] = {}
-            if path:
-                seen, offset = self.adopted_logs.get(path, ({}, 0))
-                if path not in read_now:
-                    seen, offset = read_log(Path(path), wanted, offset, seen)
-                    self.adopted_logs[path] = (seen, offset)
-                    read_now.add(path)
-                written = seen.get(key, {})
-            pid = int(entry.info.get("executor_pid") or 0)
-            if "result" not in written and pid and _is_executor(pid):
-                continue  # it still guards the run: wait for its outcome
-            self._from_log(attempt, written, "the worker restarted and the run's executor was gone")
-        if not self.adopted:
-            self.adopted_logs.clear()
-
-
-def _executor_pid_of(lease: Path, journal: Journal) -> int | None:
-    """The pid of the executor that guards `lease` (lease.N goes with executor.N.log)."""
-    suffix = lease.name.removeprefix("lease.")
-    wanted = str(lease.parent / f"executor.{suffix}.log")
-    for entry in journal.entries.values():
-        if entry.info.get("executor_log") == wanted:
-            return int(entry.info.get("executor_pid") or 0) or None
-    return None
-
-
-def _kill_job(pid: int, run_id: str) -> None:
-    """SIGKILL the process group of a job whose executor died, if its leader is still
-    that job (its environment names the run): never a group that reused the pid."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return  # the leader is gone; what it left in its group is not ours to guess
-    if f"CRONLOG_RUN_ID={run_id}".encode() in environ.split(b"\0"):
-        signal_group(pid, signal.SIGKILL)  # its group, if it leads one
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _is_executor(pid: int) -> bool:
-    if not pid_alive(pid):
-        return False
-    try:
-        return b"connectors.worker.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _exit_code(event: Finished) -> int | None:
-    """The exit code reported: none for a run that did not exit by itself, nor for one
-    whose output was cut (a failure, even if it then exited 0: what it wrote is lost)."""
-    if event.outcome != "exited" or (event.output_cut and event.exit_code == 0):
-        return None
-    return event.exit_code
-
-
-def _error(event: Finished) -> str:
-    if event.output_cut:
-        rest = _error(replace(event, output_cut=""))
-        return f"{event.output_cut}; {rest}" if rest else event.output_cut
-    if event.outcome == "exited":
-        return f"killed by signal {event.signal}" if event.signal else ""
-    return {
-        "timeout": "timed_out: killed after the timeout",
-        "fenced": f"fenced: the worker could not prove it was alive ({event.error})",
-        "cancelled": "cancelled",
-    }.get(event.outcome, f"error: {event.error}")

@@ -161,3 +161,18 @@ def test_a_sandboxed_job_is_capped_and_keeps_its_grace(make: Callable[..., Harne
     h.executor.cancel(key)
     assert h.finished(key).outcome == "cancelled"
     assert stdout.read_text().split() == ["ready", "got-term"]
+
+
+def test_a_capped_job_is_started_as_it_was_before(make: Callable[..., Harness]) -> None:
+    """However the cap is set (lent for the spawn, `prlimit` in the job's place, fork),
+    the job sees its own argv[0] and its limit, and a missing program is an error of
+    the start, as without a cap."""
+    h = make(output_cap_mb=1)
+    h.renew()
+    seen = h.finished(h.start("seen", ["sh", "-c", 'echo "$0"; ulimit -f', "named"]))
+    assert (seen.outcome, seen.exit_code) == ("exited", 0)
+    assert (h.root / "seen" / "stdout").read_text().split() == ["named", str(MIB // 512)]
+    for name, program in (("missing", "no-such-program-here"), ("absent", "/no/such/program")):
+        bad = h.finished(h.start(name, [program]))
+        assert bad.outcome == "error"
+        assert program in bad.error

@@ -187,9 +187,15 @@ def _confinement(
             exposed,
         )
         return None
+    if not made.own_pids:
+        log.warning(
+            "bubblewrap cannot give jobs a PID namespace here (no fresh /proc): jobs see "
+            "(and may signal) the processes of this worker's user, this worker's included"
+        )
     log.info(
-        "jobs run under bubblewrap (own /tmp, own PID namespace), with %s hidden",
-        ", ".join(made.hidden),
+        "jobs run under bubblewrap (own /tmp%s), with %s hidden",
+        ", own PID namespace" if made.own_pids else "",
+        ", ".join(made.hidden) or "nothing",
     )
     return made
 

@@ -97,6 +97,9 @@ def environment_options(env: Mapping[str, str]) -> bytes:
 class Confinement:
     program: str  # bwrap's absolute path
     hidden: tuple[str, ...]  # absolute paths covered for every job
+    # A PID namespace (and /proc) of each job's own. Off only where the host refuses a
+    # fresh /proc (a container that masks parts of its own): the covers still hold.
+    own_pids: bool = True
 
     def wrap(self, argv: Sequence[str], work: Path, env: Mapping[str, str]) -> Sandboxed:
         """`argv` run by bwrap with environment `env`, the hidden paths covered, `work`
@@ -114,8 +117,9 @@ class Confinement:
         except OSError:
             os.close(fd)
             raise
-        command = [self.program, "--args", str(fd), "--unshare-pid", "--dev-bind", "/", "/"]
-        command += ["--proc", "/proc"]
+        command = [self.program, "--args", str(fd), "--dev-bind", "/", "/"]
+        if self.own_pids:
+            command = [*command[:3], "--unshare-pid", *command[3:], "--proc", "/proc"]
         for folder in PRIVATE:
             if os.path.isdir(folder):
                 command += ["--tmpfs", folder]
@@ -134,7 +138,13 @@ class Confinement:
 
     def args(self) -> list[str]:
         """The executor's options that rebuild this confinement."""
-        return ["--bwrap", self.program, *(a for p in self.hidden for a in ("--hide", p))]
+        shared = [] if self.own_pids else ["--bwrap-shared-pids"]
+        return [
+            "--bwrap",
+            self.program,
+            *shared,
+            *(a for p in self.hidden for a in ("--hide", p)),
+        ]
 
 
 def confinement(
@@ -154,7 +164,20 @@ def confinement(
     if found is None:
         return "bubblewrap (bwrap) is not installed"
     paths = tuple(sorted({os.path.abspath(p) for p in hidden if os.path.lexists(p)}))
-    made = Confinement(found, paths)
+    made = _probe(Confinement(found, paths), run_as, probe_in)
+    if isinstance(made, str) and made.startswith("bwrap cannot make"):
+        # A host that refuses a fresh /proc in a new PID namespace: the covers and the
+        # private /tmp without it, said at start by the caller (`own_pids`).
+        shared = _probe(Confinement(found, paths, own_pids=False), run_as, probe_in)
+        if not isinstance(shared, str):
+            return shared
+    return made
+
+
+def _probe(
+    made: Confinement, run_as: tuple[int, int] | None, probe_in: Path | None
+) -> Confinement | str:
+    """`made` if it runs `true` here as the job's user, else why not."""
     try:
         with tempfile.TemporaryDirectory(prefix="cronlog-confine-", dir=probe_in) as work:
             if run_as is not None:

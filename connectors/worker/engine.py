@@ -685,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-as-gid", type=int, default=None)
     parser.add_argument("--bwrap", default=None)
     parser.add_argument("--hide", action="append", default=[])
+    parser.add_argument("--bwrap-shared-pids", action="store_true")
     parser.add_argument("--output-cap-mb", type=float, default=float(DEFAULT_OUTPUT_CAP_MB))
     args = parser.parse_args(argv)
     run_as = None if args.run_as_uid is None else (args.run_as_uid, args.run_as_gid)
@@ -703,7 +704,9 @@ def main(argv: list[str] | None = None) -> int:
             args.max_gap_s,
             args.start_wait_s,
             run_as,
-            None if args.bwrap is None else Confinement(args.bwrap, tuple(args.hide)),
+            None
+            if args.bwrap is None
+            else Confinement(args.bwrap, tuple(args.hide), not args.bwrap_shared_pids),
             int(args.output_cap_mb * MIB),
         )
     )

@@ -333,3 +333,19 @@ def test_an_environment_that_would_inject_options_is_refused(worker: Worker) -> 
     forged = {"PATH": JOB_PATH, "X": f"a\0--bind\0{worker.state}\0/uncovered"}
     with pytest.raises(ValueError, match="NUL"):
         made.wrap(["true"], worker.work, forged)
+
+
+def test_where_no_fresh_proc_is_allowed_the_covers_still_hold(worker: Worker) -> None:
+    """A host that refuses a fresh /proc (some containers) gets the sandbox without its
+    PID namespace: the covers and the private /tmp hold, and the executor is told."""
+    made = confinement([worker.state, worker.token])
+    assert isinstance(made, Confinement), made
+    shared = Confinement(made.program, made.hidden, own_pids=False)
+    assert "--bwrap-shared-pids" in shared.args()
+    assert "--bwrap-shared-pids" not in made.args()
+    seen = _as_job(_probe(worker), worker.work, shared).split()
+    assert seen == ["journal-hidden", "token-hidden", "cover-held", "mine"]
+    sandbox = shared.wrap(["true"], worker.work, {"PATH": JOB_PATH})
+    sandbox.close()
+    assert "--unshare-pid" not in sandbox.argv
+    assert "--tmpfs" in sandbox.argv

@@ -46,7 +46,7 @@ from streams.core.command_fields import (
     _show,
     _text,
 )
-from streams.core.params import ParamError, parse_declarations
+from streams.core.params import ParamError, parse_declarations, written
 from streams.core.schedule import ScheduleError, parse_schedule
 
 MAX_OWNER_CHARS: Final = 64
@@ -114,7 +114,7 @@ def _job_spec(doc: _Doc) -> JobSpec:
     sla_s = (
         None if doc.get("sla_s") is None else _number(doc, "sla_s", 0, 0, MAX_SLA_S, positive=True)
     )
-    return JobSpec(
+    spec = JobSpec(
         job_id=job_id,
         owner=owner,
         schedule=schedule,
@@ -141,6 +141,16 @@ def _job_spec(doc: _Doc) -> JobSpec:
         if doc.get("max_runs") is None
         else _int(doc, "max_runs", 1, 1, MAX_RUNS_LIMIT),
     )
+    # Limits hold on what is written: defaults that make the command too large as
+    # dispatched would fail every run of the schedule, so the job is refused here, on
+    # the API and the topic alike. A parameter without a default is checked with the
+    # run-now or backfill that gives it.
+    defaults = tuple((p.name, p.default) for p in spec.params if p.default is not None)
+    try:
+        written(spec, defaults)
+    except ParamError as exc:
+        raise _Invalid(f"{exc}, with the defaults", exc.field) from None
+    return spec
 
 
 def _exclude(value: object) -> tuple[Exclusion, ...]:

@@ -7,8 +7,8 @@ whose values do the same. Before the fix such an input stopped its ledger partit
 every owner (the producer refused the output, the ledger aborted and re-read it for
 ever). What must hold, on the commands topic and through the API, against a real node
 on the real broker: another owner's run-now on every partition, sent after the hostile
-inputs, is dispatched; the hostile firings end `failed` (or the request is refused)
-with a reason; no process dies.
+inputs, is dispatched; every hostile input is refused (dead-lettered, or a 422) naming
+the limit as written, and no run of it is made; no process dies.
 
 `CRONLOG_FUZZ_N` scales the hostile inputs (200 in `make test`: one of each kind a
 partition; 10,000 in `make fuzz`: 50 of each kind a partition).
@@ -24,9 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas.records import FINAL_STATES
+from schemas.json import read_dlq_record
 from streams.kafka import partition_for
 from streams.settings import Settings
+from tests.support.kafka import consumer
 from tests.support.nodes import (
     CronlogProcess,
     EventReader,
@@ -172,28 +173,26 @@ def test_outputs_past_the_limits_stop_no_partition_on_the_topic_path(
             120,
             "the calm owner's run-now dispatched on every partition",
         )
-        # The hostile scheduled firings: decided, and ended with a reason, not stuck.
-        scheduled = [jid for i, jid in enumerate(hostile) if i % 4 in (0, 2)]
+        # Every hostile input refused, naming the limit as written: the registrations
+        # whose defaults pass it by ingress, the run-nows and backfills by the ledger.
+        dlq = consumer(topics, "commands.dlq")
+        reasons: dict[str, str] = {}
 
-        def failed_with_reason() -> bool:
-            seen = runs_by_id(events)
-            for jid in scheduled:
-                ends = [
-                    evs[-1]
-                    for evs in seen.values()
-                    if evs[0].job_id == jid and evs[-1].state in FINAL_STATES
-                ]
-                if not ends:
-                    return False
-                assert all(e.state == "failed" and "at most" in e.reason for e in ends), ends[:2]
-            return True
+        def dead_lettered() -> bool:
+            for message in dlq.consume(1000, timeout=0.5):
+                key = (message.key() or b"").decode(errors="replace")
+                letter = read_dlq_record(message.value() or b"{}")
+                if key in hostile and "would be" in letter.reason:
+                    reasons[key] = letter.reason
+            return set(hostile) <= set(reasons)
 
-        events.wait_until(failed_with_reason, 120, "every hostile schedule's firings failed")
-        assert not any(
-            e.state == "dispatched" and e.job_id in hostile
-            for evs in runs_by_id(events).values()
-            for e in evs
-        ), "a hostile run was dispatched past the limit"
+        try:
+            eventually(dead_lettered, "every hostile input dead-lettered with its reason", 120)
+        finally:
+            dlq.close()
+        assert all("at most" in reason for reason in reasons.values()), reasons
+        made = {e.run_id for evs in runs_by_id(events).values() for e in evs if e.job_id in hostile}
+        assert not made, f"runs past the limit were made: {sorted(made)[:3]}"
         assert node.alive, "the scheduler node died"
         recoveries = node.log.read_text(errors="replace").count("aborting and recovering")
         print(

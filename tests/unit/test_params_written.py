@@ -6,6 +6,7 @@ which no topic takes: the ledger's transaction failed on it for ever."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -24,7 +25,7 @@ from schemas.records import (
 )
 from schemas.spec import JobSpec
 from streams.core import command_spec
-from streams.core.commands import MAX_COMMAND_BYTES, UpsertJob, parse_command
+from streams.core.commands import MAX_COMMAND_BYTES, Rejection, UpsertJob, parse_command
 from streams.core.ids import manual_run_id, scheduled_run_id
 from streams.core.params import (
     ENV_NAME,
@@ -98,10 +99,19 @@ def test_a_run_now_whose_value_makes_the_command_megabytes_is_dead_lettered() ->
     assert request.command == ("echo", "b" * 6800)
 
 
+def recorded(job: JobSpec, default: str) -> JobSpec:
+    """`job` with every parameter's default set to `default`: a job registered before
+    registration checked its defaults as written, as the job log still holds it."""
+    text = orjson.dumps(default).decode()
+    return replace(job, params=tuple(replace(p, default=text) for p in job.params))
+
+
 def test_a_default_that_makes_the_command_too_large_fails_the_scheduled_run_naming_it() -> None:
     """No run-now at all: the schedule's firing takes the default. Before, it was
-    dispatched as 7 MB; now the run goes `failed` with the reason, nothing dispatched."""
-    w = world(spec(["echo", REPEATED], default=KIB_VALUE))
+    dispatched as 7 MB; now the run goes `failed` with the reason, nothing dispatched.
+    Such a job is refused at registration now (the next test), so it is one registered
+    before that check: its record, as the job log still holds it."""
+    w = world(recorded(spec(["echo", REPEATED]), KIB_VALUE))
     t = T0 + HOUR
     w.apply(FireProposed("big", t, t, "n"))
     run = w.runs[scheduled_run_id("big", t)]
@@ -109,6 +119,24 @@ def test_a_default_that_makes_the_command_too_large_fails_the_scheduled_run_nami
     assert "as dispatched" in run.reason or "command[1]" in run.reason
     assert w.dispatch == []
     assert w.states(run.run_id) == ["due", "failed"]
+
+
+def test_a_job_whose_defaults_make_the_command_too_large_is_refused_at_registration() -> None:
+    """On the topic as on the API (both parse it here): every run of its schedule would
+    fail, so the job itself is refused, naming the limit and the defaults."""
+    doc = {
+        "type": "job.upsert",
+        "job_id": "big",
+        "owner": "o",
+        "schedule": {"every": "1h"},
+        "command": ["echo", REPEATED],
+        "params": {"v": {"type": "string", "default": KIB_VALUE}},
+        "params_in_command": True,
+    }
+    refused = parse_command(orjson.dumps(doc))
+    assert isinstance(refused, Rejection)
+    assert "with the defaults" in refused.reason
+    assert "at most" in refused.reason
 
 
 def test_the_whole_command_is_bounded_not_only_each_argument() -> None:
@@ -134,7 +162,7 @@ def test_a_backfill_whose_values_make_the_command_too_large_creates_nothing() ->
 
 
 def test_a_rerun_of_a_run_too_large_as_written_is_refused_and_dead_lettered() -> None:
-    w = world(spec(["echo", REPEATED], default=KIB_VALUE))
+    w = world(recorded(spec(["echo", REPEATED]), KIB_VALUE))
     t = T0 + HOUR
     w.apply(FireProposed("big", t, t, "n"))
     run_id = scheduled_run_id("big", t)
@@ -167,7 +195,7 @@ def test_the_values_variable_is_bounded_as_written() -> None:
     """Thirty-two defaults of 1,024 characters each: each within its limit as declared,
     the registration within its 64 KiB, and 33,000 characters in CRONLOG_PARAMS, past
     the 32 KiB a variable may hold."""
-    params = {f"p{i:02d}": {"type": "string", "default": KIB_VALUE} for i in range(32)}
+    params = {f"p{i:02d}": {"type": "string", "default": "x"} for i in range(32)}
     doc = {
         "type": "job.upsert",
         "job_id": "env",
@@ -178,7 +206,10 @@ def test_the_values_variable_is_bounded_as_written() -> None:
     }
     parsed = parse_command(orjson.dumps(doc))
     assert isinstance(parsed, UpsertJob), parsed
-    job = parsed.spec
+    refused = parse_command(orjson.dumps(doc).replace(b'"x"', orjson.dumps(KIB_VALUE)))
+    assert isinstance(refused, Rejection)
+    assert ENV_NAME in refused.reason
+    job = recorded(parsed.spec, KIB_VALUE)
     with pytest.raises(ParamError, match=ENV_NAME):
         written(job, resolve(job.params, ()))
     w = world(job)

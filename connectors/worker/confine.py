@@ -16,6 +16,8 @@ namespaces of its own:
   bwrap's reaper is the namespace's init, so when it dies (the executor's SIGKILL of the
   job's group reaches it) the kernel kills everything left in the namespace, daemons
   that left the group included;
+  where the host refuses a fresh /proc (a container masking parts of its own), the
+  sandbox goes without this namespace (`own_pids`), and the worker says so at start;
 - a user namespace the job gets no capability in (bwrap drops them all before the job
   starts): a namespace the job makes itself sees the covers as locked mounts it cannot
   lift.

@@ -164,3 +164,19 @@ def test_the_queue_survives_the_jobs_topic_codec() -> None:
     assert back.backfill_queue == (
         PendingBackfill("big", T0 - 900 * MIN + 1, T0, T0 + 1, CAP, (("k", '"v"'),)),
     )
+
+
+def test_a_run_now_flood_on_the_topic_is_held_at_the_jobs_live_manual_runs() -> None:
+    """Past the API, a run-now flood meets the ledger's own bound: one more run-now while
+    the job holds `max_live_manual_runs` is dead-lettered naming the quota, and not
+    remembered (sent again once some ended, it runs)."""
+    w = registered(spec(), config=LedgerConfig(max_live_manual_runs=3))
+    for n in range(3):
+        assert not w.apply(RunNowRequested("j", f"r{n}", T0 + n)).rejected
+    refused = w.apply(RunNowRequested("j", "r3", T0 + 5))
+    assert refused.dead_letter
+    assert "quota max_live_manual_runs: job j has 3" in refused.rejected
+    run_to_end(w, "j", manual_run_id("j", "r0"), T0 + 6)
+    again = w.apply(RunNowRequested("j", "r3", T0 + 7))
+    assert not again.rejected
+    assert [d.run_id for d in again.dispatch] == [manual_run_id("j", "r3")]

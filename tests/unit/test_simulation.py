@@ -90,6 +90,7 @@ CONFIG = LedgerConfig(
     # waits in the job's state and goes on as they end, with every other input between.
     backfill_live_runs=3,
     max_pending_backfills=4,
+    max_live_manual_runs=1,  # a second run-now while one is live is dead-lettered
     # A secret is an owner's (simspecs' secret_env names these): one for every owner,
     # one each; a change naming the other owner's is refused (`Sim.operate`).
     secret_grants=simspecs.GRANTS,

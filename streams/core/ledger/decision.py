@@ -49,6 +49,9 @@ class LedgerConfig:
     # Backfills one job holds accepted and not fully created at most; one more is
     # refused, dead-lettered naming this quota (the API's per-owner quota comes first).
     max_pending_backfills: int = 64
+    # Run-now runs one job holds not finished at most; one more is refused, dead-lettered
+    # naming this quota (the API's per-owner runs_in_flight quota comes first).
+    max_live_manual_runs: int = 1000
     # Fire proposals may come this early (the lead, and the look-ahead of a burst, which
     # begins as early as the burst needs: streams/core/proposals.py, `Pacer`); earlier
     # ones are bogus.

@@ -459,6 +459,16 @@ class Firing(Kernel):
             written(self.job.spec, resolve(self.job.spec.params, inp.params))
         except ParamError as exc:  # written past the API's check: nothing runs
             return self.reject(f"job {self.job.spec.job_id}: {exc}", dead_letter=True)
+        most = self.config.max_live_manual_runs
+        live = sum(1 for r in self.job.live_runs if "@manual:" in r)
+        if live >= most:
+            # A run-now flood written to the topic past the API's quotas (owner fairness):
+            # refused, not remembered, so the same request may be sent again later.
+            return self.reject(
+                f"quota max_live_manual_runs: job {self.job.spec.job_id} has {live} run-now "
+                f"runs not finished (at most {most}); send it again once some end",
+                dead_letter=True,
+            )
         self._remember(inp.request_id, inp.at_ms)
         self._create(self.at, "manual", run_id, inp.request_id, given=inp.params)
         return None

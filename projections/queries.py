@@ -220,20 +220,25 @@ def projector_alive() -> Query:
 
 
 # -- owner quotas (connectors/api/quotas.py) ---------------------------------------------------
-def owner_usage(owner: str) -> Query:
+def owner_usage(owner: str, job_id: str = "") -> Query:
     """What an owner holds against its quotas: jobs registered, runs not final (in
-    flight), backfill runs created and not final, and the runs its queued backfills have
-    still to create (the jobs rows' estimate)."""
+    flight), backfill runs created and not final, the runs its queued backfills have
+    still to create (the jobs rows' estimate), and its jobs other than `job_id` with a
+    backfill pending (queued, or a backfill run not final)."""
+    live = "('waiting', 'due', 'dispatched', 'running', 'retrying')"
     return (
         "SELECT"
         " (SELECT count(*) FROM jobs WHERE owner = %s AND NOT deleted) AS jobs,"
         " (SELECT coalesce(sum(backfill_pending), 0) FROM jobs WHERE owner = %s"
         "   AND NOT deleted) AS backfill_queued,"
         " (SELECT count(*) FROM runs r JOIN jobs j ON j.job_id = r.job_id"
-        "   WHERE j.owner = %s AND r.state IN ('waiting', 'due', 'dispatched', 'running',"
-        "   'retrying')) AS in_flight,"
+        f"   WHERE j.owner = %s AND r.state IN {live}) AS in_flight,"
         " (SELECT count(*) FROM runs r JOIN jobs j ON j.job_id = r.job_id"
-        "   WHERE j.owner = %s AND r.trigger = 'backfill' AND r.state IN ('waiting', 'due',"
-        "   'dispatched', 'running', 'retrying')) AS backfill_live",
-        (owner, owner, owner, owner),
+        f"   WHERE j.owner = %s AND r.trigger = 'backfill' AND r.state IN {live})"
+        "   AS backfill_live,"
+        " (SELECT count(*) FROM jobs j WHERE j.owner = %s AND NOT j.deleted"
+        "   AND j.job_id <> %s AND (j.backfill_pending > 0 OR EXISTS (SELECT 1 FROM runs r"
+        f"   WHERE r.job_id = j.job_id AND r.trigger = 'backfill' AND r.state IN {live})))"
+        "   AS backfill_jobs",
+        (owner, owner, owner, owner, owner, job_id),
     )

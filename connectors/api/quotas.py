@@ -6,8 +6,13 @@ so that no owner's volume delays another owner's firings.
   backfills have still to create (the ledger creates them as earlier ones finish:
   streams/core/ledger/firing.py, `pace_backfills`), plus what the new backfill may
   create (its `runs_at_most`). A backfill past it is refused.
-- ``runs_in_flight``: runs not final, of every trigger. A run-now, rerun or backfill
-  asked while the owner holds that many is refused.
+- ``runs_in_flight``: runs not final, of every trigger. A run-now or backfill asked
+  while the owner holds that many is refused.
+- ``backfill_jobs``: the owner's jobs with a backfill pending (queued, or a backfill run
+  not final). A backfill of another job is refused while that many are. The ledger
+  bounds each job's live backfill runs (`LedgerConfig.backfill_live_runs`, 10), so this
+  bounds what an owner's backfills put before other owners' firings: at most
+  backfill_jobs x 10 runs in flight.
 
 Each refusal is a 429 with Retry-After naming the quota, its limit and the owner's use.
 The counts come from the projection (a few seconds behind the ledger), so an owner may
@@ -17,7 +22,7 @@ backfill runs). The API's rate limit (connectors/api/limits.py) bounds the rest.
 
 Configured by ``CRONLOG_OWNER_QUOTAS``: ``name=value`` pairs, comma-separated, for every
 owner, then ``;owner:name=value,...`` overrides per owner (0: no limit), e.g.
-``jobs=10000,backfill_runs=100000,runs_in_flight=10000;etl:backfill_runs=500000``.
+``jobs=10000,backfill_runs=100000,runs_in_flight=10000,backfill_jobs=50;etl:backfill_jobs=200``.
 The defaults are far above a team's normal use (docs/operations.md).
 """
 
@@ -30,7 +35,8 @@ from typing import Any
 DEFAULT_JOBS = 10_000
 DEFAULT_BACKFILL_RUNS = 100_000  # one backfill of the largest size at a time
 DEFAULT_RUNS_IN_FLIGHT = 10_000
-RETRY_AFTER_S = {"jobs": 60, "backfill_runs": 30, "runs_in_flight": 10}
+DEFAULT_BACKFILL_JOBS = 50  # x 10 live backfill runs a job: 500 in flight at most
+RETRY_AFTER_S = {"jobs": 60, "backfill_runs": 30, "runs_in_flight": 10, "backfill_jobs": 30}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +44,7 @@ class Quota:
     jobs: int = DEFAULT_JOBS
     backfill_runs: int = DEFAULT_BACKFILL_RUNS
     runs_in_flight: int = DEFAULT_RUNS_IN_FLIGHT
+    backfill_jobs: int = DEFAULT_BACKFILL_JOBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,7 @@ class Usage:
     backfill_queued: int
     in_flight: int
     backfill_live: int
+    backfill_jobs: int = 0  # other jobs of the owner with a backfill pending
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> Usage:
@@ -54,6 +62,7 @@ class Usage:
             int(row["backfill_queued"]),
             int(row["in_flight"]),
             int(row["backfill_live"]),
+            int(row.get("backfill_jobs") or 0),
         )
 
 
@@ -135,6 +144,13 @@ def check_in_flight(quota: Quota, owner: str, usage: Usage) -> None:
 
 def check_backfill(quota: Quota, owner: str, usage: Usage, runs_at_most: int) -> None:
     check_in_flight(quota, owner, usage)
+    if quota.backfill_jobs and usage.backfill_jobs >= quota.backfill_jobs:
+        raise QuotaExceeded(
+            "backfill_jobs",
+            f"quota backfill_jobs: owner {owner!r} has {usage.backfill_jobs} other jobs "
+            f"with a backfill pending, at most {quota.backfill_jobs} (CRONLOG_OWNER_QUOTAS); "
+            "retry once one has run",
+        )
     pending = usage.backfill_queued + usage.backfill_live
     if quota.backfill_runs and pending + runs_at_most > quota.backfill_runs:
         raise QuotaExceeded(

@@ -429,10 +429,13 @@ class Service:
             self._within_quota(command.spec.owner, quotas.check_job)
         return self._upsert(doc, command)
 
-    def _within_quota(self, owner: str, check: Callable[..., None], *args: Any) -> None:
-        """429 with Retry-After when `owner` is at one of its quotas (`check`'s)."""
+    def _within_quota(
+        self, owner: str, check: Callable[..., None], *args: Any, job_id: str = ""
+    ) -> None:
+        """429 with Retry-After when `owner` is at one of its quotas (`check`'s); `job_id`:
+        the job the request is for (not counted among its other jobs)."""
         quota = self.quotas.of(owner)
-        (row,) = self._query(queries.owner_usage(owner))
+        (row,) = self._query(queries.owner_usage(owner, job_id))
         try:
             check(quota, owner, quotas.Usage.of(row), *args)
         except quotas.QuotaExceeded as exc:
@@ -521,7 +524,9 @@ class Service:
         body: dict[str, Any] = {"job_id": job_id, "command": doc["type"]}
         if isinstance(command, Backfill):
             body["runs_at_most"] = _backfill_size(row, command)
-            self._within_quota(row["owner"], quotas.check_backfill, body["runs_at_most"])
+            self._within_quota(
+                row["owner"], quotas.check_backfill, body["runs_at_most"], job_id=job_id
+            )
         elif isinstance(command, RunNow):
             self._within_quota(row["owner"], quotas.check_in_flight)
         self._produce_command(doc, command)

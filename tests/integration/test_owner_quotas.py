@@ -1,6 +1,7 @@
-"""Per-owner quotas through the API (issue 53 item 12): past its `jobs` or
-`backfill_runs` quota an owner is refused with 429, Retry-After and a message naming
-the quota, while another owner is not; on real processes (node, projector, API)."""
+"""Per-owner quotas through the API (issue 53 item 12): past its `jobs`,
+`backfill_runs` or `backfill_jobs` quota an owner is refused with 429, Retry-After and a
+message naming the quota, while another owner is not; on real processes (node,
+projector, API)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def api(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "CRONLOG_API_TOKENS": f"{LIMITED}=limited,{OTHER}=other",
         "CRONLOG_API_ADMIN_TOKENS": "tok-quota-admin-0123456789",
         "CRONLOG_API_RATE": "0",
-        "CRONLOG_OWNER_QUOTAS": "jobs=100;limited:jobs=2,backfill_runs=30",
+        "CRONLOG_OWNER_QUOTAS": "jobs=100;limited:jobs=2,backfill_runs=30,backfill_jobs=1",
     }
     procs = [
         Node(topics, "quota-n1", logs).start(),
@@ -90,3 +91,21 @@ def test_a_backfill_past_the_owners_backfill_quota_is_refused(api: httpx.Client)
     assert "quota backfill_runs: owner 'limited'" in refused.text
     assert "may create 48; at most 30" in refused.text
     assert int(refused.headers["retry-after"]) > 0
+
+
+def test_a_backfill_of_another_job_past_the_backfill_jobs_quota_is_refused(
+    api: httpx.Client,
+) -> None:
+    """Run after the test above: quota-l0 has a backfill pending (no worker runs it), so
+    a backfill of quota-l1 waits (one job backfilling at a time for this owner)."""
+    limited = {"Authorization": f"Bearer {LIMITED}"}
+    small = {"from": "2026-03-01T00:00:00Z", "to": "2026-03-01T01:00:00Z"}
+
+    def refused() -> httpx.Response | None:
+        answer = api.post("/jobs/quota-l1/backfill", json=small, headers=limited)
+        assert answer.status_code in (202, 429), answer.text
+        return answer if answer.status_code == 429 else None
+
+    answer = eventually(refused, "the second job's backfill refused (the first projected)")
+    assert "quota backfill_jobs: owner 'limited' has 1 other jobs" in answer.text
+    assert int(answer.headers["retry-after"]) > 0

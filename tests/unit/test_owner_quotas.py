@@ -57,6 +57,14 @@ def test_each_refusal_names_its_quota() -> None:
     check_backfill(Quota(backfill_runs=0), "o", Usage(0, 10**9, 0, 0), 10**5)  # 0: no limit
 
 
+def test_a_backfill_of_one_more_job_past_the_backfill_jobs_quota_is_refused() -> None:
+    quota = Quota(backfill_jobs=2)
+    check_backfill(quota, "o", Usage(0, 0, 0, 0, backfill_jobs=1), 10)
+    with pytest.raises(QuotaExceeded, match="quota backfill_jobs: owner 'o' has 2 other jobs"):
+        check_backfill(quota, "o", Usage(0, 0, 0, 0, backfill_jobs=2), 10)
+    assert OwnerQuotas.parse("backfill_jobs=5;etl:backfill_jobs=0").of("etl").backfill_jobs == 0
+
+
 def test_the_projection_estimates_what_the_queued_backfills_still_create() -> None:
     hourly = spec(every=HOUR)
     cron = spec("c", schedule=CronSchedule("0 * * * *", "UTC"))

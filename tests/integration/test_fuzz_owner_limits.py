@@ -10,6 +10,10 @@ on the real broker: another owner's run-now on every partition, sent after the h
 inputs, is dispatched; every hostile input is refused (dead-lettered, or a 422) naming
 the limit as written, and no run of it is made; no process dies.
 
+The API's refusals (422 naming the limit as written for a registration whose defaults,
+or a run-now or backfill whose values, pass it) are checked here too, with another
+owner's small run-now accepted and dispatched after them.
+
 `CRONLOG_FUZZ_N` scales the hostile inputs (200 in `make test`: one of each kind a
 partition; 10,000 in `make fuzz`: 50 of each kind a partition).
 """

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import threading
 import time
 import uuid
@@ -222,8 +221,9 @@ class Service:
     def __init__(self, settings: Settings, wait_s: float = 5.0, quotas: OwnerQuotas | None = None):
         self.settings = settings
         self.wait_s = wait_s
-        # Per-owner quotas (connectors/api/quotas.py): CRONLOG_OWNER_QUOTAS, else defaults.
-        self.quotas = OwnerQuotas.from_env(os.environ) if quotas is None else quotas
+        # Per-owner quotas (connectors/api/quotas.py): `cronlog api` passes those of
+        # CRONLOG_OWNER_QUOTAS; without them, the defaults.
+        self.quotas = OwnerQuotas.parse("") if quotas is None else quotas
         self.pool = ConnectionPool(
             settings.database_url,
             min_size=1,

@@ -493,6 +493,7 @@ def api(
     from connectors.api.app import create_app
     from connectors.api.auth import AuthConfigError, Tokens
     from connectors.api.limits import RateLimiter
+    from connectors.api.quotas import OwnerQuotas
     from connectors.api.service import Service
     from connectors.api.worker_gateway import WorkerGateway
 
@@ -500,13 +501,14 @@ def api(
     try:
         tokens = Tokens.from_env(os.environ)
         limiter = RateLimiter.from_env(os.environ)
+        quotas = OwnerQuotas.from_env(os.environ)
     except (AuthConfigError, ValueError) as exc:
         raise fail(str(exc), 2) from exc
     try:
         migrate_for(settings)  # the API reads the projection tables: this deployment's
     except MigrationError as exc:
         raise fail(str(exc), 2) from exc
-    service = Service(settings)
+    service = Service(settings, quotas=quotas)
     service.open()
     gateway = WorkerGateway(service)
     gateway.start()

@@ -10,7 +10,9 @@ namespaces of its own:
 - mounts: those paths are covered (a folder by an empty tmpfs, a file by /dev/null) and
   only the job's own working directory shows through; /tmp, /var/tmp and /dev/shm are
   private, empty tmpfs of this job alone, gone with it, so nothing an earlier run left
-  there meets a later one;
+  there meets a later one; each has a size (`tmpfs_bytes`, 64 MiB by default, the
+  output cap's default; bwrap's `--size`), so a job filling them gets ENOSPC instead
+  of holding half the machine's RAM each (a tmpfs's default size);
 - pids (`--unshare-pid`, with its own /proc): the job sees only its own processes, and
   cannot signal (nor read the environment of) the worker, its executor or any other job;
   bwrap's reaper is the namespace's init, so when it dies (the executor's SIGKILL of the
@@ -64,6 +66,8 @@ FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MARKS = ("CRONLOG_RUN_ID", "CRONLOG_ATTEMPT")
 # Private to each job: an empty tmpfs of its own.
 PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")
+# The size of each of them (a tmpfs without one may take half the machine's RAM).
+DEFAULT_TMPFS_BYTES = 64 * 1024 * 1024
 
 
 def _under(path: str, folder: str) -> bool:
@@ -102,6 +106,8 @@ class Confinement:
     # A PID namespace (and /proc) of each job's own. Off only where the host refuses a
     # fresh /proc (a container that masks parts of its own): the covers still hold.
     own_pids: bool = True
+    # The size of each private tmpfs (/tmp, /var/tmp, /dev/shm), in bytes.
+    tmpfs_bytes: int = DEFAULT_TMPFS_BYTES
 
     def wrap(self, argv: Sequence[str], work: Path, env: Mapping[str, str]) -> Sandboxed:
         """`argv` run by bwrap with environment `env`, the hidden paths covered, `work`
@@ -124,12 +130,12 @@ class Confinement:
             command = [*command[:3], "--unshare-pid", *command[3:], "--proc", "/proc"]
         for folder in PRIVATE:
             if os.path.isdir(folder):
-                command += ["--tmpfs", folder]
+                command += ["--size", str(self.tmpfs_bytes), "--tmpfs", folder]
         for path in self.hidden:
             if any(_under(path, folder) for folder in PRIVATE):
                 continue  # under a private tmpfs already
-            if os.path.isdir(path):
-                command += ["--tmpfs", path]
+            if os.path.isdir(path):  # a cover the job could write in: sized too
+                command += ["--size", str(self.tmpfs_bytes), "--tmpfs", path]
             elif os.path.lexists(path):
                 command += ["--ro-bind", "/dev/null", path]
         # bwrap binds from the host's tree, and makes the mount point inside a covering
@@ -145,6 +151,8 @@ class Confinement:
             "--bwrap",
             self.program,
             *shared,
+            "--bwrap-tmpfs-bytes",
+            str(self.tmpfs_bytes),
             *(a for p in self.hidden for a in ("--hide", p)),
         ]
 

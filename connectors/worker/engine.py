@@ -88,7 +88,7 @@ from typing import Any, Final
 
 import orjson
 
-from connectors.worker.confine import Confinement
+from connectors.worker.confine import DEFAULT_TMPFS_BYTES, Confinement
 from connectors.worker.lease import read_lease
 from connectors.worker.outputcap import (
     DEFAULT_OUTPUT_CAP_MB,
@@ -686,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bwrap", default=None)
     parser.add_argument("--hide", action="append", default=[])
     parser.add_argument("--bwrap-shared-pids", action="store_true")
+    parser.add_argument("--bwrap-tmpfs-bytes", type=int, default=DEFAULT_TMPFS_BYTES)
     parser.add_argument("--output-cap-mb", type=float, default=float(DEFAULT_OUTPUT_CAP_MB))
     args = parser.parse_args(argv)
     run_as = None if args.run_as_uid is None else (args.run_as_uid, args.run_as_gid)
@@ -706,7 +707,12 @@ def main(argv: list[str] | None = None) -> int:
             run_as,
             None
             if args.bwrap is None
-            else Confinement(args.bwrap, tuple(args.hide), not args.bwrap_shared_pids),
+            else Confinement(
+                args.bwrap,
+                tuple(args.hide),
+                not args.bwrap_shared_pids,
+                args.bwrap_tmpfs_bytes,
+            ),
             int(args.output_cap_mb * MIB),
         )
     )

@@ -327,6 +327,30 @@ def test_each_job_has_a_tmp_of_its_own(worker: Worker) -> None:
     assert not Path(f"/tmp/{name}").exists()
 
 
+def test_a_jobs_private_tmpfs_has_a_size(worker: Worker) -> None:
+    """A job cannot fill the host's RAM through its private /dev/shm (or /tmp): each
+    tmpfs has a size, and a write past it fails with ENOSPC. Without `--size` a tmpfs
+    may take half the machine's RAM."""
+    made = confinement([worker.state])
+    assert isinstance(made, Confinement), made
+    small = Confinement(made.program, made.hidden, made.own_pids, tmpfs_bytes=1024 * 1024)
+    assert str(1024 * 1024) in small.args()  # the executor is given the size
+    fill = [
+        "sh",
+        "-c",
+        "for d in /dev/shm /tmp; do "
+        "head -c 2097152 /dev/zero > $d/fill 2>err; echo rc=$?; "
+        "grep -c 'No space left' err; "
+        "wc -c < $d/fill; done",
+    ]
+    seen = _as_job(fill, worker.work, small).split()
+    # Each write cut at the size, with ENOSPC ("No space left on device").
+    assert seen == ["rc=1", "1", str(1024 * 1024)] * 2, seen
+    # The default: 64 MiB each, not half the RAM.
+    sizes = _as_job(["sh", "-c", "df -k /dev/shm /tmp /var/tmp | tail -n +2"], worker.work, made)
+    assert [line.split()[1] for line in sizes.splitlines()] == ["65536"] * 3, sizes
+
+
 def test_an_environment_that_would_inject_options_is_refused(worker: Worker) -> None:
     made = confinement([worker.state])
     assert isinstance(made, Confinement), made

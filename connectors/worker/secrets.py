@@ -3,7 +3,9 @@
 A secret's value exists only here: in a file `<secrets dir>/NAME` (its content, one
 trailing newline removed: what `echo value > NAME` or a mounted Kubernetes secret
 gives), or in the worker's own environment as ``CRONLOG_SECRET_<NAME>`` (the name upper
-case, `.` and `-` as `_`). The file wins. Topics, projections, the API and the logs only
+case, `.` and `-` as `_`). The file wins. Names that share a variable (`db-pass`,
+`DB.PASS`) are refused by the grants, and the variable is never served to a name while
+the grants hold another with the same variable. Topics, projections, the API and the logs only
 ever see the name. A secret the worker cannot find fails the attempt before it starts,
 with the secret's name (not its value) as the reason.
 
@@ -25,10 +27,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streams.core.secret_grants import ENV_VAR as GRANTS_ENV
-from streams.core.secret_grants import SecretGrants, refusal
+from streams.core.secret_grants import SECRET_ENV_PREFIX, SecretGrants, refusal, secret_env_name
 from streams.settings import SettingsError, read_secret_grants
 
-ENV_PREFIX = "CRONLOG_SECRET_"
+ENV_PREFIX = SECRET_ENV_PREFIX
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -49,7 +51,7 @@ class SecretNotGranted(MissingSecret):
 
 
 def env_name(secret: str) -> str:
-    return ENV_PREFIX + re.sub(r"[.-]", "_", secret).upper()
+    return secret_env_name(secret)
 
 
 class GrantsFile:
@@ -100,11 +102,8 @@ class Secrets:
     def resolve(self, refs: tuple[tuple[str, str], ...], owner: str) -> dict[str, str]:
         """The env values of (env name, secret name) references of a job of `owner`:
         every secret checked against the grants before any value is read."""
+        grants, error = self._grants() if refs else (SecretGrants(), "")
         if refs:
-            if self.fixed is not None:
-                grants, error = self.fixed, ""
-            else:
-                grants, error = self.grants_file.current()
             if error:
                 raise SecretNotGranted(
                     refs[0][1],
@@ -113,9 +112,15 @@ class Secrets:
                 )
             for env, secret in grants.refused(owner, refs):
                 raise SecretNotGranted(secret, refusal(owner, env, secret))
-        return {name: self.value(secret) for name, secret in refs}
+        return {name: self.value(secret, grants) for name, secret in refs}
 
-    def value(self, secret: str) -> str:
+    def _grants(self) -> tuple[SecretGrants, str]:
+        return (self.fixed, "") if self.fixed is not None else self.grants_file.current()
+
+    def value(self, secret: str, grants: SecretGrants | None = None) -> str:
+        """`secret`'s value: its file, else its variable in the worker's environment,
+        which is served only if no other name of the grants (`grants`, or the current
+        ones) shares it: `DB.PASS` granted to one owner never reads `db-pass`'s value."""
         if not _NAME.fullmatch(secret):  # validated upstream; never a path outside the dir
             raise MissingSecret(secret, "not a valid secret name")
         if self.directory is not None:
@@ -124,6 +129,15 @@ class Secrets:
                 return path.read_text().removesuffix("\n")
             except FileNotFoundError:
                 pass
+        sharing = (self._grants()[0] if grants is None else grants).sharing_env(secret)
+        if sharing:
+            raise MissingSecret(
+                secret,
+                "",
+                f"secret {secret!r} not resolved from the worker's environment: its "
+                f"variable {env_name(secret)} is also that of granted secret "
+                f"{sharing[0]!r} (rename one in {GRANTS_ENV})",
+            )
         found = self.environ.get(env_name(secret))
         if found is not None:
             return found

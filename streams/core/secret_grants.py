@@ -34,6 +34,16 @@ OWNER_PATTERN: Final = re.compile(r"[A-Za-z0-9._*?!\[\]-]+", re.ASCII)
 MAX_NAME_CHARS: Final = 128
 MAX_PATTERN_CHARS: Final = 256
 ENV_VAR: Final = "CRONLOG_SECRETS_GRANTS"
+# Where a worker may hold a secret's value in its own environment: CRONLOG_SECRET_ and the
+# name upper case, `.` and `-` as `_` (connectors/worker/secrets.py). Several names map
+# to one variable (`db-pass`, `DB.PASS`, `db_pass`), so the grants refuse two such names:
+# an owner granted one would read the other's value.
+SECRET_ENV_PREFIX: Final = "CRONLOG_SECRET_"
+
+
+def secret_env_name(secret: str) -> str:
+    """The worker's environment variable that may hold `secret`'s value."""
+    return SECRET_ENV_PREFIX + re.sub(r"[.-]", "_", secret).upper()
 
 
 class GrantsError(ValueError):
@@ -61,6 +71,12 @@ class SecretGrants:
         """The (env name, secret name) references `owner` may not use, in order."""
         return tuple((env, secret) for env, secret in refs if not self.allows(secret, owner))
 
+    def sharing_env(self, secret: str) -> tuple[str, ...]:
+        """The granted names other than `secret` whose environment variable is
+        `secret`'s (none in grants read by `from_document`, which refuses them)."""
+        env = secret_env_name(secret)
+        return tuple(n for n, _ in self.grants if n != secret and secret_env_name(n) == env)
+
     def usable(self, owner: str) -> tuple[str, ...]:
         """The names of the secrets `owner` may use, sorted."""
         return tuple(name for name, _ in self.grants if self.allows(name, owner))
@@ -78,6 +94,7 @@ class SecretGrants:
                 f"(`NAME: [owner, team-*]`), got {type(doc).__name__}"
             )
         grants: list[tuple[str, tuple[str, ...]]] = []
+        envs: dict[str, str] = {}
         for name, value in doc.items():
             if (
                 not isinstance(name, str)
@@ -87,6 +104,13 @@ class SecretGrants:
                 raise GrantsError(
                     f"{where}: {name!r} is not a secret name (1 to {MAX_NAME_CHARS} letters, "
                     "digits, '.', '_' or '-', starting with a letter or digit)" + _quote(name)
+                )
+            other = envs.setdefault(secret_env_name(name), name)
+            if other != name:
+                raise GrantsError(
+                    f"{where}: secrets {other!r} and {name!r} share the worker's environment "
+                    f"variable {secret_env_name(name)} (upper case, '.' and '-' as '_'): "
+                    "rename one, or an owner granted one could read the other's value"
                 )
             patterns = [value] if isinstance(value, str) else value
             if not isinstance(patterns, list):

@@ -20,7 +20,7 @@ from schemas.spec import EverySchedule, JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
 from streams.core.ledger import LedgerConfig, decide
-from streams.core.secret_grants import GrantsError, SecretGrants
+from streams.core.secret_grants import GrantsError, SecretGrants, secret_env_name
 from streams.kafka import producer_config
 from streams.ledger import Ledger
 from streams.memory import MemoryClients
@@ -110,6 +110,22 @@ def test_a_question_mark_is_one_character_and_a_class_one_of_its_own(owner: str)
 def test_a_bad_grants_document_is_refused_saying_what(doc: object, said: str) -> None:
     with pytest.raises(GrantsError, match=said):
         SecretGrants.from_document(doc)
+
+
+@pytest.mark.parametrize("other", ["DB.PASS", "db_pass", "DB-pass", "db.pass"])
+def test_two_secret_names_sharing_an_environment_variable_are_refused(other: str) -> None:
+    """`db-pass` and `DB.PASS` are both CRONLOG_SECRET_DB_PASS on the worker: an owner
+    granted one would read the other's value, so the grants refuse the pair, naming
+    both and the variable."""
+    assert secret_env_name(other) == secret_env_name("db-pass") == "CRONLOG_SECRET_DB_PASS"
+    with pytest.raises(GrantsError) as raised:
+        SecretGrants.from_document({"db-pass": ["payments"], other: ["noisy"]})
+    said = str(raised.value)
+    assert "'db-pass'" in said
+    assert repr(other) in said
+    assert "CRONLOG_SECRET_DB_PASS" in said
+    # Names that differ after the mapping are fine.
+    assert SecretGrants.from_document({"db-pass": ["payments"], "db-pass2": ["noisy"]})
 
 
 def test_settings_read_the_grants_file_and_a_bad_one_stops_the_start(tmp_path: Path) -> None:
@@ -225,6 +241,22 @@ def test_the_worker_refuses_a_secret_of_another_owner_naming_it_never_its_value(
     with pytest.raises(SecretNotGranted):
         Secrets(tmp_path, {}).resolve((("DB", "db-pass"),), "payments")
     assert Secrets(tmp_path, {}).resolve((), "payments") == {}
+
+
+def test_the_worker_never_serves_a_variable_another_granted_name_shares() -> None:
+    """Defence in depth, for grants built without `from_document`'s check: owner noisy,
+    granted `DB.PASS`, never reads payments' `db-pass` from CRONLOG_SECRET_DB_PASS, and
+    neither does payments while the grants hold both names."""
+    both = SecretGrants((("DB.PASS", ("noisy",)), ("db-pass", ("payments",))))
+    assert both.sharing_env("DB.PASS") == ("db-pass",)
+    secrets = Secrets(None, {"CRONLOG_SECRET_DB_PASS": "hunter2"}, grants=both)
+    for owner, name in (("noisy", "DB.PASS"), ("payments", "db-pass")):
+        with pytest.raises(MissingSecret, match="CRONLOG_SECRET_DB_PASS") as raised:
+            secrets.resolve((("DB", name),), owner)
+        assert "hunter2" not in str(raised.value)
+    # One name per variable: served.
+    alone = Secrets(None, {"CRONLOG_SECRET_DB_PASS": "hunter2"}, grants=GRANTS)
+    assert alone.resolve((("DB", "db-pass"),), "payments") == {"DB": "hunter2"}
 
 
 def _replace(path: Path, text: str) -> None:

@@ -181,9 +181,37 @@ def refusal(exc: KafkaException) -> str:
     pass): librdkafka's or the broker's refusal of a record, from produce(), a delivery
     report (the commit's abortable error carries its code) or the commit."""
     error = exc.args[0] if exc.args else None
-    if isinstance(error, KafkaError) and error.code() in REFUSED_CODES:
+    return refused(error) if isinstance(error, KafkaError) else ""
+
+
+def refused(error: KafkaError) -> str:
+    """`refusal`'s reason for one error ("" for one that may pass)."""
+    if error.code() in REFUSED_CODES:
         return f"the ledger cannot write what this input leads to: {error.name()}: {error.str()}"
     return ""
+
+
+class Deliveries:
+    """The first refusal a delivery report of the open transaction carried. Once a record
+    is refused the producer is in an abortable state, and the call that fails next (a
+    produce, the offsets, the commit) often says only that (_STATE) or times out, not
+    why: the report's code is what tells a refusal from an error that may pass."""
+
+    def __init__(self) -> None:
+        self.refused = ""
+
+    def begin(self) -> None:
+        self.refused = ""
+
+    def report(self, err: KafkaError | None, _msg: Message | None) -> None:
+        """The producer's `on_delivery`, for every record."""
+        if err is not None and not self.refused:
+            self.refused = refused(err)
+
+    def why(self, exc: KafkaException) -> str:
+        """Why the failed transaction can never be written: its error's code, or a
+        delivery report's in it ("" if neither is a refusal)."""
+        return refusal(exc) or self.refused
 
 
 def _fenced(exc: KafkaException) -> bool:
@@ -271,6 +299,7 @@ class Ledger(Membership, Outputs):
         # Inputs refused for the outputs they lead to, while a batch is decided one by
         # one (`_one_by_one`): (topic, partition, offset) -> (reason, what is kept).
         self._refusing: dict[tuple[str, int, int], tuple[str, str]] = {}
+        self._deliveries = Deliveries()
         self.assigned = False  # a first assignment came and was restored (readiness)
         self._warned_create_time = False
         self.watch = GroupWatch(settings, f"ledger {self.node_id}")
@@ -302,6 +331,7 @@ class Ledger(Membership, Outputs):
             # The dead letter of any job-log record (a third larger than the record) is
             # never refused by librdkafka: commands.dlq takes DLQ_MAX_BYTES.
             "message.max.bytes": DLQ_MAX_BYTES,
+            "on_delivery": self._deliveries.report,
             **self.producer_overrides,
         }
         failures = 0
@@ -409,8 +439,9 @@ class Ledger(Membership, Outputs):
             if _fenced(exc):
                 self._check_node_id()  # before recovering fences the other in turn
             log.error("transaction failed (%s): aborting and recovering", exc)
+            reason = self._deliveries.why(exc)
             positions = self._recover()
-            if refusal(exc):
+            if reason:
                 self._one_by_one(records, positions)
         except Hung as exc:
             # Never touch that producer again: it is inside a call that may still return.
@@ -428,6 +459,7 @@ class Ledger(Membership, Outputs):
         """One transaction over a prefix of `records` (all of them unless the budget cuts
         it); the consumer is sought back to the first record left out."""
         self.producer.begin_transaction()
+        self._deliveries.begin()
         self._in_txn = 0
         self._txn_rejected = self._txn_dlq = 0  # counted in the metrics once committed
         self._dirty_jobs.clear()  # a failed transaction's, thrown away with its state
@@ -508,7 +540,7 @@ class Ledger(Membership, Outputs):
                     except KafkaException as exc:
                         if _fenced(exc):
                             self._check_node_id()  # as `_process_batch` does
-                        reason = refusal(exc)
+                        reason = self._deliveries.why(exc)
                         log.error(
                             "input %s [%d] @%d alone: transaction failed (%s)",
                             *where,

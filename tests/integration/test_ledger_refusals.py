@@ -10,6 +10,8 @@ lowers a limit below what it allows, the seam for an output the domain cannot fo
 - the broker's: the dispatch topic's max.message.bytes (and no compression: the limit
   is on the batch as sent), so the delivery report says MSG_SIZE_TOO_LARGE and the
   commit fails with it;
+- the broker's, on the ledger's own state: the jobs topic's max.message.bytes lowered
+  below a job's state once it is registered, so any change of it is refused;
 - INVALID_RECORD: commands.dlq made compacted, and a keyless record the ledger
   dead-letters (a compacted topic takes no record without a key): the dead letter is
   refused, then the one without the record's bytes, and the input is only passed.
@@ -156,6 +158,7 @@ def _scenario(
     ledger: Ledger,
     refused: list[tuple[bytes | None, bytes]],
     check_dead_letter: Callable[[str, bytes], bool] | None,
+    before: Callable[[], None] | None = None,
 ) -> None:
     """Both jobs registered; then the refused input and, behind it on the same partition,
     the other owner's run-now: that run is dispatched within seconds, the refused input
@@ -183,6 +186,8 @@ def _scenario(
             eventually(
                 lambda: dispatched(warm), "a first run-now dispatched (the ledger is up)", 60
             )
+            if before is not None:
+                before()
             behind = RunNowRequested("other-job", "behind", now + 3)
             appended = time.monotonic()
             _append(settings, [*refused, _input("other-job", behind)])
@@ -262,3 +267,39 @@ def test_an_invalid_record_even_as_its_dead_letter_only_passes_its_input(fresh: 
     _scenario(fresh, ledger, keyless, None)
     # The batch, the input alone, its dead letter, the one without its bytes: refused.
     assert ledger.stats().recoveries >= 4
+
+
+def test_a_job_state_the_broker_refuses_refuses_its_input(fresh: Settings) -> None:
+    """The job's own state record grown past what the broker takes (here: the jobs
+    topic's limit lowered below big-job's ~6 KB state once both jobs are registered).
+    The refused record puts the producer in an abortable state, so the call that fails
+    next often says only that (_STATE) or times out: the delivery report's code is what
+    tells a refusal (`Ledger._delivered`). Any input changing big-job's state is refused
+    and dead-lettered; the other owner's run-now behind it is dispatched."""
+
+    def lower() -> None:
+        _set_topic_config(fresh, "jobs", "max.message.bytes", "3000")
+        time.sleep(2)  # the brokers apply a topic's new configuration within a second
+
+    overrides: dict[str, Any] = {"compression.type": "none"}
+    ledger = Ledger(
+        fresh, node_id=f"refuse-state-{uuid.uuid4().hex[:6]}", producer_overrides=overrides
+    )
+    grow = [
+        _input(
+            "big-job",
+            RunNowRequested(
+                "big-job", "grow", int(time.time() * 1000) + 2, parse_values({"v": "z"})
+            ),
+        )
+    ]
+
+    def names_grow(reason: str, original: bytes) -> bool:
+        inp = JOB_LOG.decode(original)
+        return (
+            "MSG_SIZE_TOO_LARGE" in reason
+            and isinstance(inp, RunNowRequested)
+            and inp.request_id == "grow"
+        )
+
+    _scenario(fresh, ledger, grow, names_grow, before=lower)

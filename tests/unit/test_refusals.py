@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from connectors.api.service import ServiceError, _check_values, _upsert_command
 from schemas.json import to_plain
 from streams.core.params import parse_values
-from streams.ledger import refusal
+from streams.ledger import Deliveries, refusal
 
 REPEATED = "{v}" * 6800  # 20 KB: a 1 KiB value makes it 7 MB
 
@@ -96,3 +96,27 @@ def test_a_record_refused_for_good_refuses_its_input(code: int) -> None:
 def test_an_error_that_may_pass_is_retried(code: int) -> None:
     assert refusal(KafkaException(KafkaError(code, "transient"))) == ""
     assert refusal(KafkaException()) == ""
+
+
+@pytest.mark.parametrize("then", [KafkaError._STATE, KafkaError._TIMED_OUT])
+def test_a_refused_delivery_tells_a_refusal_whatever_the_next_call_says(then: int) -> None:
+    """Once the broker refuses a record, the producer is in an abortable state and the
+    call that fails next (a produce, the offsets, the commit) often says only that, or
+    times out: the delivery report's code is what tells a refusal. Before, such a
+    transaction was retried for ever."""
+    deliveries = Deliveries()
+    failed = KafkaException(KafkaError(then, "Local: Erroneous state"))
+    assert deliveries.why(failed) == ""  # a transient error, on its own
+    deliveries.report(None, None)  # a record delivered says nothing
+    deliveries.report(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"), None)
+    deliveries.report(KafkaError(KafkaError._STATE, "later ones"), None)
+    assert "MSG_SIZE_TOO_LARGE" in deliveries.why(failed)
+    deliveries.begin()  # the next transaction starts with nothing refused
+    assert deliveries.why(failed) == ""
+
+
+def test_a_transient_delivery_error_is_not_a_refusal() -> None:
+    deliveries = Deliveries()
+    deliveries.report(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out"), None)
+    failed = KafkaException(KafkaError(KafkaError._STATE, "Local: Erroneous state"))
+    assert deliveries.why(failed) == ""

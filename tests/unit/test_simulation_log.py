@@ -56,7 +56,16 @@ from streams.memory import MemoryClients
 from streams.memory_log import MemoryLog
 from streams.settings import Settings
 from tests.support.world import World
-from tests.unit.test_simulation import CONFIG, T0, Sim, audited, check, check_rules, replace_pause
+from tests.unit.test_simulation import (
+    CONFIG,
+    T0,
+    Sim,
+    _param_fault,
+    audited,
+    check,
+    check_rules,
+    replace_pause,
+)
 
 SEEDS = int(os.environ.get("CRONLOG_LOG_SIM_SEEDS", "12"))
 STEPS = int(os.environ.get("CRONLOG_LOG_SIM_STEPS", "700"))
@@ -153,19 +162,29 @@ class LogWorld:
         `World.dispatch_specs` (the newest registered at or before the request's time,
         and the one before it, which the change's own decision decided under), read
         from the job events: the topics carry no link from a request to its decision.
-        The one before is the newest *other* spec: an upsert delivered twice (the
-        network's duplicate) registers its spec twice, and the request its first
-        decided was decided under the spec before both."""
+        The one before is the newest spec registered *before the newest's time*, and
+        every spec registered at that time is one too: an upsert delivered twice (the
+        network's duplicate) registers its spec twice, and two changes sent in one
+        step share their stamp (so their time), and a request decided in the first
+        one's own decision, or before it, at that time, was decided under the spec
+        before them all (loop seeds 165, 950025)."""
         specs: dict[str, list[tuple[int, JobSpec]]] = {}
         for e in self.events:
             if isinstance(e, JobEvent) and e.kind == "upserted" and e.spec is not None:
                 specs.setdefault(e.job_id, []).append((e.at_ms, e.spec))
         out: list[tuple[JobSpec, ...]] = []
         for request in self.dispatch:
-            known = [spec for at, spec in specs.get(request.job_id, []) if at <= request.at_ms]
-            newest = known[-1:]
-            before = [spec for spec in known if spec != known[-1]][-1:]
-            out.append((*newest, *before))
+            known = [
+                (at, spec) for at, spec in specs.get(request.job_id, []) if at <= request.at_ms
+            ]
+            last = known[-1][0] if known else None
+            tied = [spec for at, spec in reversed(known) if at == last]
+            before = [spec for at, spec in known if last is not None and at < last][-1:]
+            candidates: list[JobSpec] = []
+            for spec in (*tied, *before):
+                if spec not in candidates:
+                    candidates.append(spec)
+            out.append(tuple(candidates))
         return out
 
     def snapshot(self) -> World:
@@ -571,3 +590,35 @@ def test_the_spec_before_a_duplicated_upsert_is_the_one_before_both() -> None:
     )
     producer.produce(SETTINGS.topic("dispatch"), DISPATCH.encode(request), b"j@1")
     assert LogWorld(log, lambda: None).dispatch_specs == [(new, old)]
+
+
+def test_the_spec_before_changes_sharing_a_stamp_is_the_one_before_them_all() -> None:
+    """Two changes sent in one step share their stamp, each maybe delivered twice; a
+    firing made due in the first one's own decision, at that time, was decided under the
+    spec before both, which the request carries (loop seed 950025: `{n}` left in the argv
+    of a request decided before `params_in_command` was switched on, and a second change
+    at the same time hid that spec)."""
+    log = MemoryLog(ManualClock(wall_s=T0 / 1000))
+    log.create_catalogue(SETTINGS)
+    producer = MemoryClients(log).producer(producer_config(SETTINGS))
+    old = JobSpec(
+        job_id="j",
+        owner="o",
+        schedule=EverySchedule(1000),
+        command=("run", "--n={n}"),
+        params=(Param("n", "integer", "3"),),
+    )
+    substituted = replace(old, params_in_command=True)
+    gated = replace(substituted, depends_on=("up",))
+    changes = [(T0, old), *[(T0 + 500, substituted)] * 2, *[(T0 + 500, gated)] * 2]
+    for i, (at, spec) in enumerate(changes):
+        event = JobEvent(f"j#{i}", "j", "upserted", at, spec)
+        producer.produce(SETTINGS.topic("run-events"), RUN_EVENTS.encode(event), b"j")
+    env = (("CRONLOG_PARAMS", '{"n":3}'),)
+    request = DispatchRequest(
+        "j@1", "j", 1, "o", old.command, env, Resources(), 1.0, 0, T0 + 400, T0 + 600, T0 + 500
+    )
+    producer.produce(SETTINGS.topic("dispatch"), DISPATCH.encode(request), b"j@1")
+    specs = LogWorld(log, lambda: None).dispatch_specs
+    assert specs == [(gated, substituted, old)]
+    assert not all(_param_fault(request, spec) for spec in specs[0])

@@ -204,7 +204,7 @@ class Deliveries:
         self.refused = ""
 
     def report(self, err: KafkaError | None, _msg: Message | None) -> None:
-        """The producer's `on_delivery`, for every record."""
+        """The producer's `on_delivery`, for every record that failed."""
         if err is not None and not self.refused:
             self.refused = refused(err)
 
@@ -331,6 +331,9 @@ class Ledger(Membership, Outputs):
             # The dead letter of any job-log record (a third larger than the record) is
             # never refused by librdkafka: commands.dlq takes DLQ_MAX_BYTES.
             "message.max.bytes": DLQ_MAX_BYTES,
+            # Reports of failed records only: the ledger needs no word of the others,
+            # and a Python call per record is off its hot path.
+            "delivery.report.only.error": True,
             "on_delivery": self._deliveries.report,
             **self.producer_overrides,
         }

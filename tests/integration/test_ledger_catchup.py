@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from streams.ledger import Ledger, LedgerStats
 from streams.ledger_takeover import TakenOver, range_share
 from streams.settings import Settings
 from streams.topics import delete_topics, ensure_topics
+from tests.support.ledger_thread import running
 from tests.support.nodes import EventReader
 from tests.support.specs import upsert
 from tests.support.waiting import eventually
@@ -62,26 +62,6 @@ def _produce(settings: Settings, inputs: list[tuple[str, LedgerInput]]) -> None:
     for job_id, inp in inputs:
         producer.produce(settings.topic("job-log"), key=job_id.encode(), value=JOB_LOG.encode(inp))
     assert producer.flush(30) == 0
-
-
-@contextmanager
-def _running(ledger: Ledger) -> Iterator[None]:
-    failed: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            ledger.run()
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
-            failed.append(exc)
-
-    thread = threading.Thread(target=body, name="ledger", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        ledger.stop()
-        thread.join(60)
-    assert not failed, f"the ledger process died: {failed[0]!r}"
 
 
 def _backlog(settings: Settings, jobs: int, prefix: str) -> tuple[int, list[str]]:
@@ -147,7 +127,7 @@ def _check_catch_up(settings: Settings, registered: int, ids: list[str], stats: 
 
 def _work_through(settings: Settings, ledger: Ledger, timeout_s: float) -> float:
     started = time.monotonic()
-    with _running(ledger):
+    with running(ledger):
         eventually(
             lambda: _committed_to_the_end(settings),
             "the backlog decided (the ledger's offsets at job-log's end)",
@@ -479,7 +459,7 @@ def test_a_second_ledger_process_reads_ahead_only_its_share(fresh: Settings) -> 
     # the read-ahead's share is a guess, right half the time with two processes.
     node = f"share-{uuid.uuid4().hex[:6]}"
     ledgers = [Ledger(fresh, node_id=f"{node}-{i}", share=(i, 2)) for i in range(2)]
-    with _running(ledgers[0]), _running(ledgers[1]):
+    with running(ledgers[0]), running(ledgers[1]):
 
         def assigned() -> dict[int, set[int]]:
             return {i: set(ledger.state) for i, ledger in enumerate(ledgers)}

@@ -21,11 +21,9 @@ Before the fix, each of these failed the same transaction for ever.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -50,6 +48,7 @@ from streams.kafka import admin_config, consumer_config, producer_config
 from streams.ledger import Ledger
 from streams.settings import Settings
 from streams.topics import delete_topics, ensure_topics
+from tests.support.ledger_thread import running
 from tests.support.waiting import eventually
 
 LIMIT = 20_000  # bytes: what the lowered limit lets through
@@ -111,26 +110,6 @@ def _input(job_id: str, inp: LedgerInput) -> tuple[bytes | None, bytes]:
     return job_id.encode(), JOB_LOG.encode(inp)
 
 
-@contextmanager
-def _running(ledger: Ledger) -> Iterator[None]:
-    failed: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            ledger.run()
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
-            failed.append(exc)
-
-    thread = threading.Thread(target=body, name="ledger", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        ledger.stop()
-        thread.join(60)
-    assert not failed, f"the ledger process died: {failed[0]!r}"
-
-
 class _Reader:
     """A read_committed reader of one topic from its start."""
 
@@ -167,7 +146,7 @@ def _scenario(
     now = int(time.time() * 1000)
     dispatch, dlq = _Reader(settings, "dispatch"), _Reader(settings, "commands.dlq")
     try:
-        with _running(ledger):
+        with running(ledger):
             _append(
                 settings,
                 [

@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv stack topics nettools sandbox run test test-secure lint format bench bench-full chaos fuzz sim clean
+.PHONY: help venv stack topics nettools sandbox run test test-secure lint format bench bench-full chaos soak upgrade-test fuzz sim clean
 
 help:
 	@echo "make run    - install, start Kafka + PostgreSQL, then everything of cronlog with a demo"
@@ -18,6 +18,8 @@ help:
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make bench  - benchmarks"
 	@echo "make chaos  - long fault scenarios (every node down for 20 minutes; 10 minutes of random faults on 3 brokers)"
+	@echo "make soak   - a million firings on a private 3-broker cluster under a nemesis (SOAK_ARGS=--quick: ~50,000)"
+	@echo "make upgrade-test - the previous release's processes replaced one by one with this one's, under load"
 	@echo "make sim    - the seeded simulations at volume on every core (CRONLOG_SIM_SEEDS, CRONLOG_LOG_SIM_SEEDS)"
 	@echo "make fuzz   - 10,000 generated bad records on each topic the system reads, 10,000 requests per API operation"
 	@echo "make clean  - stop the stack, remove the venv and the state folder"
@@ -135,6 +137,20 @@ bench-full: topics
 	$(BIN)/python -m bench.prune
 	$(BIN)/python -m bench.detector --seconds 60 --workers 4
 	$(BIN)/python -m bench.fairness
+
+# A million firings (SOAK_ARGS=--quick: about 50,000) of a mixed load on a private
+# three-broker cluster and a private PostgreSQL, every process with default options, one
+# random fault at a time (bench/soak.py); then every check and the price of each fault kind.
+SOAK_ARGS ?=
+soak: topics nettools sandbox
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+
+# A rolling upgrade under load (bench/upgrade.py): the previous release (the commit before
+# the newest schema change, or UPGRADE_ARGS=--from REF) built into a venv of its own, its
+# processes replaced one at a time with this checkout's; 0 violations, the audit clean.
+UPGRADE_ARGS ?=
+upgrade-test: topics
+	$(BIN)/python -m bench.upgrade $(UPGRADE_ARGS)
 
 # Long fault scenarios (about 40 minutes, most of it waiting): 2,000 jobs every second,
 # every node killed for 20 minutes and restarted. The ledger must work through

@@ -17,6 +17,9 @@ commands of one concern:
 
 from __future__ import annotations
 
+import re
+from importlib import metadata, resources
+
 import typer
 
 from connectors.cli.access import login, logout
@@ -44,6 +47,37 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def record_versions() -> dict[str, int]:
+    """The newest version of each record this installation writes, from the schema
+    history it carries (what an operator compares between releases: CHANGELOG.md)."""
+    newest: dict[str, int] = {}
+    for entry in resources.files("schemas").joinpath("avro", "history").iterdir():
+        found = re.fullmatch(r"(\w+)\.v(\d+)\.avsc", entry.name)
+        if found:
+            name, version = found[1], int(found[2])
+            newest[name] = max(version, newest.get(name, 0))
+    return dict(sorted(newest.items()))
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    records = ", ".join(f"{name} v{n}" for name, n in record_versions().items())
+    typer.echo(f"cronlog {metadata.version('cronlog')} (records: {records})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version."
+    ),
+) -> None:
+    """cronlog: a distributed job scheduler on Kafka."""
+
+
 app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
 # `db` gathers the schema's setup (stack) and the history's retention (admin).

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -36,11 +37,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from bench.common import audit, report, verdict
 from bench.upgrade_build import Release, build, default_from
 from streams.settings import Settings
-from tests.support.firings import Verdict, check_firings, settled, start_lateness
+from tests.support.firings import (
+    Verdict,
+    check_firings,
+    latest_starts,
+    settled,
+    start_lateness,
+)
 from tests.support.isolation import create_database, delete_topics_with_prefix, drop_database
 from tests.support.nodes import (
     CronlogProcess,
@@ -48,6 +56,7 @@ from tests.support.nodes import (
     Node,
     ProjectorProc,
     WorkerProc,
+    end_offsets,
     env_for,
     job,
     send_commands,
@@ -327,6 +336,12 @@ def figures(
     if code != 0:
         print(audit_text)
     during = start_lateness(events, marks["upgrade_start_ms"], marks["upgrade_end_ms"])
+    # A run whose first attempt was lost with a restarted worker starts on a retry: its
+    # lateness is that start's, counted here, not left out.
+    during_any = start_lateness(
+        events, marks["upgrade_start_ms"], marks["upgrade_end_ms"], any_attempt=True
+    )
+    latest = latest_starts(events, marks["upgrade_start_ms"], marks["after_end_ms"])
     after = start_lateness(events, marks["upgrade_end_ms"], marks["after_end_ms"])
     before = start_lateness(
         events, marks["upgrade_start_ms"] - int(opts.before_s * 1000), marks["upgrade_start_ms"]
@@ -338,6 +353,7 @@ def figures(
         if e.job_id in {j for j, _ in load.long} and e.state in ("failed", "retrying")
     )
     refused = refusals(cluster.logs)
+    dead = dead_letters(settings)
     for check in checks:
         examples = check.summary()["examples"]
         if check.violations:
@@ -361,16 +377,37 @@ def figures(
         "long_runs_not_succeeded": long_not_succeeded,
         "long_attempts_failed_or_retried": attempts_failed,
         "audit": verdict(code),
-        "p99_s": during.p99_s,
-        "during_upgrade": str(during),
+        "p99_s": during_any.p99_s,
+        "during_upgrade": str(during_any),
+        "during_upgrade_first_attempts": str(during),
         "before_upgrade": str(before),
         "after_upgrade": str(after),
+        "latest_starts": [f"{run_id} {late:.2f} s" for late, run_id in latest],
         "processes_died": len(cluster.died),
         "deaths": cluster.died[:5],
         "refusals_logged": refused,
+        "dead_letters": dead,
+        # The machine is shared: its load tells how far the lateness is this run's own.
+        "load_average_1m_at_end": os.getloadavg()[0],
         "step_s": opts.step_s,
         "after_s": opts.after_s,
     }
+
+
+def dead_letters(settings: Settings) -> dict[str, object]:
+    """What was dead-lettered: records on the DLQ topics, and the records the projector
+    could not project (kept in its table with the reason, and not logged)."""
+    found: dict[str, object] = {
+        topic: sum(end_offsets(settings, topic).values())
+        for topic in ("commands.dlq", "notifications.dlq")
+    }
+    with psycopg.connect(settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT topic, count(*), min(reason) FROM projector_dead_letters GROUP BY topic"
+        ).fetchall()
+    for topic, count, reason in rows:
+        found[f"projector: {topic}"] = f"{count}, e.g. {reason[:300]}"
+    return found
 
 
 def refusals(logs: Path) -> dict[str, int]:

@@ -418,6 +418,7 @@ def heartbeat_to_avro(b: Heartbeat) -> AvroDict:
         "capacity": capacity_to_avro(b.capacity),
         "free": capacity_to_avro(b.free),
         "labels": dict(b.labels),
+        "armed_ms": b.armed_ms,
         "running": [{"run_id": r.run_id, "attempt": r.attempt} for r in b.running],
     }
 
@@ -435,6 +436,7 @@ def heartbeat_from_avro(d: AvroDict) -> Heartbeat:
         _capacity_from_avro(d["free"]),
         tuple(sorted(d.get("labels", {}).items())),
         tuple(RunningAttempt(r["run_id"], int(r["attempt"])) for r in d.get("running", [])),
+        d.get("armed_ms"),
     )
 
 

@@ -523,6 +523,11 @@ class Heartbeat:
     free: WorkerCapacity
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value)
     running: tuple[RunningAttempt, ...] = ()
+    # The start horizon (broker ms): once this beat is acknowledged the worker may start
+    # held attempts whose start time is at most this, and never a later one before a
+    # later beat is acknowledged, so a dead worker's verdict knows which of its attempts
+    # never started. None: a worker from before the rule (its lease bounds its starts).
+    armed_ms: int | None = None
 
 
 LogStream: TypeAlias = Literal["stdout", "stderr"]

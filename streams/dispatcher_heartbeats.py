@@ -134,6 +134,9 @@ class Heartbeats(DispatcherKernel):
         )
         info.labels = offer.labels
         info.beat_ms, info.taken_back = appended_ms, False
+        info.start_bound_ms = start_bound(
+            info.start_bound_ms, beat.armed_ms, appended_ms, self.config.lease_bound_ms
+        )
         if skim:
             info.unlisted = raw
             return
@@ -159,3 +162,21 @@ class Heartbeats(DispatcherKernel):
 
 def _capacity(offered: WorkerCapacity) -> Capacity:
     return Capacity(offered.cpu, offered.memory_mb, offered.gpu)
+
+
+def start_bound(
+    known: int | None, armed_ms: int | None, appended_ms: int | None, lease_bound_ms: int
+) -> int | None:
+    """The latest start time a worker may have started a run at, after one more beat:
+    the highest horizon so far, as an incarnation restarted within the arming margin
+    arms from a clock that may read earlier than its predecessor's, and a beat without
+    a horizon (a worker from before arming) is bounded by its lease only."""
+    if armed_ms is not None:
+        bound: int | None = armed_ms
+    elif appended_ms is not None:
+        bound = appended_ms + lease_bound_ms
+    else:
+        bound = None
+    if bound is None or known is None:
+        return bound
+    return max(known, bound)

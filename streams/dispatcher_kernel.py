@@ -101,6 +101,10 @@ class WorkerInfo:
     maybe: dict[Key, int] = field(default_factory=dict)  # released early, until (ms)
     cut: tuple[str, ...] = ()  # what the worker limits cut from its last offer
     beat_ms: int | None = None  # the broker's append time of the newest beat read
+    # No attempt whose start time is later was started by this worker: the highest start
+    # horizon of its beats read (`armed_ms`), or for a beat without one (a worker from
+    # before arming) its broker time plus the lease. None: not known.
+    start_bound_ms: int | None = None
     taken_back: bool = False  # its unclaimed placements were placed again (suspected)
     listed_s: float = float("-inf")  # when `running` was read from a beat's list
     unlisted: bytes = b""  # the newest beat, when read without its list (else empty)

@@ -102,12 +102,12 @@ class Verdicts(DispatcherKernel):
                 now_s - info.received_s,
                 len(held),
             )
-            # No beat after the last one read renewed the worker's lease (it would have
-            # been read first), so the lease ended by that beat's broker time plus the
-            # lease: a run whose start time is later never started.
-            lease_ended = (
-                None if info.beat_ms is None else info.beat_ms + self.config.lease_bound_ms
-            )
+            # No beat after the last one read was acknowledged (it would have been read
+            # first), and the worker starts only what an acknowledged beat armed, inside
+            # its lease: a run whose start time is later than the highest horizon read
+            # (or, for a worker from before arming, the last beat's broker time plus the
+            # lease) never started.
+            lease_ended = info.start_bound_ms
             for run_id, attempt in sorted(held):
                 job_id = job_of(run_id)
                 self._send(

@@ -75,6 +75,9 @@ class WorkerConfig:
     heartbeat_s: float = TIMING.heartbeat_s
     ack_window_s: float = TIMING.ack_window_s
     lease_s: float = TIMING.lease_s
+    # Each acknowledged beat arms the starts due this far ahead (at least a beat
+    # interval and a margin more, so a start never waits for arming).
+    arm_ahead_s: float = TIMING.arm_ahead_s
     fence_grace_s: float = TIMING.kill_grace_s  # SIGTERM -> SIGKILL when fenced or timed out
     # The executor fences everything when it was itself paused this long: the detector
     # may have declared the worker dead meanwhile.

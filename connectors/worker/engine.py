@@ -43,8 +43,11 @@ the start), error (could not start), not_started (never started and never will b
 fenced, cancelled, or no room within `--start-wait-s` of its start time, or the worker
 went away before its time; the worker releases such a run for dispatch).
 
-The lease file holds a deadline on CLOCK_MONOTONIC, `monotonic SECONDS` (`lease_text`;
-the worker's heartbeat thread writes it): the worker measures its lease against itself,
+The lease file holds a deadline on CLOCK_MONOTONIC and the start horizon of the beat
+that renewed it, `monotonic SECONDS [ARMED_MS]` (`lease_text`; the worker's heartbeat
+thread writes it): a run starts only while the lease holds and its start time (broker
+ms) is at most the horizon, so no start is made that no acknowledged beat armed (the
+dead worker's verdict releases what is later). The worker measures its lease against itself,
 and a step of the wall clock (NTP) neither stretches it (a cut-off worker's jobs would
 outlive the failure detector's verdict) nor cuts it short. A bare integer is the
 wall-clock form (`lease.write_lease`, epoch ms), still honoured.
@@ -125,26 +128,46 @@ def now_ms() -> int:
 MONOTONIC_LEASE: Final = "monotonic"
 
 
-def lease_text(deadline_mono: float) -> bytes:
-    """A lease alive until `deadline_mono` on CLOCK_MONOTONIC (what the worker writes)."""
-    return f"{MONOTONIC_LEASE} {deadline_mono:.6f}\n".encode("ascii")
+def lease_text(deadline_mono: float, armed_ms: int | None = None) -> bytes:
+    """A lease alive until `deadline_mono` on CLOCK_MONOTONIC (what the worker writes),
+    with the start horizon of the beat that renewed it (broker ms), if it has one."""
+    armed = "" if armed_ms is None else f" {armed_ms}"
+    return f"{MONOTONIC_LEASE} {deadline_mono:.6f}{armed}\n".encode("ascii")
 
 
-def lease_holds(path: Path) -> bool:
-    """Whether the lease in `path` is alive now: a monotonic deadline (`lease_text`), or
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What the lease file says now: whether it holds, and up to which start time
+    (broker ms) runs may start (None: no horizon, the lease alone bounds the starts)."""
+
+    holds: bool
+    armed_ms: int | None = None
+
+    def arms(self, start_at_ms: int) -> bool:
+        return self.holds and (self.armed_ms is None or start_at_ms <= self.armed_ms)
+
+
+def read_lease_file(path: Path) -> Lease:
+    """The lease in `path`: a monotonic deadline and maybe a horizon (`lease_text`), or
     an epoch-ms deadline on the wall clock (`lease.write_lease`). Missing or unreadable:
     not alive."""
     try:
         words = path.read_text(encoding="ascii").split()
     except (OSError, UnicodeDecodeError):
-        return False
+        return Lease(False)
     try:
-        if len(words) == 2 and words[0] == MONOTONIC_LEASE:
-            return time.monotonic() < float(words[1])
+        if len(words) in (2, 3) and words[0] == MONOTONIC_LEASE:
+            armed = int(words[2]) if len(words) == 3 else None
+            return Lease(time.monotonic() < float(words[1]), armed)
     except ValueError:
-        return False
+        return Lease(False)
     deadline = read_lease(path)
-    return deadline is not None and now_ms() < deadline
+    return Lease(deadline is not None and now_ms() < deadline)
+
+
+def lease_holds(path: Path) -> bool:
+    """Whether the lease in `path` is alive now."""
+    return read_lease_file(path).holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +332,16 @@ class ExecutorLoop:
             self._emit({"ev": "tick"}, log=False)
         self._flush()
 
-    def _lease_holds_now(self, pass_began: float) -> bool:
+    def _armed_now(self, job: Job, pass_began: float) -> bool:
         """Checked right before each start: the lease read now (not the pass's cached
-        answer) is valid, and this pass has not itself been stalled long enough for the
-        failure detector to have given up on the worker meanwhile."""
+        answer) is valid and a beat Kafka acknowledged armed the run's start time, and
+        this pass has not itself been stalled long enough for the failure detector to
+        have given up on the worker meanwhile. Arming is why a dead worker's verdict can
+        tell the runs it never started: a later start time than the horizon of its last
+        beat the broker holds."""
         if time.monotonic() - pass_began > self.config.max_gap_s:
             return False
-        return lease_holds(self.config.lease_file)
+        return read_lease_file(self.config.lease_file).arms(job.start_at_ms)
 
     def _lease_valid(self, mono: float) -> bool:
         if mono - self.last_lease_check >= TICK_S or not self.lease_ok:
@@ -418,8 +444,10 @@ class ExecutorLoop:
                     )
                     continue
                 return  # in order: the head waits for room, the others behind it
-            if not self._lease_holds_now(mono):
-                return  # the next pass fences (or waits for a first lease)
+            if not self._armed_now(job, mono):
+                # The next pass fences, or waits for a first lease or for the beat that
+                # arms this start (the queue is in start order: the others wait too).
+                return
             self.queue.popleft()
             self._spawn(job, mono)
             if time.monotonic() - mono > STEP_BUDGET_S:

@@ -64,6 +64,7 @@ class Heartbeat:
         heartbeat_s: float,
         lease_s: float,
         ack_window_s: float | None = None,
+        arm_ahead_s: float | None = None,
         view: Callable[[], View],
         lease_file: Callable[[], Path],
         stop: threading.Event,
@@ -85,6 +86,11 @@ class Heartbeat:
         # later acknowledgement may come after the failure detector's verdict.
         self.ack_window_s = heartbeat_s if ack_window_s is None else ack_window_s
         self.lease_s = lease_s
+        # Each beat arms the starts due up to this far ahead of the broker's time (its
+        # horizon, `armed_ms`, never lower than the one before); None: no horizon (the
+        # lease alone bounds the starts, as before arming).
+        self.arm_ahead_ms = None if arm_ahead_s is None else int(arm_ahead_s * 1000)
+        self.armed_ms: int | None = None  # the horizon of the newest beat made
         self.view = view
         self.lease_file = lease_file
         self.stop = stop
@@ -102,12 +108,15 @@ class Heartbeat:
         at_ms = self.now_ms()
         free, held = self.view()
         capacity = self.capacity
+        if self.arm_ahead_ms is not None:
+            self.armed_ms = max(self.armed_ms or 0, at_ms + self.arm_ahead_ms)
         record = Beat(
             self.worker_id,
             at_ms,
             WorkerCapacity(capacity.cpu, capacity.memory_mb, capacity.gpu),
             WorkerCapacity(max(free.cpu, 0.0), max(free.memory_mb, 0), max(free.gpu, 0)),
             tuple(sorted(self.labels)),
+            armed_ms=self.armed_ms,
         )
         delivered: list[bool] = []
 
@@ -145,7 +154,9 @@ class Heartbeat:
             log.error("the worker's main loop is stuck; the lease is not renewed")
             return False
         if delivered and delivered[0]:
-            write_atomic(self.lease_file(), lease_text(started + self.lease_s))
+            # The lease and the horizon together: the executor starts a run only while
+            # the lease holds and its start time is within a horizon Kafka acknowledged.
+            write_atomic(self.lease_file(), lease_text(started + self.lease_s, record.armed_ms))
             self.acknowledged += 1
             self.missed = 0
             return True

@@ -49,6 +49,11 @@ class Timing:
     # The dispatcher's failure detector, on its own monotonic clock.
     suspect_after_s: float = 4.0
     dead_after_s: float = 11.0
+    # How far ahead of the broker's time a beat arms the worker's starts (Heartbeat
+    # armed_ms): a run starts only once a beat arming its start time was acknowledged,
+    # so of a dead worker's unstarted runs only those due within this of its last beat
+    # can be lost; the rest are placed again without using an attempt.
+    arm_ahead_s: float = 2.0
     # The unstarted runs of a dead worker: its lease ended this long after the broker
     # time of its last beat read, at most (clock rates and the executor's pass).
     lease_bound_margin_s: float = 1.0
@@ -100,6 +105,22 @@ class Timing:
                 "the last beat acknowledged before a broker dies renewed the lease to at "
                 "least L - H after the death; a beat made within A of the failover's end "
                 "is acknowledged in time and renews it (the margin: its delivery)",
+            ),
+            Check(
+                "a run is armed before its start",
+                h + 0.5,
+                self.arm_ahead_s,
+                0.0,
+                "the next beat arms further before the horizon of the one before is "
+                "reached, when acknowledged within the margin (a slower one delays starts, "
+                "never makes one unsafe)",
+            ),
+            Check(
+                "arming bounds fewer runs than the lease",
+                self.arm_ahead_s,
+                lease,
+                1.0,
+                "a dead worker's runs due after its last beat's horizon were never started",
             ),
             Check(
                 "every moment is covered by a beat's window",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from bench.common import _children
 from connectors.worker.journal import FINISHED
 from connectors.worker.worker import Worker, WorkerConfig
 from schemas.codec import JOB_LOG, WORKER_INBOX
@@ -292,6 +293,43 @@ def test_worker_lost_before_the_start_dispatches_again(
     assert done[2] != victim
     states = run_events(events, run_id)
     assert not any(s in ("failed", "retrying") for _, s, _, _ in states), states
+    assert marks.read_text().split("\n")[:-1] == [f"{run_id} 1"]
+
+
+def test_a_machine_lost_for_good_fails_no_run_it_never_started(
+    topics: Settings,
+    cluster: tuple[Node, dict[str, WorkerProc]],
+    events: EventReader,
+    tmp_path: Path,
+) -> None:
+    """The worker and its executor killed at once (the machine is gone) 4 s before the
+    start of a run it had claimed ahead: within the lease of its last beat (8 s), so the
+    verdict could not tell whether it started and failed it `lost`. Its last
+    acknowledged beat armed starts up to 2 s after it, so the run provably never
+    started: it is dispatched again, with no attempt used, and runs once elsewhere."""
+    _, workers = cluster
+    for n in range(3):  # workers just started may claim the first one-off late
+        marks = tmp_path / f"starts{n}.txt"
+        due = float(int(time.time() + 20))  # the one-off's time has whole seconds
+        run_id, victim = claimed_ahead(topics, events, f"lostmachine{n}", marks, in_s=20)
+        if time.time() < due - 5:
+            break
+    assert time.time() < due - 5, "never claimed early enough to play the fault"
+    time.sleep(max(0.0, due - 4 - time.time()))
+    proc = workers[victim].proc
+    assert proc is not None
+    for pid in [*_children(proc.pid), proc.pid]:  # the executor too, and every job
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    workers[victim].kill()
+    try:
+        done = wait_state(events, run_id, "succeeded", timeout_s=90)
+    finally:
+        workers[victim].start()
+    assert (done[0], done[2] != victim) == (1, True)
+    states = run_events(events, run_id)
+    assert not any(s in ("failed", "retrying") for _, s, _, _ in states), states
+    assert any(s == "due" and "lost before the run's start" in r for _, s, _, r in states), states
     assert marks.read_text().split("\n")[:-1] == [f"{run_id} 1"]
 
 

@@ -19,9 +19,9 @@ import pytest
 
 from connectors.stack.process import pid_alive
 from connectors.worker.confine import Confinement
-from connectors.worker.engine import read_log
+from connectors.worker.engine import lease_text, read_lease_file, read_log
 from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
-from connectors.worker.lease import write_lease
+from connectors.worker.lease import write_atomic, write_lease
 from streams.core.clock import BrokerClock
 from tests.support.waiting import until_passes
 
@@ -202,6 +202,38 @@ def test_a_run_timed_by_the_broker_clock_starts_when_its_newest_bound_reaches_it
     assert started is not None
     assert started.started_mono is not None
     assert fresh <= started.started_mono < handed - 0.5
+
+
+def test_a_run_starts_only_once_an_acknowledged_beat_armed_its_start_time(
+    make: Callable[..., Harness],
+) -> None:
+    """The lease holds, the start time has come, but the horizon of the beat that renewed
+    the lease is earlier: the run waits (a dead worker's verdict takes every start time
+    past that horizon as never started) and starts once a beat arms it."""
+    h = make()
+    at = now_ms()
+    write_atomic(h.lease, lease_text(time.monotonic() + 30, at - 1000))
+    key = h.start("r1", ["true"], at_ms=at)
+    h.passes(4)  # the start time has passed, the lease holds: several passes, no start
+    assert h.started(key) is None
+    armed = time.monotonic()
+    write_atomic(h.lease, lease_text(time.monotonic() + 30, at))
+    assert h.finished(key).outcome == "exited"
+    started = h.started(key)
+    assert started is not None
+    assert started.started_mono is not None
+    assert started.started_mono >= armed
+
+
+def test_a_lease_file_without_a_horizon_bounds_starts_by_the_lease_alone(tmp_path: Path) -> None:
+    lease = tmp_path / "lease"
+    write_atomic(lease, lease_text(time.monotonic() + 30))
+    assert read_lease_file(lease).arms(10**15)
+    write_atomic(lease, lease_text(time.monotonic() + 30, 5_000))
+    assert read_lease_file(lease).arms(5_000)
+    assert not read_lease_file(lease).arms(5_001)
+    write_atomic(lease, lease_text(time.monotonic() - 1, 5_000))
+    assert not read_lease_file(lease).arms(0)  # expired: nothing is armed
 
 
 def test_a_run_s_directory_is_made_ahead_of_its_start_and_used_by_it(

@@ -28,7 +28,7 @@ from streams.core.ledger import LedgerConfig
 from streams.core.seals import sealed
 from streams.core.timing import TIMING
 from streams.dispatcher import Dispatcher
-from streams.dispatcher_heartbeats import LIST_EVERY_S, LONG_LIST
+from streams.dispatcher_heartbeats import LIST_EVERY_S, LONG_LIST, start_bound
 from streams.dispatcher_kernel import DispatcherConfig
 from streams.kafka import partition_for, producer_config
 from streams.ledger import Ledger
@@ -86,9 +86,10 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
     def now_ms() -> int:
         return int(clock.time() * 1000)
 
-    def beat(running: tuple[RunningAttempt, ...] = ()) -> None:
+    def beat(running: tuple[RunningAttempt, ...] = (), armed_ms: int | None = None) -> None:
         capacity = WorkerCapacity(4.0, 4096, 0)
-        record = Heartbeat("w1", now_ms(), capacity, capacity, (), running)
+        armed = now_ms() + 2000 if armed_ms is None else armed_ms
+        record = Heartbeat("w1", now_ms(), capacity, capacity, (), running, armed)
         outside.produce(SETTINGS.topic("heartbeats"), key=b"w1", value=HEARTBEAT.encode(record))
 
     dispatcher, ledger = _loops_with_a_run_now(clock, clients, outside)
@@ -113,7 +114,11 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
 
     # The worker lists the attempt, then falls silent: the detector's verdict comes after
     # `dead_after` on the dispatcher's clock, not before.
-    beat((RunningAttempt(d.run_id, d.attempt),))
+    # Its last two beats armed starts up to a horizon, the later one from a clock that
+    # reads earlier (a restarted incarnation): the verdict names the higher.
+    armed = now_ms() + 2000
+    beat((RunningAttempt(d.run_id, d.attempt),), armed)
+    beat((RunningAttempt(d.run_id, d.attempt),), armed - 500)
     silent_since = clock.monotonic()
     dead_after = CONFIG.dead_after_s
     lost: list[tuple[float, WorkerLost]] = []
@@ -131,6 +136,9 @@ def test_a_run_is_placed_on_the_live_worker_and_declared_lost_when_it_falls_sile
     assert (verdict.run_id, verdict.attempt, verdict.worker_id) == (d.run_id, d.attempt, "w1")
     # Judged from the receipt of the last beat (read after `silent_since`), and promptly.
     assert dead_after <= after < dead_after + 1.0
+    # A start time after the highest horizon armed was never started (not the lease's
+    # bound: the worker starts only what an acknowledged beat armed).
+    assert verdict.lease_ended_ms == armed
 
 
 def test_a_silent_workers_unclaimed_placements_go_elsewhere_at_suspicion(
@@ -470,3 +478,13 @@ def test_a_placement_listed_by_a_skimmed_beat_is_not_taken_back_at_suspicion(
     assert clock.monotonic() - silent_since > CONFIG.suspect_after_s
     assert [a.worker_id for a in _assignments(log)] == ["w1"]  # never placed again
     assert (d.run_id, d.attempt) in {(r.run_id, r.attempt) for r in lost}
+
+
+def test_a_start_bound_is_the_highest_horizon_or_a_lease_without_one() -> None:
+    lease = CONFIG.lease_bound_ms
+    assert start_bound(None, 5_000, 1_000, lease) == 5_000
+    assert start_bound(7_000, 5_000, 1_000, lease) == 7_000  # never lowered
+    # A worker from before arming: its beat's broker time plus the lease bounds it.
+    assert start_bound(None, None, 1_000, lease) == 1_000 + lease
+    assert start_bound(1_500, None, 1_000, lease) == 1_000 + lease
+    assert start_bound(None, None, None, lease) is None

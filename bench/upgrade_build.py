@@ -38,6 +38,15 @@ class Release:
     def short(self) -> str:
         return self.commit[:7]
 
+    def records(self) -> set[tuple[str, int]]:
+        """The record versions this release reads (its schema history)."""
+        found = set()
+        for lib in self.venv.glob("lib/python*/site-packages/schemas/avro/history"):
+            for path in lib.glob("*.v*.avsc"):
+                name, _, version = path.name.removesuffix(".avsc").rpartition(".v")
+                found.add((name, int(version)))
+        return found
+
 
 def git(*args: str) -> str:
     return subprocess.run(

@@ -214,6 +214,17 @@ def worker(
             "which a beat must be acknowledged to renew the lease."
         ),
     ] = TIMING.heartbeat_s,
+    arm_ahead_s: Annotated[
+        float,
+        typer.Option(
+            envvar="CRONLOG_WORKER_ARM_AHEAD_S",
+            help="How far ahead (s) each acknowledged beat arms starts: a run starts only "
+            "once a beat armed its start time. Of a worker lost for good, the runs due "
+            "within this of its last beat fail `lost` (the rest run elsewhere); starts due "
+            "during a broker failover longer than this wait for it. At least the "
+            "heartbeat interval + 1, below the lease.",
+        ),
+    ] = TIMING.arm_ahead_s,
     keep_s: Annotated[
         float,
         typer.Option(
@@ -298,6 +309,14 @@ def worker(
         # Beats further apart leave moments no beat's window covers: a broker failover
         # would then end the lease and fence running jobs (streams/core/timing.py).
         raise fail(f"--heartbeat-s must be in (0, {TIMING.ack_window_s:g}]", 2)
+    if not heartbeat_s + 1.0 <= arm_ahead_s <= TIMING.lease_s - 1.0:
+        # Closer than a beat and its acknowledgement, every start would wait for arming;
+        # past the lease, arming tells the verdict nothing the lease does not.
+        raise fail(
+            f"--arm-ahead-s must be in [{heartbeat_s + 1.0:g}, {TIMING.lease_s - 1.0:g}] "
+            "(the heartbeat interval + 1 s, the lease - 1 s)",
+            2,
+        )
     if WORKER_ID.fullmatch(worker_id) is None:
         raise fail(
             f"--id {worker_id!r} must be 1 to 150 letters, digits, '.', '_' or '-' "
@@ -332,6 +351,7 @@ def worker(
         state,
         heartbeat_s,
         keep_s=keep_s,
+        arm_ahead_s=arm_ahead_s,
         secrets_dir=secrets_dir,
         run_as=jobs_as,
         confinement=confinement,

@@ -185,6 +185,8 @@ class Soak:
         def settled() -> bool:
             for name in self.world.supervise():
                 self.restarted[name] += 1
+            if time.monotonic() - self.printed >= PROGRESS_S:
+                self.progress()
             self.tracker.fold()
             return all(e.state in FINAL_STATES for e in self.tracker.last.values())
 

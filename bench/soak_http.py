@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -52,6 +53,8 @@ class HttpWorker:
         self.acked = 0
         self.last_ok = time.monotonic()
         self.stopping = threading.Event()
+        self.outbox: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
+        threading.Thread(target=self.send_reports, daemon=True).start()
 
     # -- the heartbeat loop --------------------------------------------------------------
     def run(self) -> None:
@@ -145,15 +148,15 @@ class HttpWorker:
             if held.done or held.proc is not None or self.stopping.is_set():
                 return
             d = held.dispatch
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                **{k: v for k, v in d.get("env", [])},
-                "CRONLOG_RUN_ID": d["run_id"],
-                "CRONLOG_JOB_ID": d["job_id"],
-                "CRONLOG_ATTEMPT": str(d["attempt"]),
-                "CRONLOG_SCHEDULED_AT": str(d["scheduled_ms"]),
-            }
             try:
+                env = {
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    **_pairs(d.get("env")),
+                    "CRONLOG_RUN_ID": d["run_id"],
+                    "CRONLOG_JOB_ID": d["job_id"],
+                    "CRONLOG_ATTEMPT": str(d["attempt"]),
+                    "CRONLOG_SCHEDULED_AT": str(d["scheduled_ms"]),
+                }
                 held.proc = subprocess.Popen(
                     list(d["command"]),
                     env=env,
@@ -162,8 +165,8 @@ class HttpWorker:
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,  # its group: killed whole on a stop order
                 )
-            except OSError:
-                held.proc = None
+            except (OSError, ValueError, TypeError, IndexError):
+                held.proc = None  # reported as a failed start below, never left held
         body = {"attempt": key[1], "placement": d["placement"]}
         if held.proc is None:
             held.done = True
@@ -185,6 +188,15 @@ class HttpWorker:
                     _kill(held.proc)
 
     def report(self, run_id: str, kind: str, body: dict[str, Any]) -> None:
+        """Queued for the sender, in order: the heartbeat never waits on a report."""
+        self.outbox.put((run_id, kind, body))
+
+    def send_reports(self) -> None:
+        while True:
+            run_id, kind, body = self.outbox.get()
+            self.send(run_id, kind, body)
+
+    def send(self, run_id: str, kind: str, body: dict[str, Any]) -> None:
         """Until the API takes it (it may be restarting): a report lost is a run the
         ledger must guess about."""
         deadline = time.monotonic() + 120
@@ -196,6 +208,15 @@ class HttpWorker:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+
+
+def _pairs(env: object) -> dict[str, str]:
+    """A dispatch's env as JSON gives it: an object, or [name, value] pairs."""
+    if isinstance(env, dict):
+        return {str(k): str(v) for k, v in env.items()}
+    if isinstance(env, list):
+        return {str(pair[0]): str(pair[1]) for pair in env}
+    return {}
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -135,7 +135,13 @@ class World:
         # Default options but the capacity (room for the load) and a label the long jobs
         # ask for, so they run on process workers only.
         return WorkerProc(
-            self.settings, worker_id, self.logs, cpu=8, labels=("kind=native",), prefix=prefix
+            self.settings,
+            worker_id,
+            self.logs,
+            cpu=8,
+            memory_mb=4096,
+            labels=("kind=native",),
+            prefix=prefix,
         )
 
     @property

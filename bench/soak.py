@@ -191,7 +191,7 @@ class Soak:
             return all(e.state in FINAL_STATES for e in self.tracker.last.values())
 
         try:
-            self.events.wait_until(settled, 900, "every run final")
+            self.events.wait_until(settled, 600, "every run final")
             self.events.settle(300)
         except AssertionError as exc:
             print(f"warning: {exc}", flush=True)

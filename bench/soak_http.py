@@ -8,9 +8,12 @@ placement), a granted claim is started at its time (`/started`), its exit report
 (`/finished`); a stop order kills a started attempt or releases one not started. Like
 the native worker it fences itself: with no heartbeat acknowledged for `LEASE_S` it kills
 what it runs, since by then the ledger may place those runs elsewhere. Reports are
-retried until the API takes them (an API restarted in between).
+retried until the API takes them (an API restarted in between). A journal (one line per
+grant, start and end) lets a restarted worker account for what its killed predecessor
+held, as the native worker's does: a granted attempt never started is released, one
+started is killed (its process group) and reported finished.
 
-    python -m bench.soak_http API_URL WORKER_ID TOKEN CPU
+    python -m bench.soak_http API_URL WORKER_ID TOKEN CPU JOURNAL
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,7 +46,7 @@ class Held:
 
 
 class HttpWorker:
-    def __init__(self, url: str, worker_id: str, token: str, cpu: float):
+    def __init__(self, url: str, worker_id: str, token: str, cpu: float, journal: Path):
         self.client = httpx.Client(
             base_url=url, timeout=10, headers={"Authorization": f"Bearer {token}"}
         )
@@ -53,8 +57,41 @@ class HttpWorker:
         self.acked = 0
         self.last_ok = time.monotonic()
         self.stopping = threading.Event()
+        self.journal_path = journal
         self.outbox: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
         threading.Thread(target=self.send_reports, daemon=True).start()
+
+    # -- the journal ---------------------------------------------------------------------
+    def recover(self) -> None:
+        """What the previous process of this worker held and never finished."""
+        held: dict[tuple[str, int], list[str]] = {}
+        try:
+            lines = self.journal_path.read_text().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            parts = line.split()
+            if len(parts) != 5:
+                continue  # torn by the kill
+            edge, run_id, number, placement, pgid = parts
+            key = (run_id, int(number))
+            if edge == "done":
+                held.pop(key, None)
+            else:
+                held[key] = [edge, placement, pgid]
+        for (run_id, attempt), (edge, placement, pgid) in held.items():
+            body = {"attempt": attempt, "placement": placement}
+            if edge == "granted":
+                self.report(run_id, "released", {**body, "reason": "worker restarted"})
+            else:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.killpg(int(pgid), signal.SIGKILL)
+                self.report(run_id, "finished", {**body, "exit_code": -9})
+        self.journal = open(self.journal_path, "w")  # noqa: SIM115 - kept open for the process
+
+    def note(self, edge: str, key: tuple[str, int], placement: str, pgid: int = 0) -> None:
+        self.journal.write(f"{edge} {key[0]} {key[1]} {placement} {pgid}\n")
+        self.journal.flush()
 
     # -- the heartbeat loop --------------------------------------------------------------
     def run(self) -> None:
@@ -119,6 +156,7 @@ class HttpWorker:
                 del self.held[key]
                 return
             held.granted = True
+            self.note("granted", key, held.dispatch["placement"])
             wait_s = max(0.0, held.dispatch.get("not_before_ms", 0) / 1000 - time.time())
             held.timer = threading.Timer(wait_s, self.start, (key,))
             held.timer.daemon = True
@@ -135,6 +173,7 @@ class HttpWorker:
                     held.timer.cancel()
                 held.done = True
                 release = True
+                self.note("done", key, held.dispatch["placement"])
             else:
                 _kill(held.proc)
                 release = False
@@ -171,12 +210,17 @@ class HttpWorker:
         if held.proc is None:
             held.done = True
             self.report(key[0], "finished", {**body, "exit_code": 127})
+            with self.lock:
+                self.note("done", key, d["placement"])
             return
+        with self.lock:
+            self.note("started", key, d["placement"], held.proc.pid)
         self.report(key[0], "started", body)
         code = held.proc.wait()
         self.report(key[0], "finished", {**body, "exit_code": code})
         with self.lock:
             held.done = True
+            self.note("done", key, d["placement"])
 
     def fence(self) -> None:
         """No heartbeat acknowledged for the lease: stop everything held."""
@@ -225,8 +269,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def main() -> None:
-    url, worker_id, token, cpu = sys.argv[1:5]
-    worker = HttpWorker(url, worker_id, token, float(cpu))
+    url, worker_id, token, cpu, journal = sys.argv[1:6]
+    worker = HttpWorker(url, worker_id, token, float(cpu), Path(journal))
+    worker.recover()
     signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
     worker.run()
     worker.fence()

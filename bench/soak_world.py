@@ -74,7 +74,10 @@ class HttpWorkerProc(CronlogProcess):
 
     def __init__(self, settings: Settings, worker_id: str, logdir: Path, api_url: str):
         super().__init__(settings, worker_id, logdir, [])
-        self.argv = [sys.executable, "-m", "bench.soak_http", api_url, worker_id, HTTP_TOKEN, "2"]
+        journal = str(logdir / f"{worker_id}.journal")
+        self.argv = [
+            sys.executable, "-m", "bench.soak_http", api_url, worker_id, HTTP_TOKEN, "2", journal
+        ]  # fmt: skip
 
 
 class World:

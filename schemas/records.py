@@ -388,6 +388,11 @@ class RunState:
     cancelling: str = ""
     # The values of the job's parameters this run runs with (name, JSON text), sorted.
     params: tuple[tuple[str, str], ...] = ()
+    # When the timeout backstop asked the holder of the current attempt for its answer
+    # (a stop order) instead of failing it: its report may be only late (a broker outage
+    # holds it), so the attempt fails for silence only if the grace passes once more with
+    # the broker up and no answer. None: not asked.
+    asked_ms: int | None = None
 
     @property
     def final(self) -> bool:

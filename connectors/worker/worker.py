@@ -149,6 +149,10 @@ class Worker(Recovery):
         self.granted: list[Attempt] = []  # granted this pass, started together
         self.adopted: dict[Key, tuple[Attempt, Entry]] = {}  # an earlier incarnation's
         self.resend: list[Any] = []  # reports not delivered or not queued, oldest first
+        # Attempts whose report (or release) was sent and not yet acknowledged: still
+        # listed in the beats, so that were this worker lost before Kafka took the
+        # report, the dispatcher's verdict settles the attempt (not the timeout backstop).
+        self.unacknowledged: set[Key] = set()
         # Start reports not sent yet, with when they were made (monotonic): each waits
         # `START_WAIT_S` for its run's end, to go in the same report.
         self.waiting_starts: dict[Key, tuple[float, RunStarted]] = {}
@@ -343,7 +347,10 @@ class Worker(Recovery):
         self.timeline.forget_before(now)
         # An attempt whose report is held is still listed: were this worker lost before
         # sending it, the dispatcher's verdict settles it (the ledger has only its claim).
-        self.view = (self.timeline.free(now, HORIZON_MS), tuple(self.attempts) + self.hold.keys())
+        held = tuple(self.attempts) + self.hold.keys()
+        if self.unacknowledged:
+            held += tuple(k for k in self.unacknowledged if k not in self.attempts)
+        self.view = (self.timeline.free(now, HORIZON_MS), held)
 
     # -- sending ---------------------------------------------------------------------------
     def send(self, record: Any, on_ack: Callable[[], None] | None = None) -> None:
@@ -742,6 +749,7 @@ class Worker(Recovery):
         def send() -> None:
             if tail is not None:  # the rest of its output goes before its end
                 tail.send_new(self.producer, self.topics["run-logs"], self.config.worker_id)
+            self.unacknowledged.add(attempt.key)
             self.send(record, lambda: self._reported(d))
 
         self._send_report(attempt.key, send, ran=attempt.phase == "started")
@@ -764,11 +772,13 @@ class Worker(Recovery):
             if attempt.run_dir.exists():
                 log.warning("the directory of %s could not be removed", attempt.run_dir)
         # "released", not "reported": the same attempt may be assigned here again.
+        self.unacknowledged.add(attempt.key)
         self.send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()
         self._forget(attempt)
 
     def _reported(self, d: DispatchRequest, phase: str = "reported") -> None:
+        self.unacknowledged.discard((d.run_id, d.attempt))
         self.journal.record(d.run_id, d.attempt, d.job_id, phase)
 
     def _forget(self, attempt: Attempt) -> None:

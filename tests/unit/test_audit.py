@@ -1008,10 +1008,13 @@ def test_a_start_after_a_timeout_without_any_report_is_unsanctioned() -> None:
     run = led.w.runs[run_id]
     assert run.deadline_kind == "timeout"
     assert run.deadline_ms is not None
-    led.w.apply(DeadlineReached("j", run_id, 1, "timeout", run.deadline_ms))
+    led.w.apply(DeadlineReached("j", run_id, 1, "timeout", run.deadline_ms))  # asks
+    asked = led.w.runs[run_id].deadline_ms
+    assert asked is not None
+    led.w.apply(DeadlineReached("j", run_id, 1, "timeout", asked))  # no answer: fails
     assert led.w.runs[run_id].state == "failed"
-    assert led.report(RunFinished("j", run_id, 1, "w1", 0, "", run.deadline_ms + 5_000))
-    report = check_all(led.events(), led.reports, now_ms=run.deadline_ms + MIN)
+    assert led.report(RunFinished("j", run_id, 1, "w1", 0, "", asked + 5_000))
+    report = check_all(led.events(), led.reports, now_ms=asked + MIN)
     assert kinds(report) == {"unsanctioned_execution": 1}
     assert "w1 exited 0 attempt 1: it held the attempt" in report.violations[0].detail
 

@@ -328,9 +328,59 @@ def test_unclaimed_dispatch_is_sent_again_and_timeout_backstop_fails() -> None:
     running = w.runs[run.run_id]
     assert running.deadline_kind == "timeout"
     assert running.deadline_ms == T0 + 2 * MIN + 10 + 60_000 + LedgerConfig().timeout_grace_ms
-    w.apply(DeadlineReached("j", run.run_id, 1, "timeout", running.deadline_ms))
+    # The first notice asks the holder (a stop order) and waits the grace once more.
+    asked = w.apply(DeadlineReached("j", run.run_id, 1, "timeout", running.deadline_ms))
+    assert [(r.worker_id, r.run_id) for r in asked.replies] == [("w1", run.run_id)]
+    assert asked.events == ()
+    after = w.runs[run.run_id]
+    assert (after.state, after.asked_ms) == ("running", running.deadline_ms)
+    grace = LedgerConfig().timeout_grace_ms
+    assert after.deadline_ms == running.deadline_ms + grace
+    # Repeats of the notice queued with it (a broker outage) are not a second one.
+    assert w.apply(DeadlineReached("j", run.run_id, 1, "timeout", running.deadline_ms + 3)).rejected
+    # No answer within the grace: failed, for a silence that is now true.
+    w.apply(DeadlineReached("j", run.run_id, 1, "timeout", running.deadline_ms + grace))
     assert w.runs[run.run_id].state == "failed"
-    assert w.runs[run.run_id].reason.startswith("timeout")
+    assert w.runs[run.run_id].reason.startswith("timeout: no report from the worker")
+
+
+@pytest.mark.parametrize(
+    ("answer", "states"),
+    [
+        ("succeeded", ["due", "dispatched", "running", "succeeded"]),
+        ("exit 3", ["due", "dispatched", "running", "failed"]),
+        ("released", ["due", "dispatched", "due"]),
+        ("verdict", ["due", "dispatched", "due"]),
+    ],
+)
+def test_the_backstop_asks_and_the_holders_late_answer_decides(
+    answer: str, states: list[str]
+) -> None:
+    """A broker outage holds a worker's report while the backstop's notice, whose time
+    ran on, reaches the ledger first: the notice asks, and the late answer decides,
+    whatever it is (the run ran and succeeded or failed; it never started and runs
+    again; the worker is dead: its verdict). Before, the run failed with "no report"."""
+    w = world(timeout_s=5)
+    start = T0 + MIN
+    w.apply(FireProposed("j", start, start - 10_000, "a"))
+    run_id = rid(start)
+    w.apply(ClaimRequested("j", run_id, 1, "w1", start - 9_000))
+    backstop = w.runs[run_id].deadline_ms
+    assert backstop is not None
+    w.apply(DeadlineReached("j", run_id, 1, "timeout", backstop))
+    assert w.runs[run_id].asked_ms == backstop
+    late = backstop + 5_000
+    if answer == "succeeded":
+        w.apply(RunFinished("j", run_id, 1, "w1", 0, "", late, started_ms=start))
+    elif answer == "exit 3":
+        w.apply(RunFinished("j", run_id, 1, "w1", 3, "", late, started_ms=start))
+    elif answer == "released":
+        w.apply(RunReleased("j", run_id, 1, "w1", "lease expired before the start", late))
+    else:
+        w.apply(WorkerLost("j", run_id, 1, "w1", late, lease_ended_ms=start - 1))
+    assert w.states(run_id) == states
+    assert w.runs[run_id].asked_ms is None
+    assert "no report" not in w.runs[run_id].reason
 
 
 def test_pause_stops_firing_and_resume_does_not_replay_the_pause() -> None:

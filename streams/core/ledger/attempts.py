@@ -260,10 +260,26 @@ class Attempts(Kernel):
             self._due(run, run.attempt + 1, self.at, f"retry {run.attempt + 1}")
         elif inp.kind == "dependency":
             self._move(run, "skipped", "upstreams did not all succeed in time")
-        else:
+        elif run.asked_ms is None:
+            # The first notice asks, it does not judge: the holder's report may only be
+            # late (a broker outage held it in the worker's queue while this notice's
+            # time ran on). The stop order asks the holder to end the attempt; its answer
+            # decides (a report, a release) or the dispatcher's verdict if it is dead, and
+            # the attempt fails for silence only if the grace passes once more, counted
+            # from this notice, written with the broker up.
             self._stop_order(run, "no report before the timeout backstop")
+            self.runs[run.run_id] = replace(
+                run,
+                asked_ms=self.at,
+                deadline_ms=self.at + self.config.timeout_grace_ms,
+                updated_ms=self.at,
+            )
+        else:
             self._fail_attempt(
-                run, "timeout: no report from the worker", retry_allowed=self.job.spec.idempotent
+                run,
+                "timeout: no report from the worker (asked to stop "
+                f"{(self.at - run.asked_ms) / 1000:.0f} s before)",
+                retry_allowed=self.job.spec.idempotent,
             )
 
     def _fail_attempt(

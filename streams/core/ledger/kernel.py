@@ -147,6 +147,7 @@ class Kernel:
             reason=reason,
             seq=run.seq + 1,
             cancelling="",  # a transition settles a pending cancel (see `_cancel_run`)
+            asked_ms=None,  # and the backstop's question (see `Attempts.deadline`)
         )
         self.runs[run.run_id] = moved
         if state == "cancelled" and reason in WITHDRAWN and run.trigger == "schedule":

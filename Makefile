@@ -179,7 +179,8 @@ sim: venv
 chaos: topics nettools
 	CRONLOG_LONG_TESTS=1 $(BIN)/python -m pytest $(PYTEST_ARGS) \
 		tests/integration/test_broker_outage.py tests/integration/test_cluster_failover.py \
-		tests/integration/test_production_faults.py tests/integration/test_network_faults.py
+		tests/integration/test_production_faults.py tests/integration/test_network_faults.py \
+		tests/integration/test_cluster_outage.py
 	$(BIN)/python -m bench.outage --jobs 2000 --outage-s 1200
 	$(BIN)/python -m bench.chaos --duration-s 600
 

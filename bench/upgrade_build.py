@@ -21,6 +21,8 @@ from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(tempfile.gettempdir()) / "cronlog-upgrade"
+# Every new HEAD is a new venv: the cache keeps the most recently used ones only.
+KEEP = 4
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,20 @@ def build(ref: str, log: Path) -> Release:
     if not done.exists():
         with open(log, "ab") as out:
             _build_into(commit, home, venv, out)
-        done.touch()
+    done.touch()  # used now: the last to be pruned
+    prune()
     found = subprocess.run(
         [str(venv / "bin" / "cronlog"), "--version"], capture_output=True, text=True, check=False
     )
     version = found.stdout.strip() if found.returncode == 0 else f"cronlog at {commit[:7]}"
     return Release(ref, commit, venv, version)
+
+
+def prune() -> None:
+    """Remove the least recently used venvs beyond `KEEP`."""
+    built = sorted(CACHE.glob("*/built"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for marker in built[KEEP:]:
+        subprocess.run(["rm", "-rf", str(marker.parent)], check=True)
 
 
 def _build_into(commit: str, home: Path, venv: Path, out: IO[bytes]) -> None:

@@ -15,6 +15,10 @@ exits non-zero if the audit is not clean.
 `running` events for one (run, attempt)), attempts of one run running at overlapping
 times, runs `failed` with a `lost` reason, and, from the run-logs topic, attempts whose
 output shows they executed twice. Any of those, or a run not final, fails the run.
+With `--lost-for-good` the machine is lost instead: the worker, its executor and its
+jobs are SIGKILLed together and nothing is restarted; it also reports the `lost` attempts
+that never ran (no output in run-logs), which arming bounds to the runs due within
+about 2 s of its last beat (docs/architecture.md, "A start is armed before it is made").
 
 `--rates 100,250,500` is the rate mode instead: R jobs `every 1s` (no resources) make R
 runs/s, stepped up as in bench/sustained.py, but through real processes; the highest
@@ -29,8 +33,10 @@ process executor reaches >= 80% of noop's rate and >= 250 runs/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -43,6 +49,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from bench.common import (
+    _children,
     audit,
     bench_settings,
     lateness,
@@ -280,10 +287,9 @@ def scenario(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         actions: list[tuple[float, str]] = [(args.settle_s, "window")]
         if args.kill_worker_at is not None:
-            actions += [
-                (args.kill_worker_at, "kill"),
-                (args.kill_worker_at + RESTART_AFTER_S, "restart"),
-            ]
+            actions.append((args.kill_worker_at, "kill"))
+            if not args.lost_for_good:
+                actions.append((args.kill_worker_at + RESTART_AFTER_S, "restart"))
         actions.append((args.seconds, "end"))
         window_start_ms = window_end_ms = 0
         for at, what in sorted(actions):
@@ -294,6 +300,10 @@ def scenario(args: argparse.Namespace) -> int:
                 window_start_ms = now_ms
             elif what == "kill":
                 meter.before_kill(killed)
+                if args.lost_for_good and killed.proc is not None:
+                    for pid in _children(killed.proc.pid):  # its executor and jobs too
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                 killed.kill()
                 kill_ms = now_ms
                 print(f"killed {killed.name} (SIGKILL) at {at:.0f} s", flush=True)
@@ -415,6 +425,8 @@ def scenario(args: argparse.Namespace) -> int:
                 "failed_lost": lost,
                 "attempts_executed_twice_in_run_logs": sum(1 for n in executions.values() if n > 1),
                 "lost_attempts_with_output": sum(1 for k in lost_runs if executions.get(k)),
+                "lost_attempts_never_run": sum(1 for k in lost_runs if not executions.get(k)),
+                "lost_for_good": args.lost_for_good,
             }
             if twice:
                 failures.append(f"{twice} attempts started twice")
@@ -537,6 +549,11 @@ def main() -> None:
     parser.add_argument("--drain-s", type=float, default=30.0)
     parser.add_argument("--executor", choices=("process", "noop"), default="process")
     parser.add_argument("--kill-worker-at", type=float, default=None, metavar="S")
+    parser.add_argument(
+        "--lost-for-good",
+        action="store_true",
+        help="with --kill-worker-at: the worker's whole machine is lost, never restarted",
+    )
     parser.add_argument(
         "--rates", nargs="?", const="100,250,500", default=None, help="the rate mode"
     )

@@ -500,7 +500,10 @@ def main() -> None:
                 found = upgrade(settings, logs, opts)
             finally:
                 drop_database(services.database_url, name, kind)
-                delete_topics_with_prefix(settings, settings.topic_prefix)
+                if os.environ.get("CRONLOG_BENCH_KEEP_TOPICS") == "1":  # to read them after
+                    print(f"topics kept: {settings.topic_prefix}*", flush=True)
+                else:
+                    delete_topics_with_prefix(settings, settings.topic_prefix)
     report("upgrade", found)
     print(json.dumps(found), flush=True)
     if not found["passed"]:

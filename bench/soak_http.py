@@ -150,6 +150,11 @@ class HttpWorker:
         key = (g["run_id"], int(g["attempt"]))
         with self.lock:
             held = self.held.get(key)
+            if held is None and g["granted"]:
+                # Granted to a process of this worker that was killed before it noted
+                # the grant: released, or the ledger waits for it until the timeout.
+                self.report(key[0], "released", _release(key, g))
+                return
             if held is None or held.granted or held.done:
                 return
             if not g["granted"]:
@@ -166,7 +171,10 @@ class HttpWorker:
         key = (k["run_id"], int(k["attempt"]))
         with self.lock:
             held = self.held.get(key)
-            if held is None or held.done:
+            if held is None:  # held by a killed process of this worker: let it go
+                self.report(key[0], "released", _release(key, k))
+                return
+            if held.done:
                 return
             if held.proc is None:
                 if held.timer is not None:
@@ -252,6 +260,13 @@ class HttpWorker:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+
+
+def _release(key: tuple[str, int], message: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"attempt": key[1], "reason": "not held by this worker"}
+    if message.get("placement"):
+        body["placement"] = message["placement"]
+    return body
 
 
 def _pairs(env: object) -> dict[str, str]:

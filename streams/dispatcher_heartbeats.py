@@ -178,5 +178,5 @@ def start_bound(
     else:
         bound = None
     if bound is None or known is None:
-        return bound
+        return known if bound is None else bound
     return max(known, bound)

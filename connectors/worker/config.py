@@ -105,6 +105,7 @@ class Attempt:
     started_ms: int | None = None
     tail: LogTail | None = None
     cancelled: bool = False
+    stop_reason: str = ""  # the stop order's reason, said in the report of what it killed
     since: float = 0.0  # monotonic: when it entered its phase
     claimed_ms: int = 0  # the time of the latest claim: only its reply counts
 

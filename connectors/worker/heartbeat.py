@@ -72,6 +72,7 @@ class Heartbeat:
         observe: Callable[[int], None] | None = None,
         now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         new_producer: Callable[[], Producer] | None = None,
+        broker_ms: Callable[[], int | None] | None = None,
     ) -> None:
         self.producer = producer
         self.new_producer = new_producer  # None: never replaced (tests of one producer)
@@ -91,6 +92,12 @@ class Heartbeat:
         # lease alone bounds the starts, as before arming).
         self.arm_ahead_ms = None if arm_ahead_s is None else int(arm_ahead_s * 1000)
         self.armed_ms: int | None = None  # the horizon of the newest beat made
+        # The broker's time from below, None until the broker clock has a sample: a
+        # horizon is armed only from it (a machine clock ahead would arm starts that
+        # far ahead, and the highest horizon stands for good; one behind, after a
+        # restart, could arm below what an earlier incarnation started). Unsynced,
+        # a beat carries no horizon and the lease alone bounds the starts, as before.
+        self.broker_ms = broker_ms or now_ms
         self.view = view
         self.lease_file = lease_file
         self.stop = stop
@@ -108,8 +115,9 @@ class Heartbeat:
         at_ms = self.now_ms()
         free, held = self.view()
         capacity = self.capacity
-        if self.arm_ahead_ms is not None:
-            self.armed_ms = max(self.armed_ms or 0, at_ms + self.arm_ahead_ms)
+        broker_now = self.broker_ms() if self.arm_ahead_ms is not None else None
+        if self.arm_ahead_ms is not None and broker_now is not None:
+            self.armed_ms = max(self.armed_ms or 0, broker_now + self.arm_ahead_ms)
         record = Beat(
             self.worker_id,
             at_ms,

@@ -149,7 +149,7 @@ class Worker(Recovery):
         self.granted: list[Attempt] = []  # granted this pass, started together
         self.adopted: dict[Key, tuple[Attempt, Entry]] = {}  # an earlier incarnation's
         self.resend: list[Any] = []  # reports not delivered or not queued, oldest first
-        # Attempts whose report (or release) was sent and not yet acknowledged: still
+        # Attempts whose report of their end was sent and not yet acknowledged: still
         # listed in the beats, so that were this worker lost before Kafka took the
         # report, the dispatcher's verdict settles the attempt (not the timeout backstop).
         self.unacknowledged: set[Key] = set()
@@ -259,6 +259,7 @@ class Worker(Recovery):
             observe=self._observe,
             now_ms=self._now_ms,
             new_producer=beat_producer,
+            broker_ms=lambda: self.broker.now_ms(self.clock.monotonic()),
         )
         threading.Thread(target=heartbeat.loop, name="heartbeat", daemon=True).start()
         consumer = self.clients.consumer(
@@ -518,7 +519,7 @@ class Worker(Recovery):
         attempt = self.attempts.get((order.run_id, order.attempt))
         if attempt is None:
             return
-        attempt.cancelled = True
+        attempt.cancelled, attempt.stop_reason = True, order.reason
         if attempt.phase == "claiming":
             self._drop(attempt)
         elif attempt.phase == "started" and attempt.executor is not None:
@@ -719,7 +720,12 @@ class Worker(Recovery):
         ):
             attempt.tail = LogTail(d.run_id, d.attempt, attempt.run_dir)
         at = self._at(event.finished_mono, event.finished_ms)
-        self._report(attempt, exit_code_of(event), error_of(event), at, unreported)
+        error = error_of(event)
+        if event.outcome == "cancelled" and attempt.stop_reason:
+            # Which order stopped it (a cancel, the timeout backstop's question): a
+            # run the backstop stopped is not one a user cancelled.
+            error = f"stopped: {attempt.stop_reason}"
+        self._report(attempt, exit_code_of(event), error, at, unreported)
 
     def _report(
         self,
@@ -771,14 +777,16 @@ class Worker(Recovery):
             shutil.rmtree(attempt.run_dir, ignore_errors=True)
             if attempt.run_dir.exists():
                 log.warning("the directory of %s could not be removed", attempt.run_dir)
-        # "released", not "reported": the same attempt may be assigned here again.
-        self.unacknowledged.add(attempt.key)
+        # "released", not "reported": the same attempt may be assigned here again. Not
+        # listed while unacknowledged: a listing would read, to a dispatcher placing the
+        # attempt here again, as the new placement claimed.
         self.send(record, lambda: self._reported(d, "released"))
         _RELEASED.inc()
         self._forget(attempt)
 
     def _reported(self, d: DispatchRequest, phase: str = "reported") -> None:
-        self.unacknowledged.discard((d.run_id, d.attempt))
+        if phase == "reported":
+            self.unacknowledged.discard((d.run_id, d.attempt))
         self.journal.record(d.run_id, d.attempt, d.job_id, phase)
 
     def _forget(self, attempt: Attempt) -> None:

@@ -488,3 +488,4 @@ def test_a_start_bound_is_the_highest_horizon_or_a_lease_without_one() -> None:
     assert start_bound(None, None, 1_000, lease) == 1_000 + lease
     assert start_bound(1_500, None, 1_000, lease) == 1_000 + lease
     assert start_bound(None, None, None, lease) is None
+    assert start_bound(7_000, None, None, lease) == 7_000  # nothing new: the known bound

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
 
+from connectors.worker.engine import read_lease_file
 from connectors.worker.heartbeat import Heartbeat
 from connectors.worker.worker import HEARTBEAT_PRODUCER
+from schemas.codec import HEARTBEAT
 from streams.core.clock import ManualClock
 from streams.core.placement import Capacity
 from streams.kafka import producer_config
@@ -94,3 +96,47 @@ def test_a_producer_whose_beats_go_unacknowledged_is_replaced(tmp_path: Path) ->
     assert beat.beat() is True  # the new producer's beat is acknowledged
     assert lease.exists()
     assert len(log.records(SETTINGS.topic("heartbeats"))) == 1
+
+
+def test_a_beat_arms_starts_only_from_the_brokers_time(tmp_path: Path) -> None:
+    """Before the worker's broker clock has a sample, a beat carries no horizon and its
+    lease file none either (the lease alone bounds starts, as a worker before arming):
+    a machine clock an hour ahead must not arm starts an hour ahead for good. Once it
+    has one, each beat arms up to the broker's time plus the arm-ahead, never lower."""
+    log = MemoryLog(ManualClock())
+    log.create_catalogue(SETTINGS)
+    lease = tmp_path / "lease"
+    broker: list[int | None] = [None]
+    beat = Heartbeat(
+        MemoryClients(log).producer(producer_config(SETTINGS, **HEARTBEAT_PRODUCER)),
+        SETTINGS.topic("heartbeats"),
+        "w1",
+        Capacity(1, 100, 0),
+        (),
+        heartbeat_s=1.0,
+        lease_s=8.0,
+        arm_ahead_s=2.0,
+        view=lambda: (Capacity(1, 100, 0), ()),
+        lease_file=lambda: lease,
+        stop=threading.Event(),
+        now_ms=lambda: 5_000_000_000_000,  # the machine's clock, far ahead
+        broker_ms=lambda: broker[0],
+    )
+
+    def sent() -> list[int | None]:
+        return [
+            HEARTBEAT.decode(r.value() or b"").armed_ms
+            for r in log.records(SETTINGS.topic("heartbeats"))
+        ]
+
+    assert beat.beat() is True
+    assert sent() == [None]
+    assert read_lease_file(lease).armed_ms is None
+    broker[0] = 1_000_000
+    assert beat.beat() is True
+    assert read_lease_file(lease).armed_ms == 1_002_000
+    broker[0] = 999_000  # a later sample's bound is never taken below the horizon
+    assert beat.beat() is True
+    assert sent() == [None, 1_002_000, 1_002_000]
+    assert read_lease_file(lease).arms(1_002_000)
+    assert not read_lease_file(lease).arms(1_002_001)

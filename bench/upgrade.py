@@ -39,10 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import orjson
 import psycopg
+from confluent_kafka import Consumer, TopicPartition
 
 from bench.common import audit, report, verdict
 from bench.upgrade_build import Release, build, default_from
+from streams.kafka import consumer_config
 from streams.settings import Settings
 from tests.support.firings import (
     Verdict,
@@ -419,6 +422,29 @@ def figures(
     }
 
 
+def dlq_records(settings: Settings, topic: str) -> list[str]:
+    """The reasons of the records on a DLQ topic (its end offsets count transaction
+    markers too: the records are read)."""
+    ends = end_offsets(settings, topic)
+    consumer = Consumer(consumer_config(settings, None, **{"enable.auto.commit": False}))
+    name = settings.topic(topic)
+    consumer.assign([TopicPartition(name, p, 0) for p, end in ends.items() if end > 0])
+    reasons: list[str] = []
+    deadline = time.monotonic() + 30
+    try:
+        while any(ends.values()) and time.monotonic() < deadline:
+            msgs = consumer.consume(500, timeout=1)
+            if not msgs:
+                break
+            for msg in msgs:
+                if msg.error() is None and msg.value():
+                    envelope = orjson.loads(msg.value() or b"{}")
+                    reasons.append(str(envelope.get("reason", "")))
+    finally:
+        consumer.close()
+    return reasons
+
+
 def skipped_in_warm_up(events: EventReader, checks: list[Verdict], warm_ms: int) -> int:
     """Drop from the checks the runs due before the old cluster first ran every short
     job: on a loaded machine it can take a minute to start, and the firings due meanwhile
@@ -438,10 +464,11 @@ def skipped_in_warm_up(events: EventReader, checks: list[Verdict], warm_ms: int)
 def dead_letters(settings: Settings) -> dict[str, object]:
     """What was dead-lettered: records on the DLQ topics, and the records the projector
     could not project (kept in its table with the reason, and not logged)."""
-    found: dict[str, object] = {
-        topic: sum(end_offsets(settings, topic).values())
-        for topic in ("commands.dlq", "notifications.dlq")
-    }
+    found: dict[str, object] = {}
+    for topic in ("commands.dlq", "notifications.dlq"):
+        records = dlq_records(settings, topic)
+        if records:
+            found[topic] = f"{len(records)}, e.g. {records[0][:300]}"
     with psycopg.connect(settings.database_url) as conn:
         rows = conn.execute(
             "SELECT topic, count(*), min(reason) FROM projector_dead_letters GROUP BY topic"

@@ -222,7 +222,8 @@ def worker(
             "once a beat armed its start time. Of a worker lost for good, the runs due "
             "within this of its last beat fail `lost` (the rest run elsewhere); starts due "
             "during a broker failover longer than this wait for it. At least the "
-            "heartbeat interval + 1, below the lease.",
+            "heartbeat interval + 0.5, at most the lease - 1 (a shorter heartbeat "
+            "allows a shorter horizon).",
         ),
     ] = TIMING.arm_ahead_s,
     keep_s: Annotated[
@@ -309,12 +310,12 @@ def worker(
         # Beats further apart leave moments no beat's window covers: a broker failover
         # would then end the lease and fence running jobs (streams/core/timing.py).
         raise fail(f"--heartbeat-s must be in (0, {TIMING.ack_window_s:g}]", 2)
-    if not heartbeat_s + 1.0 <= arm_ahead_s <= TIMING.lease_s - 1.0:
+    if not heartbeat_s + 0.5 <= arm_ahead_s <= TIMING.lease_s - 1.0:
         # Closer than a beat and its acknowledgement, every start would wait for arming;
         # past the lease, arming tells the verdict nothing the lease does not.
         raise fail(
-            f"--arm-ahead-s must be in [{heartbeat_s + 1.0:g}, {TIMING.lease_s - 1.0:g}] "
-            "(the heartbeat interval + 1 s, the lease - 1 s)",
+            f"--arm-ahead-s must be in [{heartbeat_s + 0.5:g}, {TIMING.lease_s - 1.0:g}] "
+            "(the heartbeat interval + 0.5 s, the lease - 1 s)",
             2,
         )
     if WORKER_ID.fullmatch(worker_id) is None:

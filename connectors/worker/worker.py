@@ -251,7 +251,7 @@ class Worker(Recovery):
             heartbeat_s=self.config.heartbeat_s,
             ack_window_s=self.config.ack_window_s,
             lease_s=self.config.lease_s,
-            arm_ahead_s=max(self.config.arm_ahead_s, self.config.heartbeat_s + 1.0),
+            arm_ahead_s=max(self.config.arm_ahead_s, self.config.heartbeat_s + 0.5),
             view=lambda: self.view,
             lease_file=lambda: self.lease,
             stop=self.stop_event,

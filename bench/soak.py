@@ -22,8 +22,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -33,6 +31,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from bench.chaos import _migrate
 from bench.common import audit, report, table, verdict
 from bench.soak_load import ApiTraffic, Load, Traffic, make_load
 from bench.soak_prices import (
@@ -54,7 +53,7 @@ from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.cluster import private_cluster
 from tests.support.netns import available, namespace
-from tests.support.nodes import EventReader, env_for, send_commands
+from tests.support.nodes import EventReader, send_commands
 from tests.support.skew import skew_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,16 +311,6 @@ def _projection(soak: Soak, timeout_s: float = 180) -> list[str]:
         for state in sorted(want | found)
         if want[state] != found[state]
     ]
-
-
-def _migrate(settings: Settings) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "db", "migrate"],
-        env=env_for(settings),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
 
 
 def _skew(where: Path) -> dict[str, str] | None:

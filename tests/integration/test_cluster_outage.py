@@ -26,12 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from schemas.records import FINAL_STATES
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.broker import private_broker
 from tests.support.cluster import on_brokers, private_cluster
-from tests.support.firings import assert_audit_clean
+from tests.support.firings import assert_audit_clean, pause_and_settle
 from tests.support.long import LONG_TESTS
 from tests.support.nodes import (
     EventReader,
@@ -136,19 +135,7 @@ def test_an_outage_of_every_broker_fails_no_run_that_ran_or_could_still_run(
             back = time.time()
             assert all(p.alive for p in procs), "a process exited during the outage"
             events.poll_for(90)
-            send_commands(private, [{"type": "job.pause", "job_id": n} for n in names])
-            events.wait_until(
-                lambda: sum(e.kind == "paused" for e in events.job_events()) >= JOBS,
-                120,
-                "every job paused",
-            )
-
-            def settled() -> bool:
-                runs = runs_by_id(events)
-                return bool(runs) and all(evs[-1].state in FINAL_STATES for evs in runs.values())
-
-            events.wait_until(settled, 240, "every run final")
-            events.poll_for(3)
+            pause_and_settle(private, events, names)
             runs = runs_by_id(events)
         finally:
             events.close()

@@ -46,6 +46,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
 from streams.kafka import Clients
 from streams.memory_consumer import MemoryConsumer
 from streams.memory_log import ClusterMetadata, MemoryLog, _Group
@@ -80,6 +82,21 @@ class MemoryAdmin:
                 future.set_result(GroupDescription(group_id, members))
                 out[group_id] = future
         return out
+
+    def list_consumer_group_offsets(
+        self, requests: list[ConsumerGroupTopicPartitions], **kwargs: Any
+    ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
+        """A group's committed offsets (every partition it committed), as a future like
+        the real one (one group a request, as the real one allows)."""
+        self.log.fault("list_consumer_group_offsets", self)
+        (request,) = requests
+        with self.log.lock:
+            self.log.expire()
+            offsets = dict(self.log.groups.get(request.group_id, _Group()).offsets)
+        partitions = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+        future: Future[ConsumerGroupTopicPartitions] = Future()
+        future.set_result(ConsumerGroupTopicPartitions(request.group_id, partitions))
+        return {request.group_id: future}
 
 
 @dataclass(frozen=True, slots=True)

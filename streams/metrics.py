@@ -95,6 +95,12 @@ PROPOSALS = Counter(
     ["kind"],
     registry=SCHEDULER,
 )
+REPEATS_HELD = Counter(
+    "cronlog_scheduler_repeats_held_total",
+    "Repeats of proposals held because the ledger had not read the last one yet, by kind.",
+    ["kind"],
+    registry=SCHEDULER,
+)
 SCHEDULER_TIMERS = Gauge(
     "cronlog_scheduler_timers",
     "Timers held for the owned partitions, by kind.",

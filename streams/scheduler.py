@@ -29,7 +29,9 @@ Every tick it proposes to `job-log` what is due: `FireProposed(job, next_due)` u
 (streams/core/proposals.py says when), and `DeadlineReached(run, attempt, kind)` once a
 run's deadline passed. Proposals are only proposals: a duplicate, a stale one or a
 zombie's is rejected by the ledger, so a proposal that has not been answered by a state
-change is simply repeated after `repeat_ms`.
+change is simply repeated after `repeat_ms`, unless the ledger has not read it yet: then
+the repeat would only be more for a ledger that is behind to read, and it waits
+(streams/core/unread.py; the node learns the ledger group's offsets every second).
 
 A broker outage. The loop never stops for it: the consumers return errors (ignored; they
 reconnect by themselves, and on the way back the group gives the partitions again, which
@@ -62,12 +64,14 @@ import logging
 import math
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -86,12 +90,14 @@ from streams.core.proposals import (
     ProposalPolicy,
     take_early,
 )
+from streams.core.unread import UnreadProposals
 from streams.headers import Deadline, Timers, deadline_of, job_timers, run_deadline, timers_of
 from streams.kafka import (
     KAFKA_CLIENTS,
     Clients,
     GroupWatch,
     abandon_consumer,
+    admin_config,
     consumer_config,
     producer_config,
 )
@@ -101,6 +107,8 @@ from streams.settings import Settings
 log = logging.getLogger("cronlog.scheduler")
 _FIRES = metrics.PROPOSALS.labels("fire")
 _DEADLINES = metrics.PROPOSALS.labels("deadline")
+_FIRES_HELD = metrics.REPEATS_HELD.labels("fire")
+_DEADLINES_HELD = metrics.REPEATS_HELD.labels("deadline")
 
 ProposalTime = Callable[[], int]  # broker ms
 # A wall clock this far off the broker's makes the proposals made by it before the first
@@ -123,6 +131,8 @@ CATCH_UP_MAX_S = 10.0
 # so a node that will own few partitions of a large registry holds the rest only briefly
 # and never beyond this (~250 bytes a job in the timers, its id included).
 WARM_MAX_KEYS = 2_000_000
+# How often the node asks for the ledger group's committed offsets (`UnreadProposals`).
+LEDGER_READ_EVERY_S = 1.0
 
 
 @dataclass
@@ -130,6 +140,9 @@ class PartitionTimers:
     fires: FireTimers
     deadlines: DueQueue[str] = field(default_factory=DueQueue)  # run_id -> deadline
     runs: dict[str, tuple[str, int, DeadlineKind]] = field(default_factory=dict)
+    # run_id -> when its deadline notice was last sent (broker ms), until the run's next
+    # state: a repeat waits while the ledger has not read that one.
+    noticed: dict[str, int] = field(default_factory=dict)
     # Catching up: topic -> key -> the newest value read so far that needs decoding (a
     # run state, a job state without the timers header), for the topics whose end has not
     # been reached yet (module docstring).
@@ -180,6 +193,11 @@ class Scheduler:
         self.early = Pacer(config.proposals, self.propose_at())
         self.proposed = 0
         self.dropped = 0  # proposals the full local queue refused (broker down)
+        self.unread = UnreadProposals()
+        self.held = 0  # deadline notices held: the ledger had not read the last one
+        self.admin = self.clients.admin(admin_config(settings))
+        self._offsets_asked = -math.inf  # monotonic time of the last ask
+        self._offsets: Future[ConsumerGroupTopicPartitions] | None = None
         self._stop = threading.Event()
         self.watch = GroupWatch(settings, f"scheduler {node_id}")
         self.consumer = self._new_consumer()
@@ -260,6 +278,7 @@ class Scheduler:
         self._read_beats()
         self.producer.poll(0)  # delivery reports: samples of the broker's time
         self._probe()
+        self._ledger_offsets()
         self._resync()
         if self._waits_for_probe():
             return
@@ -392,7 +411,41 @@ class Scheduler:
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
-            self._observe(broker_stamp(msg.timestamp()))
+            stamp = broker_stamp(msg.timestamp())
+            self._observe(stamp)
+            partition, offset = msg.partition(), msg.offset()
+            if stamp is not None and partition is not None and offset is not None:
+                self.unread.delivered(partition, offset, stamp)
+
+    def _ledger_offsets(self) -> None:
+        """Learn the ledger group's committed job-log offsets (`UnreadProposals`): the
+        answer to the last ask if it came, and a new ask every LEDGER_READ_EVERY_S, one at
+        a time (an admin request's future: the loop never waits on it)."""
+        asked = self._offsets
+        if asked is not None:
+            if not asked.done():
+                return
+            self._offsets = None
+            try:
+                answer = asked.result()
+            except Exception as exc:  # noqa: BLE001 - the broker away: fail open, ask again
+                log.debug("scheduler %s: the ledger's offsets: %s", self.node_id, exc)
+            else:
+                at = self.clock.monotonic()
+                for tp in answer.topic_partitions or []:
+                    if tp.topic == self.job_log and tp.offset >= 0 and tp.error is None:
+                        self.unread.read(tp.partition, tp.offset, at)
+        now = self.clock.monotonic()
+        if now - self._offsets_asked < LEDGER_READ_EVERY_S:
+            return
+        self._offsets_asked = now
+        request = ConsumerGroupTopicPartitions(self.settings.group("ledger"))
+        try:
+            futures = self.admin.list_consumer_group_offsets([request], request_timeout=5)
+        except KafkaException as exc:
+            log.debug("scheduler %s: asking the ledger's offsets: %s", self.node_id, exc)
+            return
+        self._offsets = futures[request.group_id]
 
     def _probe(self) -> None:
         """A clock probe when no sample came for PROBE_AFTER_S (at most one in flight a
@@ -570,6 +623,7 @@ class Scheduler:
             else:
                 if isinstance(value, bytes) and value:  # written without the header
                     value = run_deadline(RUN_STATE.decode(value))
+                timers.noticed.pop(key, None)  # a new state: its notices answered
                 if not isinstance(value, Deadline) or value.kind is None:
                     timers.deadlines.set(key, None)
                     timers.runs.pop(key, None)
@@ -595,17 +649,28 @@ class Scheduler:
                 self.early.needed,
                 self.early.rate,
             )
-        for timers in owned:
+        mono = self.clock.monotonic()
+        for partition, timers in list(self.timers.items()):
             # Each proposal surfaces again after `repeat` unless the ledger's answer (a
-            # new state record) replaces it first.
-            fires, _ = timers.fires.take(now)
+            # new state record) replaces it first; it is sent again only if the ledger
+            # has read the last one (streams/core/unread.py).
+            held_from = self.unread.held_from(partition, mono)
+            held = timers.fires.held
+            fires, _ = timers.fires.take(now, held_from=held_from)
+            _FIRES_HELD.inc(timers.fires.held - held)
             for job_id, due in fires:
                 self._send(job_id, FireProposed(job_id, due, now, self.node_id))
             _FIRES.inc(len(fires))
             for run_id, _ in timers.deadlines.pop_due(now):
+                timers.deadlines.set(run_id, now + repeat)
+                noticed = timers.noticed.get(run_id)
+                if noticed is not None and held_from is not None and noticed >= held_from:
+                    self.held += 1
+                    _DEADLINES_HELD.inc()
+                    continue
                 job_id, attempt, kind = timers.runs[run_id]
                 self._send(job_id, DeadlineReached(job_id, run_id, attempt, kind, now))
-                timers.deadlines.set(run_id, now + repeat)
+                timers.noticed[run_id] = now
                 _DEADLINES.inc()
         allowed = self.early.grant(now)
         if allowed > 0:

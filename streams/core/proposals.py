@@ -237,6 +237,7 @@ class FireTimers:
         # those answered with a decision so far.
         self.early_out = 0
         self.answered = 0
+        self.held = 0  # repeats held: the ledger had not read their proposal yet
         # Firings decided early and not yet due, by due second: their reports to come.
         self.decided: dict[int, int] = {}
         self._pruned_s = 0  # `decided` holds no second before this
@@ -355,15 +356,27 @@ class FireTimers:
         if self._unheaped_after is not None:
             self._rebuild()
 
-    def take(self, now: int, early_limit: int = 0) -> tuple[list[tuple[str, int]], int]:
+    def take(
+        self, now: int, early_limit: int = 0, held_from: int | None = None
+    ) -> tuple[list[tuple[str, int]], int]:
         """The (job_id, scheduled_ms) to propose now, and how many of them are early (at
         most `early_limit`, this partition's earliest: a node's partitions share theirs
-        with `take_early`)."""
+        with `take_early`). `held_from`: a repeat of a proposal made at or after it is
+        held, checked again a `repeat_ms` later (the ledger has not read it yet:
+        streams/core/unread.py)."""
         policy = self.policy
         self._catch_up(now)
         ids, dues = self._ids, self._due
         out: list[tuple[str, int]] = []
-        for slot in self._pop(self._normal, self._normal_heap, now, 10_000):
+        for slot, at in self._pop(self._normal, self._normal_heap, now, 10_000):
+            # A repeat comes `repeat_ms` after its proposal, so `made` is when that was
+            # sent. An early proposal's normal time (or one learning moved) comes later
+            # than that: such a one may be held a repeat longer than it had to be.
+            made = at - policy.repeat_ms
+            if self._sent[slot] and held_from is not None and made >= held_from:
+                self.held += 1
+                self._arm(self._normal, self._normal_heap, slot, now + policy.repeat_ms)
+                continue
             out.append((ids[slot], dues[slot]))
             self._sent[slot] = 1
             self._unwait(slot)
@@ -486,9 +499,10 @@ class FireTimers:
         self._unheaped_after = None
 
     @staticmethod
-    def _pop(times: array[int], heap: list[int], now: int, limit: int) -> list[int]:
-        """Remove and return up to `limit` slots due at or before `now`, earliest first."""
-        out: list[int] = []
+    def _pop(times: array[int], heap: list[int], now: int, limit: int) -> list[tuple[int, int]]:
+        """Remove and return up to `limit` slots due at or before `now` with their times,
+        earliest first."""
+        out: list[tuple[int, int]] = []
         while heap and len(out) < limit:
             at, slot = divmod(heap[0], _SLOTS)
             if times[slot] != at:
@@ -498,7 +512,7 @@ class FireTimers:
                 break
             heapq.heappop(heap)
             times[slot] = _NONE  # a duplicate item of the same time is stale now
-            out.append(slot)
+            out.append((slot, at))
         return out
 
 

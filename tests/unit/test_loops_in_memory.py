@@ -8,13 +8,14 @@ exactly one run, and none is missed."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import replace
 
 import pytest
 
 from schemas.codec import JOB_LOG, RUN_EVENTS
-from schemas.records import FireProposed, JobEvent, JobUpserted, RunEvent
+from schemas.records import DeadlineReached, FireProposed, JobEvent, JobUpserted, RunEvent
 from schemas.spec import EverySchedule, JobSpec
 from streams import ledger as ledger_module
 from streams.core.clock import ManualClock
@@ -244,3 +245,81 @@ def test_an_upstream_removed_within_the_lead_frees_the_firing_on_the_real_loops(
     write(replace(dependent, depends_on=()))
     states = [e.state for e in run_until(t + 5_000) if e.scheduled_ms == t]
     assert states == ["waiting", "cancelled", "due"], states  # withdrawn, decided again
+
+
+def test_a_ledger_behind_is_not_flooded_with_repeats_of_what_it_has_not_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The soak of issue 54 replayed small: runs nobody claims (no worker) reach their
+    claim deadline while the ledger reads nothing for a minute. The scheduler notices each
+    deadline once and each new firing once, and repeats none of them while the ledger has
+    not read the first (before: every 3 s, 20 repeats a run in that minute, which left a
+    ledger behind ever further behind). Once the ledger reads again it answers every
+    notice and the firings, and the scheduler follows the runs' next deadlines."""
+    clock, log, clients, ledger = _one_ledger(monkeypatch)
+    scheduler = Scheduler(SETTINGS, "s", clients=clients, clock=clock)
+    scheduler.open()
+    commands = clients.producer(producer_config(SETTINGS))
+    every = EverySchedule(20_000)
+    jobs = [f"j{i}" for i in range(40)]
+    for job_id in jobs:
+        spec = JobSpec(job_id=job_id, owner="o", schedule=every, command=("true",))
+        upsert = JobUpserted(spec, int(clock.time() * 1000))
+        commands.produce(
+            SETTINGS.topic("job-log"), key=job_id.encode(), value=JOB_LOG.encode(upsert)
+        )
+
+    def proposals() -> list[object]:
+        return [
+            JOB_LOG.decode(m.value() or b"")
+            for m in log.records(SETTINGS.topic("job-log"))
+            if m.key() is not None
+        ]
+
+    def both_until(until: float) -> None:
+        while clock.time() < until:
+            scheduler.step()
+            ledger.step()
+
+    # Runs created, placed, unclaimed: their claim deadlines come and are answered.
+    both_until(clock.time() + TIMING.claim_timeout_s + 30)
+    before = len(proposals())
+    notices_before = [p for p in proposals() if isinstance(p, DeadlineReached)]
+    assert notices_before, "no claim deadline came: the test shows nothing"
+
+    # The ledger reads nothing for a minute (paused, overloaded); the scheduler goes on.
+    paused_at = clock.time()
+    while clock.time() < paused_at + 60:
+        scheduler.step()
+    during = proposals()[before:]
+    noticed: dict[tuple[str, int], list[int]] = {}
+    for p in during:
+        if isinstance(p, DeadlineReached):
+            noticed.setdefault((p.run_id, p.attempt), []).append(p.at_ms)
+    fires = Counter((p.job_id, p.scheduled_ms) for p in during if isinstance(p, FireProposed))
+    assert noticed
+    assert fires
+    # A run's notices in the pause: one per claim deadline (the ledger read the last
+    # notice before it paused and set the next deadline a claim timeout on), no repeats.
+    claim_ms = int(TIMING.claim_timeout_s * 1000)
+    gaps = [b - a for times in noticed.values() for a, b in itertools.pairwise(times)]
+    assert all(gap >= claim_ms for gap in gaps), sorted(gaps)[:5]
+    assert max(fires.values()) == 1, fires.most_common(3)
+    assert scheduler.held > 0
+    assert sum(t.fires.held for t in scheduler.timers.values()) > 0
+
+    # The ledger reads again: every notice and firing of the pause is answered.
+    resumed = len(proposals())
+    both_until(clock.time() + 60)
+    events = [
+        RUN_EVENTS.decode(m.value() or b"") for m in log.records(SETTINGS.topic("run-events"))
+    ]
+    created = {(e.job_id, e.scheduled_ms) for e in events if isinstance(e, RunEvent)}
+    assert set(fires) <= created, set(fires) - created
+    # Nothing lost to a hold: every job has a run of a firing due in the pause.
+    pause_ms = (int(paused_at * 1000), int(paused_at * 1000) + 60_000)
+    late = {j for (j, t) in created if pause_ms[0] <= t <= pause_ms[1]}
+    assert late == set(jobs), set(jobs) - late
+    assert log.lag(SETTINGS.group("ledger"), SETTINGS.topic("job-log")) == 0
+    after = [p for p in proposals()[resumed:] if isinstance(p, DeadlineReached)]
+    assert after, "the runs' next claim deadlines were not noticed"

@@ -108,6 +108,9 @@ class Attempt:
     stop_reason: str = ""  # the stop order's reason, said in the report of what it killed
     since: float = 0.0  # monotonic: when it entered its phase
     claimed_ms: int = 0  # the time of the latest claim: only its reply counts
+    # When that claim was made, on CLOCK_MONOTONIC (the lease's clock): a lapse of the
+    # lease after it voids the claim (connectors/worker/engine.py `Lease.voids`).
+    claimed_mono: float | None = None
 
     @property
     def key(self) -> Key:

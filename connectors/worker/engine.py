@@ -128,11 +128,14 @@ def now_ms() -> int:
 MONOTONIC_LEASE: Final = "monotonic"
 
 
-def lease_text(deadline_mono: float, armed_ms: int | None = None) -> bytes:
+def lease_text(
+    deadline_mono: float, armed_ms: int | None = None, renewed_mono: float = 0.0
+) -> bytes:
     """A lease alive until `deadline_mono` on CLOCK_MONOTONIC (what the worker writes),
-    with the start horizon of the beat that renewed it (broker ms), if it has one."""
-    armed = "" if armed_ms is None else f" {armed_ms}"
-    return f"{MONOTONIC_LEASE} {deadline_mono:.6f}{armed}\n".encode("ascii")
+    with the start horizon of the beat that renewed it (broker ms), if it has one, and
+    when it was last renewed after a lapse (`Lease.renewed_mono`; 0: never lapsed)."""
+    armed = "-" if armed_ms is None else str(armed_ms)
+    return f"{MONOTONIC_LEASE} {deadline_mono:.6f} {armed} {renewed_mono:.6f}\n".encode("ascii")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +145,18 @@ class Lease:
 
     holds: bool
     armed_ms: int | None = None
+    # When the lease was renewed after it had lapsed (CLOCK_MONOTONIC; 0: never). While
+    # it lapsed the failure detector may have declared the worker dead and ended every
+    # claim it held, so a claim made before this is void: its grant, however late it
+    # comes, starts nothing (`voids`).
+    renewed_mono: float = 0.0
 
     def arms(self, start_at_ms: int) -> bool:
         return self.holds and (self.armed_ms is None or start_at_ms <= self.armed_ms)
+
+    def voids(self, claimed_mono: float | None) -> bool:
+        """Whether a claim made at `claimed_mono` (None: not known) predates a lapse."""
+        return claimed_mono is not None and claimed_mono < self.renewed_mono
 
 
 def read_lease_file(path: Path) -> Lease:
@@ -156,9 +168,10 @@ def read_lease_file(path: Path) -> Lease:
     except (OSError, UnicodeDecodeError):
         return Lease(False)
     try:
-        if len(words) in (2, 3) and words[0] == MONOTONIC_LEASE:
-            armed = int(words[2]) if len(words) == 3 else None
-            return Lease(time.monotonic() < float(words[1]), armed)
+        if len(words) in (2, 3, 4) and words[0] == MONOTONIC_LEASE:
+            armed = int(words[2]) if len(words) >= 3 and words[2] != "-" else None
+            renewed = float(words[3]) if len(words) == 4 else 0.0
+            return Lease(time.monotonic() < float(words[1]), armed, renewed)
     except ValueError:
         return Lease(False)
     deadline = read_lease(path)
@@ -214,6 +227,9 @@ class Job:
     # Its directory made ahead of its start (`_prepare_ahead`), or why that failed.
     prepared: bool = False
     prepare_error: str = ""
+    # When the worker claimed it (CLOCK_MONOTONIC; None: not said): void if the lease
+    # lapsed after that (`Lease.voids`).
+    claimed_mono: float | None = None
 
 
 class ExecutorLoop:
@@ -341,7 +357,16 @@ class ExecutorLoop:
         beat the broker holds."""
         if time.monotonic() - pass_began > self.config.max_gap_s:
             return False
-        return read_lease_file(self.config.lease_file).arms(job.start_at_ms)
+        lease = read_lease_file(self.config.lease_file)
+        if lease.holds and lease.voids(job.claimed_mono):
+            self._finish(
+                job,
+                "not_started",
+                "the lease lapsed after its claim (the worker may have been declared dead "
+                "meanwhile, which ended the claim)",
+            )
+            return True  # ended, not started: out of the way of the runs behind it
+        return lease.arms(job.start_at_ms)
 
     def _lease_valid(self, mono: float) -> bool:
         if mono - self.last_lease_check >= TICK_S or not self.lease_ok:
@@ -384,6 +409,7 @@ class ExecutorLoop:
                 int(op["start_at_ms"]),
                 _vector(op.get("need")),
                 _start_mono(op),
+                claimed_mono=None if op.get("claimed_mono") is None else float(op["claimed_mono"]),
             )
             self.jobs[key] = job
             if self.orphaned or self.stopping_all:
@@ -449,6 +475,8 @@ class ExecutorLoop:
                 # arms this start (the queue is in start order: the others wait too).
                 return
             self.queue.popleft()
+            if job.key not in self.jobs:
+                continue  # `_armed_now` ended it: its claim predates a lapse of the lease
             self._spawn(job, mono)
             if time.monotonic() - mono > STEP_BUDGET_S:
                 # A burst of thousands due at once must not hold the loop for seconds:

@@ -48,6 +48,9 @@ class StartSpec:
     # start time (broker time) into it. None: when this machine's wall clock reaches
     # start_at_ms.
     start_at_mono: float | None = None
+    # When the worker claimed the attempt, on CLOCK_MONOTONIC: the executor starts
+    # nothing claimed before a lapse of the lease (engine.py `Lease.voids`).
+    claimed_mono: float | None = None
 
     def start_mono(self) -> float:
         if self.start_at_mono is not None:
@@ -321,6 +324,7 @@ class ProcessExecutor:
                 "memory_mb": spec.memory_mb,
                 "start_at_ms": spec.start_at_ms,
                 "start_at_mono": spec.start_at_mono,
+                "claimed_mono": spec.claimed_mono,
                 "need": spec.need,
                 **self._clock(),
             }

@@ -105,6 +105,11 @@ class Heartbeat:
         self.observe = observe  # gets the broker's time of each acknowledged beat
         self.now_ms = now_ms
         self.acknowledged = 0  # beats acknowledged so far
+        # The current lease's end, and when a beat last renewed a lease that had lapsed
+        # (CLOCK_MONOTONIC; 0: never): the lease file says the latter, and the executor
+        # starts no attempt claimed before it (engine.py `Lease.voids`).
+        self.lease_until: float | None = None
+        self.renewed_mono = 0.0
         self.unacked_since: float | None = None  # monotonic: first beat left unacknowledged
         self.unacked_logged = 0.0
         self.writer = HeartbeatWriter()  # reuses the held attempts' bytes beat to beat
@@ -164,7 +169,21 @@ class Heartbeat:
         if delivered and delivered[0]:
             # The lease and the horizon together: the executor starts a run only while
             # the lease holds and its start time is within a horizon Kafka acknowledged.
-            write_atomic(self.lease_file(), lease_text(started + self.lease_s, record.armed_ms))
+            acked = time.monotonic()
+            if self.lease_until is not None and acked >= self.lease_until:
+                # Renewed only now: every claim made before is void, the ones made while
+                # it lapsed too (a verdict may have come at any moment of the lapse).
+                self.renewed_mono = acked
+                log.warning(
+                    "the lease had lapsed for %.1f s: attempts claimed before now are not "
+                    "started (the worker may have been declared dead meanwhile)",
+                    acked - self.lease_until,
+                )
+            self.lease_until = started + self.lease_s
+            write_atomic(
+                self.lease_file(),
+                lease_text(self.lease_until, record.armed_ms, self.renewed_mono),
+            )
             self.acknowledged += 1
             self.missed = 0
             return True

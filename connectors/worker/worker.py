@@ -454,6 +454,7 @@ class Worker(Recovery):
             return
         self.timeline.plan(key, d.resources, d.not_before_ms, expected)
         attempt = Attempt(d, "claiming", since=self.clock.monotonic())
+        attempt.claimed_mono = time.monotonic()  # the lease's clock (engine.py `Lease`)
         self.attempts[key] = attempt
         self.journal.record(d.run_id, d.attempt, d.job_id, "claiming", dispatch=to_plain(d))
         attempt.claimed_ms = self._claim(d)
@@ -576,6 +577,7 @@ class Worker(Recovery):
                     d.not_before_ms,
                     as_vector(d.resources),
                     self.broker.mono_at(d.not_before_ms),
+                    claimed_mono=attempt.claimed_mono,
                 )
             )
 

@@ -19,7 +19,7 @@ import pytest
 
 from connectors.stack.process import pid_alive
 from connectors.worker.confine import Confinement
-from connectors.worker.engine import lease_text, read_lease_file, read_log
+from connectors.worker.engine import Lease, lease_text, read_lease_file, read_log
 from connectors.worker.executor import Event, Finished, ProcessExecutor, Started, StartSpec
 from connectors.worker.lease import write_atomic, write_lease
 from streams.core.clock import BrokerClock
@@ -72,6 +72,7 @@ class Harness:
         memory_mb: int = 0,
         need: tuple[float, float, float] = (0, 0, 0),
         env: dict[str, str] | None = None,
+        claimed_mono: float | None = None,
     ) -> tuple[str, int]:
         key = (name, 1)
         self.executor.start(
@@ -85,6 +86,7 @@ class Harness:
                 now_ms() if at_ms is None else at_ms,
                 need,
                 at_mono,
+                claimed_mono,
             )
         )
         return key
@@ -223,6 +225,48 @@ def test_a_run_starts_only_once_an_acknowledged_beat_armed_its_start_time(
     assert started is not None
     assert started.started_mono is not None
     assert started.started_mono >= armed
+
+
+def test_a_grant_for_a_claim_made_before_a_lapse_of_the_lease_starts_nothing(
+    make: Callable[..., Harness],
+) -> None:
+    """The soak of issue 54: a worker cut off (inbound) past its lease claimed runs
+    before the cut; the failure detector declared it dead and the ledger ended those
+    claims; their grants came after the cut, with the lease renewed, and the worker ran
+    them anyway (405 executions the audit called unsanctioned). A lease renewed after a
+    lapse voids every claim made before: such a run ends `not_started` (the worker
+    releases it, which the ledger ignores for a claim it ended) and never spawns; a run
+    claimed after the renewal, queued behind it, starts."""
+    h = make()
+    claimed = time.monotonic()
+    renewed = claimed + 0.001
+    write_atomic(h.lease, lease_text(time.monotonic() + 30, now_ms() + 60_000, renewed))
+    old = h.start("before", ["true"], claimed_mono=claimed)
+    new = h.start("after", ["true"], claimed_mono=renewed + 0.001)
+    unknown = h.start("adopted", ["true"])  # no claim time said: the lease alone
+    lapsed = h.finished(old)
+    assert lapsed.outcome == "not_started"
+    assert "lease lapsed after its claim" in lapsed.error
+    assert h.started(old) is None
+    assert not (h.root / "before" / "stdout").exists()
+    assert h.finished(new).outcome == "exited"
+    assert h.finished(unknown).outcome == "exited"
+
+
+def test_a_lease_file_says_when_it_was_renewed_after_a_lapse(tmp_path: Path) -> None:
+    lease = tmp_path / "lease"
+    write_atomic(lease, lease_text(time.monotonic() + 30))
+    assert read_lease_file(lease).renewed_mono == 0.0
+    assert not read_lease_file(lease).voids(1.0)
+    write_atomic(lease, lease_text(time.monotonic() + 30, None, 100.5))
+    read = read_lease_file(lease)
+    assert read.armed_ms is None
+    assert read.voids(100.4)
+    assert not read.voids(100.5)
+    assert not read.voids(None)
+    # A lease file of the format before (two or three words) still reads.
+    lease.write_text(f"monotonic {time.monotonic() + 30:.6f} 5000\n")
+    assert read_lease_file(lease) == Lease(True, 5000, 0.0)
 
 
 def test_a_lease_file_without_a_horizon_bounds_starts_by_the_lease_alone(tmp_path: Path) -> None:

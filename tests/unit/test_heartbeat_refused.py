@@ -4,6 +4,7 @@ nothing: the next beat goes out (on the in-memory Kafka, streams/memory.py)."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
@@ -140,3 +141,38 @@ def test_a_beat_arms_starts_only_from_the_brokers_time(tmp_path: Path) -> None:
     assert sent() == [None, 1_002_000, 1_002_000]
     assert read_lease_file(lease).arms(1_002_000)
     assert not read_lease_file(lease).arms(1_002_001)
+
+
+def test_a_lease_renewed_after_it_lapsed_says_so_and_one_renewed_in_time_does_not(
+    tmp_path: Path,
+) -> None:
+    """The lease file carries when a lease that had lapsed was renewed: the executor
+    starts no attempt claimed before (connectors/worker/engine.py `Lease.voids`)."""
+    log = MemoryLog(ManualClock())
+    log.create_catalogue(SETTINGS)
+    lease = tmp_path / "lease"
+    beat = Heartbeat(
+        MemoryClients(log).producer(producer_config(SETTINGS, **HEARTBEAT_PRODUCER)),
+        SETTINGS.topic("heartbeats"),
+        "w1",
+        Capacity(1, 100, 0),
+        (),
+        heartbeat_s=0.05,
+        lease_s=0.3,
+        view=lambda: (Capacity(1, 100, 0), ()),
+        lease_file=lambda: lease,
+        stop=threading.Event(),
+    )
+    assert beat.beat() is True
+    assert read_lease_file(lease).renewed_mono == 0.0  # the first lease: no lapse
+    assert beat.beat() is True
+    assert read_lease_file(lease).renewed_mono == 0.0  # renewed in time
+    time.sleep(0.35)  # the lease lapses
+    lapsed_by = time.monotonic()
+    assert not read_lease_file(lease).holds
+    assert beat.beat() is True
+    renewed = read_lease_file(lease)
+    assert renewed.holds
+    assert renewed.renewed_mono >= lapsed_by
+    assert renewed.voids(lapsed_by)
+    assert not renewed.voids(time.monotonic())

@@ -1,8 +1,10 @@
 """`cronlog jobs ...`: register jobs, change them, pause, resume and delete them, start
-runs now or backfill them (`jobs export` is with jobs as code, connectors/cli/jobs_as_code.py)."""
+runs now or backfill them, print the job reference (`jobs schema`) (`jobs export` is with
+jobs as code, connectors/cli/jobs_as_code.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +18,7 @@ from connectors.cli.access import open_service, use_mode
 from connectors.cli.common import fail
 from connectors.cli.jobs_as_code import jobs_export
 from connectors.cli.output import JsonOpt, console, print_accepted, print_json, print_table
+from streams.core.job_schema import job_file_schema, job_schema, reference_markdown
 
 jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
 jobs_app.callback()(use_mode)
@@ -248,3 +251,24 @@ def jobs_backfill(
 
 
 jobs_app.command("export")(jobs_export)
+
+
+@jobs_app.command("schema")
+def jobs_schema(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="The reference as Markdown (docs/jobs.md).")
+    ] = False,
+    file: Annotated[
+        bool,
+        typer.Option(
+            "--file", help="The JSON Schema of a job file for editors (docs/job.schema.json)."
+        ),
+    ] = False,
+) -> None:
+    """Every field of a job: type, bounds, default and meaning, as a JSON Schema (the
+    API's request body), or as the Markdown reference."""
+    if markdown:
+        typer.echo(reference_markdown(), nl=False)
+        return
+    schema = job_file_schema() if file else job_schema()
+    typer.echo(json.dumps(schema, indent=2, ensure_ascii=False))

@@ -169,15 +169,15 @@ class Heartbeat:
         if delivered and delivered[0]:
             # The lease and the horizon together: the executor starts a run only while
             # the lease holds and its start time is within a horizon Kafka acknowledged.
-            acked = time.monotonic()
-            if self.lease_until is not None and acked >= self.lease_until:
+            renewed_at = time.monotonic()
+            if self.lease_until is not None and renewed_at >= self.lease_until:
                 # Renewed only now: every claim made before is void, the ones made while
                 # it lapsed too (a verdict may have come at any moment of the lapse).
-                self.renewed_mono = acked
+                self.renewed_mono = renewed_at
                 log.warning(
                     "the lease had lapsed for %.1f s: attempts claimed before now are not "
                     "started (the worker may have been declared dead meanwhile)",
-                    acked - self.lease_until,
+                    renewed_at - self.lease_until,
                 )
             self.lease_until = started + self.lease_s
             write_atomic(

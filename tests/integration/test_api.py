@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from streams.core.commands import MAX_COMMAND_BYTES
+from streams.core.job_schema import job_file_schema, job_schema
 from streams.settings import Settings
 from tests.support.nodes import (
     CronlogProcess,
@@ -332,6 +333,25 @@ def test_openapi_is_served(api: httpx.Client) -> None:
     spec = api.get("/openapi.json").json()
     for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}/runs", "/runs/{run_id}"):
         assert path in spec["paths"]
+
+
+def test_the_job_reference_is_the_api_s_body_and_served_to_editors(api: httpx.Client) -> None:
+    """Every field of a job, with its type, default and description, in the OpenAPI body
+    of POST, PUT and PATCH /jobs (issue 55), and the job file's JSON Schema without a
+    token, for `# yaml-language-server: $schema=`."""
+    spec = api.get("/openapi.json").json()
+    fields = set(job_schema()["properties"])
+    for path, method in (("/jobs", "post"), ("/jobs/{job_id}", "put"), ("/jobs/{job_id}", "patch")):
+        body = spec["paths"][path][method]["requestBody"]["content"]["application/json"]
+        properties = body["schema"]["properties"]
+        assert set(properties) == fields, (path, method)
+        assert properties["timeout_s"]["default"] == 3600.0
+        assert all(p.get("description") for p in properties.values())
+    patch = spec["paths"]["/jobs/{job_id}"]["patch"]["requestBody"]["content"]
+    assert patch["application/json"]["schema"]["required"] == []
+    served = api.get("/schemas/job.json", headers={"Authorization": ""})
+    assert served.status_code == 200
+    assert served.json() == job_file_schema()
 
 
 def test_metrics_count_requests_by_route_template(api: httpx.Client) -> None:

@@ -18,28 +18,39 @@ from connectors.api.routes.common import (
     request_id,
 )
 from connectors.api.service import ServiceError
+from streams.core.job_schema import job_file_schema, job_schema
 
-JOB_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "description": "A job.upsert command without its type",
-                    "properties": {
-                        "job_id": {"type": "string"},
-                        "owner": {"type": "string"},
-                        "schedule": {"type": "object"},
-                        "command": {"type": "array", "items": {"type": "string"}},
-                    },
-                }
-            }
-        },
+
+def _body(schema: dict[str, Any], required: bool) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {"application/json": {"schema": schema}},
+        }
     }
-}
+
+
+def _api_job(*, patch: bool = False) -> dict[str, Any]:
+    """The job reference (streams/core/job_schema.py) as the API takes it: `owner` may be
+    left out (the token's owner); a PATCH names only the fields it changes."""
+    schema = job_schema()
+    schema["required"] = [] if patch else [f for f in schema["required"] if f != "owner"]
+    if patch:
+        schema["description"] = "The fields to change; the others keep their values."
+    return schema
+
+
+JOB_BODY = _body(_api_job(), required=True)
+JOB_PATCH_BODY = _body(_api_job(patch=True), required=True)
 
 router = APIRouter(tags=["jobs"])
+
+
+@router.get("/schemas/job.json", tags=["reference"])
+def job_file_json_schema() -> JSONResponse:
+    """The JSON Schema of a job file, for editors (no token needed): point
+    `# yaml-language-server: $schema=<api>/schemas/job.json` at it."""
+    return JSONResponse(job_file_schema())
 
 
 @router.post("/jobs", status_code=201, openapi_extra=JOB_BODY)
@@ -78,7 +89,7 @@ async def put_job(job_id: str, request: Request, who: User, service: ServiceDep)
     return answer(accepted, f"/jobs/{job_id}")
 
 
-@router.patch("/jobs/{job_id}", openapi_extra=OBJECT_BODY)
+@router.patch("/jobs/{job_id}", openapi_extra=JOB_PATCH_BODY)
 async def patch_job(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
     body = await body_of(request)
     accepted = await run_in_threadpool(service.patch_job, who, job_id, body)

@@ -189,38 +189,67 @@ def load(
 def read_files(
     paths: Iterable[Path], managed_by: str = MANAGED_BY, owner: str | None = None
 ) -> JobFiles:
-    """Every job of the files, validated, and the owners the files name; JobFileError on
-    the first job that is not valid (its file and line, and the parser's reason) or on a
-    job id given twice. A job's `calendars` names calendars any of the files defines
-    (`calendars:` at a file's top). `owner` is given to jobs that name none (not counted
-    as named by the files)."""
+    """Every job of the files, validated, and the owners the files name; JobFileError
+    naming every job that is not valid (a line each: its file and line, and the parser's
+    reason) and every job id given twice, in one pass. A job's `calendars` names
+    calendars any of the files defines (`calendars:` at a file's top). `owner` is given
+    to jobs that name none (not counted as named by the files)."""
     desired: list[Desired] = []
     seen: dict[str, str] = {}
     calendars: dict[str, Any] = {}
     owners: set[str] = set()
-    files = [
-        (path, read_jobs(path.read_text(), str(path), calendars, owners))
-        for path in job_files(paths)
-    ]
+    errors: list[str] = []  # every job's, in one pass (one line each: file, line, why)
+    files: list[tuple[Path, list[tuple[Any, int]]]] = []
+    for path in job_files(paths):
+        try:
+            files.append((path, read_jobs(path.read_text(), str(path), calendars, owners)))
+        except JobFileError as exc:
+            errors.append(str(exc))
     for path, jobs in files:
         for value, line in jobs:
             where = f"{path}:{line}"
-            if not isinstance(value, dict):
-                raise JobFileError(f"{where}: a job must be a mapping of job.upsert fields")
-            doc = {k: v for k, v in value.items() if k != "type"}
-            _with_calendars(doc, calendars, where)
-            written = "owner" in doc
-            if owner and not written:
-                doc["owner"] = owner
-            doc.setdefault("managed_by", managed_by)  # an export's own marker stays
-            spec = _parsed(doc, where)
-            if spec.job_id in seen:
-                raise JobFileError(f"{where}: job {spec.job_id} is also at {seen[spec.job_id]}")
-            seen[spec.job_id] = where
-            desired.append(Desired(doc, spec, where))
-            if written:
-                owners.add(spec.owner)
+            try:
+                job = _desired(value, where, calendars, owner, managed_by)
+            except JobFileError as exc:
+                errors.append(str(exc))
+                continue
+            if job.spec.job_id in seen:
+                errors.append(f"{where}: job {job.spec.job_id} is also at {seen[job.spec.job_id]}")
+                continue
+            seen[job.spec.job_id] = where
+            desired.append(job)
+            if "owner" in value:
+                owners.add(job.spec.owner)
+    if errors:
+        raise JobFileError("\n".join(errors))
     return JobFiles(desired, frozenset(owners))
+
+
+def _desired(
+    value: object, where: str, calendars: dict[str, Any], owner: str | None, managed_by: str
+) -> Desired:
+    if not isinstance(value, dict):
+        raise JobFileError(f"{where}: a job must be a mapping of job.upsert fields")
+    doc = {k: v for k, v in value.items() if k != "type"}
+    _with_calendars(doc, calendars, where)
+    if owner and "owner" not in doc:
+        doc["owner"] = owner
+    doc.setdefault("managed_by", managed_by)  # an export's own marker stays
+    return Desired(doc, _parsed(doc, where), where)
+
+
+def missing_upstreams(jobs: Iterable[JobSpec], known: Collection[str]) -> dict[str, list[str]]:
+    """The upstreams each job names that are neither `known` (registered) nor one of
+    `jobs` (registered by the same apply, in any order), by job id: refused unless the
+    user says they will be registered (`--allow-missing-upstreams`)."""
+    jobs = list(jobs)
+    given = {spec.job_id for spec in jobs}
+    out: dict[str, list[str]] = {}
+    for spec in jobs:
+        missing = [u for u in spec.depends_on if u not in given and u not in known]
+        if missing:
+            out[spec.job_id] = missing
+    return out
 
 
 def _parsed(doc: Mapping[str, Any], where: str) -> JobSpec:

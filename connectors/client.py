@@ -268,18 +268,41 @@ class Client:
         return Accepted(body, answer.status_code in (200, 201), warnings)
 
     # -- jobs ----------------------------------------------------------------------------
-    def create_job(self, job: Mapping[str, Any]) -> Accepted:
-        """Register a new job (Conflict if the id is taken)."""
-        return self._accepted(self.request("POST", "/jobs", json=dict(job)))
+    def create_job(
+        self, job: Mapping[str, Any], *, allow_missing_upstreams: bool = False
+    ) -> Accepted:
+        """Register a new job (Conflict if the id is taken). An upstream not registered
+        is Invalid unless `allow_missing_upstreams` (the job then waits for it)."""
+        return self._accepted(
+            self.request(
+                "POST", "/jobs", json=dict(job), params=_missing_ok(allow_missing_upstreams)
+            )
+        )
 
-    def put_job(self, job: Mapping[str, Any]) -> Accepted:
+    def put_job(self, job: Mapping[str, Any], *, allow_missing_upstreams: bool = False) -> Accepted:
         """Register a job, or replace the caller's job of that id with this spec."""
         job_id = segment(str(job.get("job_id", "")))
-        return self._accepted(self.request("PUT", f"/jobs/{job_id}", json=dict(job)))
+        return self._accepted(
+            self.request(
+                "PUT",
+                f"/jobs/{job_id}",
+                json=dict(job),
+                params=_missing_ok(allow_missing_upstreams),
+            )
+        )
 
-    def patch_job(self, job_id: str, changes: Mapping[str, Any]) -> Accepted:
+    def patch_job(
+        self, job_id: str, changes: Mapping[str, Any], *, allow_missing_upstreams: bool = False
+    ) -> Accepted:
         """Change some fields of a job (null removes an optional one)."""
-        return self._accepted(self.request("PATCH", f"/jobs/{segment(job_id)}", json=dict(changes)))
+        return self._accepted(
+            self.request(
+                "PATCH",
+                f"/jobs/{segment(job_id)}",
+                json=dict(changes),
+                params=_missing_ok(allow_missing_upstreams),
+            )
+        )
 
     def pause(self, job_id: str) -> Accepted:
         return self._accepted(self.request("POST", f"/jobs/{segment(job_id)}/pause"))
@@ -450,3 +473,8 @@ def _error(answer: httpx.Response) -> ApiError:
         message = answer.text[:500] or message
     kind = _ERRORS.get(status, ServerError if status >= 500 else ApiError)
     return kind(status, message, where)
+
+
+def _missing_ok(allow: bool) -> dict[str, str] | None:
+    """The query of a job write that accepts upstreams not registered yet."""
+    return {"allow_missing_upstreams": "true"} if allow else None

@@ -113,8 +113,12 @@ class RemoteService:
         answer = self._call(method, path, **kwargs)
         return Accepted(answer.json(), answer.status_code in (200, 201))
 
-    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
-        return self._accepted("PUT", f"/jobs/{segment(str(body.get('job_id', '')))}", json=body)
+    def put_job(
+        self, who: Principal, body: dict[str, Any], allow_missing_upstreams: bool = False
+    ) -> Accepted:
+        path = f"/jobs/{segment(str(body.get('job_id', '')))}"
+        query = {"allow_missing_upstreams": "true"} if allow_missing_upstreams else None
+        return self._accepted("PUT", path, json=body, params=query)
 
     def job(self, who: Principal, job_id: str) -> dict[str, Any]:
         row: dict[str, Any] = self._call("GET", f"/jobs/{segment(job_id)}").json()

@@ -394,7 +394,9 @@ class Service:
 
         return check
 
-    def create_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+    def create_job(
+        self, who: Principal, body: dict[str, Any], allow_missing_upstreams: bool = False
+    ) -> Accepted:
         doc = self._owned_upsert(who, body)
         command = _upsert_command(doc)
         existing = self._job_row(command.spec.job_id)
@@ -403,9 +405,11 @@ class Service:
                 409, f"job {command.spec.job_id!r} exists; change it with PATCH", "job_id"
             )
         self._within_quota(command.spec.owner, quotas.check_job)
-        return self._upsert(doc, command)
+        return self._upsert(doc, command, None, allow_missing_upstreams)
 
-    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+    def put_job(
+        self, who: Principal, body: dict[str, Any], allow_missing_upstreams: bool = False
+    ) -> Accepted:
         """Create or replace a job (the CLI's `jobs add`): no conflict on an existing one,
         but another owner's job stays theirs."""
         doc = self._owned_upsert(who, body)
@@ -415,7 +419,8 @@ class Service:
             raise ServiceError(409, f"job {command.spec.job_id!r} belongs to another owner")
         if existing is None or existing["deleted"]:
             self._within_quota(command.spec.owner, quotas.check_job)
-        return self._upsert(doc, command)
+        live = existing if existing and not existing["deleted"] else None
+        return self._upsert(doc, command, live, allow_missing_upstreams)
 
     def _within_quota(
         self, owner: str, check: Callable[..., None], *args: Any, job_id: str = ""
@@ -429,18 +434,33 @@ class Service:
         except quotas.QuotaExceeded as exc:
             raise ServiceError(429, exc.message, None, exc.retry_after_s) from None
 
-    def patch_job(self, who: Principal, job_id: str, patch: dict[str, Any]) -> Accepted:
+    def patch_job(
+        self,
+        who: Principal,
+        job_id: str,
+        patch: dict[str, Any],
+        allow_missing_upstreams: bool = False,
+    ) -> Accepted:
         current = self.job(who, job_id)
         if "job_id" in patch and patch["job_id"] != job_id:
             raise ServiceError(422, "job_id cannot be changed", "job_id")
         doc = self._owned_upsert(who, patched_document(current["spec"], patch))
         command = _upsert_command(doc)
-        return self._upsert(doc, command)
+        return self._upsert(doc, command, current, allow_missing_upstreams)
 
-    def _check_graph(self, owner: str, job_id: str, upstreams: tuple[str, ...]) -> list[str]:
+    def _check_graph(
+        self,
+        owner: str,
+        job_id: str,
+        upstreams: tuple[str, ...],
+        had: tuple[str, ...] = (),
+        allow_missing: bool = False,
+    ) -> list[str]:
         """Refuse (422) a change that would close a dependency cycle in the owner's jobs
-        as projected; the warnings to answer with: upstreams not registered yet (the job
-        waits for them; a typo would wait for ever)."""
+        as projected, or that names an upstream not registered (the job would wait for
+        it; a typo would wait for ever) unless `allow_missing` or the job already named
+        it (`had`: a change of another field is not refused for it). The warnings to
+        answer with: the unregistered upstreams allowed."""
         if not upstreams:
             return []
         rows = self._query(queries.dependency_graph(owner))
@@ -454,6 +474,17 @@ class Service:
                 "depends_on",
             )
         unknown = [u for u in upstreams if u not in graph]
+        new = [u for u in unknown if u not in had]
+        if new and not allow_missing:
+            names = ", ".join(repr(u) for u in new)
+            raise ServiceError(
+                422,
+                f"depends_on names {names}, not registered: the job would wait until a job "
+                "of that id is registered and runs (a typo waits for ever). Register it "
+                "first, or allow it: ?allow_missing_upstreams=true "
+                "(cronlog jobs add/apply --allow-missing-upstreams)",
+                "depends_on",
+            )
         return [
             f"depends_on names {u!r}, which is not registered: this job waits until a job "
             "of that id is registered and runs"
@@ -480,11 +511,22 @@ class Service:
             raise ServiceError(403, "workers cannot list secrets")
         return {"items": items}
 
-    def _upsert(self, doc: dict[str, Any], command: UpsertJob) -> Accepted:
+    def _upsert(
+        self,
+        doc: dict[str, Any],
+        command: UpsertJob,
+        current: dict[str, Any] | None = None,
+        allow_missing_upstreams: bool = False,
+    ) -> Accepted:
+        """Produce the upsert; `current`: the job's row before (its upstreams are not
+        refused again for being missing)."""
         spec = command.spec
         self._check_secrets(spec)
         self._check_upstreams(spec.owner, spec.depends_on)
-        warnings = self._check_graph(spec.owner, spec.job_id, spec.depends_on)
+        had = tuple((current or {}).get("spec", {}).get("depends_on") or ())
+        warnings = self._check_graph(
+            spec.owner, spec.job_id, spec.depends_on, had, allow_missing_upstreams
+        )
         warnings += [
             f"params.{name} has no default: runs of the schedule or upstreams are skipped "
             "without it; give it to run-now"

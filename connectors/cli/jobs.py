@@ -16,8 +16,9 @@ from connectors.api.service import ADMIN, Service, ServiceError
 from connectors.apply import JobFileError, read_jobs
 from connectors.cli.access import open_service, use_mode
 from connectors.cli.common import fail
-from connectors.cli.jobs_as_code import jobs_export
+from connectors.cli.jobs_as_code import MissingOkOpt, jobs_export
 from connectors.cli.output import JsonOpt, console, print_accepted, print_json, print_table
+from connectors.remote import RemoteService
 from streams.core.job_schema import job_file_schema, job_schema, reference_markdown
 
 jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
@@ -68,8 +69,11 @@ def jobs_add(
         ),
     ] = None,
     as_json: JsonOpt = False,
+    allow_missing_upstreams: MissingOkOpt = False,
 ) -> None:
-    """Register jobs, or change them (an existing job is replaced by the new spec)."""
+    """Register jobs, or change them (an existing job is replaced by the new spec). An
+    upstream (depends_on) neither registered nor among the jobs given is refused unless
+    --allow-missing-upstreams."""
     if (job is None) == (file is None):
         typer.secho("error: give a job as JSON or -f FILE", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
@@ -83,14 +87,24 @@ def jobs_add(
             raise typer.Exit(2) from exc
         docs = [parsed] if isinstance(parsed, dict) else parsed
     failed = 0
+    batch = {str(d.get("job_id")) for d in docs if isinstance(d, dict)}
     with open_service() as service:
         for doc in docs:
             given = {"owner": owner} if owner else {}
             if not given and isinstance(service, Service):
                 given = {"owner": "default"}
             doc = {**given, **{k: v for k, v in doc.items() if k != "type"}}
+            # Jobs given together may name each other in any order: their upstreams
+            # among them are not missing (the API would see them missing until each
+            # is registered); any other is the API's to refuse or allow.
+            upstreams = doc.get("depends_on")
+            within = isinstance(upstreams, list) and all(
+                u in batch or _registered_job(service, u) for u in upstreams
+            )
             try:
-                accepted = service.put_job(ADMIN, doc)
+                accepted = service.put_job(
+                    ADMIN, doc, allow_missing_upstreams=allow_missing_upstreams or within
+                )
             except ServiceError as exc:
                 if exc.status >= 500:
                     raise
@@ -105,6 +119,16 @@ def jobs_add(
             print_accepted(accepted, as_json, f"{doc['job_id']}: registered")
     if failed:
         raise typer.Exit(1)
+
+
+def _registered_job(service: Service | RemoteService, job_id: object) -> bool:
+    try:
+        service.job(ADMIN, str(job_id))
+    except ServiceError as exc:
+        if exc.status >= 500:
+            raise
+        return False
+    return True
 
 
 @jobs_app.command("list")

@@ -21,6 +21,7 @@ from connectors.apply import (
     PruneScopeError,
     describe,
     export_documents,
+    missing_upstreams,
     param_hazards,
     plan,
     prune_scope,
@@ -37,6 +38,14 @@ FilesOpt = Annotated[
 ]
 ManagedOpt = Annotated[
     str, typer.Option("--managed-by", help="The name apply marks its jobs with, and prunes by.")
+]
+MissingOkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-missing-upstreams",
+        help="Accept depends_on naming jobs neither registered nor in the files (they "
+        "wait for them); refused otherwise, since a typo would wait for ever.",
+    ),
 ]
 StrictParamsOpt = Annotated[
     bool,
@@ -106,6 +115,7 @@ def _plan(
     owner: str | None,
     prune: bool,
     strict_params: bool = False,
+    allow_missing_upstreams: bool = False,
 ) -> list[Change]:
     """What applying the files changes; with --prune, its scope printed first. Jobs
     whose parameter values would be more than text are warned about on stderr (refused
@@ -121,6 +131,24 @@ def _plan(
     if hazards and strict_params:
         raise fail(f"--strict-params: {len(hazards)} parameter hazard(s), above", 1)
     rows = _registered(service)
+    where = {job.spec.job_id: job.where for job in found.jobs}
+    missing = missing_upstreams([job.spec for job in found.jobs], {r["job_id"] for r in rows})
+    for job_id, names in missing.items():
+        shown = ", ".join(repr(u) for u in names)
+        text = (
+            f"{where[job_id]}: job {job_id}: depends_on names {shown}, neither registered nor "
+            "in the files"
+        )
+        if allow_missing_upstreams:
+            typer.secho(f"warning: {text}: it waits for them", fg=typer.colors.YELLOW, err=True)
+        else:
+            typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
+    if missing and not allow_missing_upstreams:
+        raise fail(
+            f"{len(missing)} job(s) name upstreams that do not exist (a typo would wait for "
+            "ever): register them, add them to the files, or --allow-missing-upstreams",
+            1,
+        )
     owners: frozenset[str] = frozenset()
     if prune:
         named = found.owners | ({owner} if owner else set())
@@ -145,12 +173,15 @@ def apply_files(
     token: TokenOpt = None,
     direct: DirectOpt = False,
     strict_params: StrictParamsOpt = False,
+    allow_missing_upstreams: MissingOkOpt = False,
 ) -> None:
     """Make the registered jobs what the files say: print the difference (created,
     changed field by field, unchanged, deleted with --prune), then apply it."""
     use_mode(api, token, direct)
     with open_service() as service:
-        changes = _plan(service, files, managed_by, owner, prune, strict_params)
+        changes = _plan(
+            service, files, managed_by, owner, prune, strict_params, allow_missing_upstreams
+        )
         for change in changes:
             for line in describe(change):
                 typer.echo(line)
@@ -161,7 +192,16 @@ def apply_files(
         for change in changes:
             try:
                 if change.doc is not None:
-                    service.put_job(ADMIN, change.doc)
+                    # Upstreams checked above against the registered jobs and the files,
+                    # which this apply registers in any order.
+                    accepted = service.put_job(ADMIN, change.doc, allow_missing_upstreams=True)
+                    for warning in accepted.body.get("warnings") or ():
+                        if "not registered" not in warning:  # said above, with the file
+                            typer.secho(
+                                f"warning: {change.job_id}: {warning}",
+                                fg=typer.colors.YELLOW,
+                                err=True,
+                            )
                 elif change.kind == "delete":
                     service.job_command(ADMIN, change.job_id, "delete")
             except ServiceError as exc:
@@ -185,12 +225,16 @@ def diff_files(
     token: TokenOpt = None,
     direct: DirectOpt = False,
     strict_params: StrictParamsOpt = False,
+    allow_missing_upstreams: MissingOkOpt = False,
 ) -> None:
-    """Print how the registered jobs differ from the files; exit 1 when they do (drift),
-    0 when they do not, 2 when cronlog cannot be reached."""
+    """Print how the registered jobs differ from the files; exit 1 when they do (drift)
+    or when the files cannot be applied, 0 when they do not, 2 when cronlog cannot be
+    reached."""
     use_mode(api, token, direct)
     with open_service() as service:
-        changes = _plan(service, files, managed_by, owner, prune, strict_params)
+        changes = _plan(
+            service, files, managed_by, owner, prune, strict_params, allow_missing_upstreams
+        )
     drift = [c for c in changes if c.kind != "same"]
     for change in drift:
         for line in describe(change):

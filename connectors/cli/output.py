@@ -32,8 +32,11 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def print_accepted(accepted: Accepted, as_json: bool, what: str) -> None:
-    """A write's answer: its body as JSON, or `what`, saying so when it is still applying."""
+    """A write's answer: its body as JSON, or `what`, saying so when it is still applying,
+    and every warning the answer gives (on stderr)."""
     if as_json:
         print_json(accepted.body)
     else:
         typer.echo(what + ("" if accepted.applied else " (accepted; applying)"))
+        for warning in accepted.body.get("warnings") or ():
+            typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)

@@ -105,7 +105,10 @@ def register_demo(settings: Settings, demo: Path, say: Callable[[str], None]) ->
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    service.put_job(ADMIN, {"owner": docs.get("owner", "demo"), **job})
+                    # The demo's upstreams are its own jobs, registered in this loop
+                    # (wait_s=0: not yet projected when the next names them).
+                    doc = {"owner": docs.get("owner", "demo"), **job}
+                    service.put_job(ADMIN, doc, allow_missing_upstreams=True)
                     done += 1
                     break
                 except ServiceError as exc:

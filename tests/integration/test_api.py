@@ -727,11 +727,20 @@ def test_a_dependency_cycle_is_refused_and_an_unknown_upstream_said(
         lambda: api.get("/jobs/cy-extract", headers=A).json()["cycle"] == [],
         "the refusal to be lifted by the change",
     )
-    ghost = api.post(
-        "/jobs", json=job_body("cy-waits", schedule=None, depends_on=["cy-ghost"]), headers=A
-    )
+    # An upstream not registered (a typo waits for ever) is refused, naming it, unless
+    # the caller says it will be registered (issue 55); then it is a warning.
+    waits = job_body("cy-waits", schedule=None, depends_on=["cy-ghost", "cy-extract"])
+    typo = api.post("/jobs", json=waits, headers=A)
+    assert typo.status_code == 422, typo.text
+    assert typo.json()["error"]["field"] == "depends_on"
+    assert "'cy-ghost', not registered" in typo.json()["error"]["message"]
+    assert "cy-extract" not in typo.json()["error"]["message"]
+    ghost = api.post("/jobs", json=waits, headers=A, params={"allow_missing_upstreams": "true"})
     assert ghost.status_code in (201, 202), ghost.text
     assert any("'cy-ghost', which is not registered" in w for w in ghost.json()["warnings"])
+    # A change of another field is not refused for the upstream it already named.
+    later = api.patch("/jobs/cy-waits", json={"jitter_s": 5}, headers=A)
+    assert later.status_code in (200, 202), later.text
 
 
 def _backfilled(api: httpx.Client, job_id: str) -> int:

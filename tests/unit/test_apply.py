@@ -228,7 +228,9 @@ class DirectService(Service):
     ) -> dict[str, Any]:
         return {"items": [r for r in self.registry.rows if who.may_see(r["owner"])], "next": None}
 
-    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+    def put_job(
+        self, who: Principal, body: dict[str, Any], allow_missing_upstreams: bool = False
+    ) -> Accepted:
         self.registry.put.append(body["job_id"])
         return Accepted({}, True)
 
@@ -258,7 +260,9 @@ class TokenService(RemoteService):
         rows = [r for r in self.registry.rows if self.caller.may_see(r["owner"])]
         return {"items": rows, "next": None}
 
-    def put_job(self, who: Principal, body: dict[str, Any]) -> Accepted:
+    def put_job(
+        self, who: Principal, body: dict[str, Any], allow_missing_upstreams: bool = False
+    ) -> Accepted:
         self.registry.put.append(body["job_id"])
         return Accepted({}, True)
 
@@ -453,3 +457,53 @@ def test_every_prune_delete_is_of_an_owner_the_files_name_and_of_its_managed_by(
         j for j, (o, m) in existing.items() if o in named and m == managed_by and j not in listed
     }
     assert found.owners == named
+
+
+def test_every_invalid_job_of_the_files_is_named_in_one_pass(tmp_path: Path) -> None:
+    """Three mistakes in two files: one run of apply names them all, each with its file
+    and line (issue 55: three runs to find three mistakes)."""
+    a = write(
+        tmp_path,
+        "jobs/a.yaml",
+        "- job_id: one\n  owner: team\n  schedule: {every: 1m}\n  command: [x]\n  timeout: 5\n"
+        "- job_id: two\n  owner: team\n  schedule: {cron: '61 * * * *'}\n  command: [x]\n",
+    )
+    b = write(tmp_path, "jobs/b.yaml", "job_id: three\nowner: team\ncommand: []\n")
+    with pytest.raises(JobFileError) as refused:
+        load([tmp_path / "jobs"])
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"{a}:1: job one: unknown field 'timeout'")
+    assert lines[1].startswith(f"{a}:6: job two: schedule")
+    assert lines[2].startswith(f"{b}:1: job three: command")
+
+
+def test_an_upstream_neither_registered_nor_in_the_files_is_refused_unless_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in depends_on (`etll`) is refused before anything is applied, with its
+    file and line; upstreams registered or in the files, in any order, are not; with
+    --allow-missing-upstreams it is applied, with a warning."""
+    path = write(
+        tmp_path,
+        "jobs.yaml",
+        "- job_id: report\n  owner: team\n  depends_on: [load, etll]\n  command: [r]\n"
+        "- job_id: load\n  owner: team\n  depends_on: [etl]\n  command: [l]\n",
+    )
+    registry = Registry([registered(yaml.safe_load(JOBS)[0])])  # etl is registered
+    refused = cronlog(monkeypatch, DirectService(registry), "apply", "-f", str(path))
+    assert refused.exit_code == 1, refused.output
+    assert f"{path}:1: job report: depends_on names 'etll', neither registered" in refused.output
+    assert "'load'" not in refused.output.split("depends_on names")[1].splitlines()[0]
+    assert registry.put == []  # nothing applied
+    allowed = cronlog(
+        monkeypatch,
+        DirectService(registry),
+        "apply",
+        "-f",
+        str(path),
+        "--allow-missing-upstreams",
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert "warning:" in allowed.output
+    assert sorted(registry.put) == ["load", "report"]

@@ -1,9 +1,9 @@
 """/jobs: register, list, read, replace, patch and delete jobs; pause, resume, run now and
 backfill them (their runs are in connectors/api/routes/runs.py)."""
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -40,6 +40,15 @@ def _api_job(*, patch: bool = False) -> dict[str, Any]:
     return schema
 
 
+# An upstream not registered is refused (422) unless this says it will be.
+MissingOk = Annotated[
+    bool,
+    Query(
+        description="Accept upstreams (depends_on) not registered yet: the job waits for "
+        "them. Without it they are refused, since a typo would wait for ever."
+    ),
+]
+
 JOB_BODY = _body(_api_job(), required=True)
 JOB_PATCH_BODY = _body(_api_job(patch=True), required=True)
 
@@ -54,9 +63,11 @@ def job_file_json_schema() -> JSONResponse:
 
 
 @router.post("/jobs", status_code=201, openapi_extra=JOB_BODY)
-async def create_job(request: Request, who: User, service: ServiceDep) -> JSONResponse:
+async def create_job(
+    request: Request, who: User, service: ServiceDep, allow_missing_upstreams: MissingOk = False
+) -> JSONResponse:
     body = await body_of(request)
-    accepted = await run_in_threadpool(service.create_job, who, body)
+    accepted = await run_in_threadpool(service.create_job, who, body, allow_missing_upstreams)
     job_id = accepted.body["job_id"]
     return answer(accepted, f"/jobs/{job_id}", created=True)
 
@@ -79,20 +90,36 @@ def get_job(job_id: str, who: User, service: ServiceDep) -> dict[str, Any]:
 
 
 @router.put("/jobs/{job_id}", openapi_extra=JOB_BODY)
-async def put_job(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+async def put_job(
+    job_id: str,
+    request: Request,
+    who: User,
+    service: ServiceDep,
+    allow_missing_upstreams: MissingOk = False,
+) -> JSONResponse:
     """Register the job, or replace the caller's job of that id with this spec
     (what `cronlog jobs add` and `cronlog apply` do)."""
     body = await body_of(request)
     if body.get("job_id", job_id) != job_id:
         raise ServiceError(422, "job_id differs from the path's", "job_id")
-    accepted = await run_in_threadpool(service.put_job, who, {**body, "job_id": job_id})
+    accepted = await run_in_threadpool(
+        service.put_job, who, {**body, "job_id": job_id}, allow_missing_upstreams
+    )
     return answer(accepted, f"/jobs/{job_id}")
 
 
 @router.patch("/jobs/{job_id}", openapi_extra=JOB_PATCH_BODY)
-async def patch_job(job_id: str, request: Request, who: User, service: ServiceDep) -> JSONResponse:
+async def patch_job(
+    job_id: str,
+    request: Request,
+    who: User,
+    service: ServiceDep,
+    allow_missing_upstreams: MissingOk = False,
+) -> JSONResponse:
     body = await body_of(request)
-    accepted = await run_in_threadpool(service.patch_job, who, job_id, body)
+    accepted = await run_in_threadpool(
+        service.patch_job, who, job_id, body, allow_missing_upstreams
+    )
     return answer(accepted, f"/jobs/{job_id}")
 
 

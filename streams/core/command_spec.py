@@ -91,6 +91,7 @@ _UPSERT_FIELDS = (
 )  # fmt: skip
 MAX_EXCLUDED: Final = 400  # day ranges a job's calendars may hold
 MAX_RUNS_LIMIT: Final = 1_000_000_000
+MANUAL: Final = "manual"  # `schedule: manual`: no schedule, said outright
 _NOTIFY_FIELDS = ("url", "on")
 _RESOURCE_FIELDS = ("cpu", "memory_mb", "gpu", "labels")
 _RETRY_FIELDS = ("max_attempts", "backoff_s", "backoff_multiplier", "max_backoff_s")
@@ -102,13 +103,9 @@ def _job_spec(doc: _Doc) -> JobSpec:
     owner = _identifier(_required(doc, "owner"), "owner", MAX_OWNER_CHARS, "owner")
     command = _argv(_required(doc, "command"))
     depends_on = _depends_on(doc.get("depends_on"), job_id)
+    # No schedule: with upstreams, a step of a DAG; without, a manual job, run only when
+    # asked (run-now, the API).
     schedule = _schedule(doc.get("schedule"))
-    if schedule is None and not depends_on:
-        raise _Invalid(
-            "schedule is required unless depends_on names an upstream job "
-            "(a job with neither would never run)",
-            "schedule",
-        )
     idempotent = _bool(doc, "idempotent", False)
     env, secret_env = _env(doc.get("env"))
     sla_s = (
@@ -212,7 +209,7 @@ def _managed_by(value: object) -> str:
 
 
 def _schedule(value: object) -> Schedule:
-    if value is None:
+    if value is None or value == MANUAL:
         return None
     try:
         return parse_schedule(value)

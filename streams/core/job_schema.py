@@ -79,8 +79,9 @@ def _schedule() -> dict[str, Any]:
     return {
         "description": (
             "When the job fires: exactly one of `cron` (with `timezone`), `every` or `at`. "
-            "Leave it out (or null) for a job that runs only when its upstreams "
-            "(`depends_on`) succeeded."
+            "Leave it out (null, or `manual`) for a job that runs when its upstreams "
+            "(`depends_on`) succeeded, or, with none, only when asked (run-now): a manual "
+            "job."
         ),
         "oneOf": [
             {
@@ -138,6 +139,7 @@ def _schedule() -> dict[str, Any]:
                 "additionalProperties": False,
             },
             {"type": "null"},
+            {"const": "manual", "description": "No schedule: runs only when asked."},
         ],
         "examples": [{"cron": "0 2 * * *", "timezone": "Europe/Berlin"}, {"every": "5m"}],
     }
@@ -556,7 +558,12 @@ def reference_markdown() -> str:
     lines += ["", "## Schedules", ""]
     for variant in schema["properties"]["schedule"]["oneOf"]:
         if variant.get("type") == "null":
-            lines.append("- none (`null` or left out): runs when its upstreams succeeded.")
+            lines.append(
+                "- none (`null`, `manual` or left out): runs when its upstreams succeeded; "
+                "with no upstreams, only when asked (run-now): a manual job."
+            )
+            continue
+        if "const" in variant:
             continue
         keys = ", ".join(
             f"`{key}`" + (" (required)" if key in variant["required"] else "")

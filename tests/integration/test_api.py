@@ -159,11 +159,11 @@ def test_patch_changes_a_field_of_any_schedule_kind(
 
 
 def test_run_now_is_idempotent_and_cancel_stops_a_run(api: httpx.Client) -> None:
-    created(
-        api,
-        job_body("sleeper", schedule={"at": "2099-01-01T00:00:00Z"}, command=["sleep", "60"]),
-        A,
-    )
+    """On a manual job (`schedule: manual`: no schedule, no upstreams; issue 55), which
+    runs only when asked: the one run is the run-now's."""
+    job = created(api, job_body("sleeper", schedule="manual", command=["sleep", "60"]), A)
+    assert job["spec"]["schedule"] is None
+    assert job["next_due_at"] is None
     first = api.post("/jobs/sleeper/run-now", headers={**A, "Idempotency-Key": "once"})
     again = api.post("/jobs/sleeper/run-now", json={"request_id": "once"}, headers=A)
     assert first.status_code == again.status_code == 202

@@ -60,7 +60,10 @@ GIVEN_VALUES: tuple[tuple[tuple[str, str], ...], ...] = (
 
 def schedule(rng: random.Random, now: int) -> Schedule:
     """Mostly `every` (cheap), cron with seconds in a zone now and then, bounds around
-    now sometimes, a one-off (maybe already past) rarely."""
+    now sometimes, a one-off (maybe already past) rarely, and none at all rarely (a
+    manual job, or a step if the job has upstreams: issue 55)."""
+    if rng.random() < 0.1:
+        return None
     roll = rng.random()
     start = end = None
     if rng.random() < 0.25:
@@ -150,8 +153,8 @@ def fresh(rng: random.Random, job_id: str, owner: str, now: int, others: list[st
         if name in ("command", "params_in_command"):
             continue
         spec = replace(spec, **{name: GENERATORS[name](rng, spec, now, others)})
-    if not spec.depends_on and spec.schedule is None:
-        spec = replace(spec, schedule=EverySchedule(2000))
+    if not spec.depends_on and spec.schedule is None and rng.random() < 0.5:
+        spec = replace(spec, schedule=EverySchedule(2000))  # mostly scheduled; else manual
     return replace(
         spec,
         command=_command(rng, spec.params),
@@ -180,10 +183,11 @@ def differing(old: JobSpec | None, new: JobSpec) -> set[str]:
     }
 
 
-def schedule_kind(schedule: Schedule) -> str:
-    """A schedule's kind and bounds, for the coverage guard."""
+def schedule_kind(schedule: Schedule, depends_on: tuple[str, ...] = ()) -> str:
+    """A schedule's kind and bounds, for the coverage guard ("manual": none and no
+    upstreams, run only when asked; "none": a step)."""
     if schedule is None:
-        return "none"
+        return "none" if depends_on else "manual"
     kind = type(schedule).__name__
     if isinstance(schedule, CronSchedule | EverySchedule):
         bounds = ("start" if schedule.start_ms is not None else "") + (

@@ -39,6 +39,7 @@ from streams.core.commands import (
     UpsertJob,
     command_job_id,
     parse_command,
+    upsert_document,
     validate_command,
 )
 from streams.core.ids import manual_run_id, scheduled_run_id
@@ -241,8 +242,7 @@ UPSERT_REJECTIONS: list[tuple[dict[str, object], str, str]] = [
     ({"owner": DELETE}, "owner", "missing required field 'owner'"),
     ({"owner": "o" * 65}, "owner", "1 to 64"),
     ({"owner": "team a"}, "owner", "owner must start"),
-    ({"schedule": DELETE}, "schedule", "schedule is required unless depends_on"),
-    ({"schedule": None, "depends_on": []}, "schedule", "schedule is required"),
+    ({"schedule": "hourly"}, "schedule", "schedule must be an object"),
     ({"schedule": {"cron": "not a cron"}}, "schedule", "schedule"),
     ({"schedule": {"every": "30 parsecs"}}, "schedule", "schedule"),
     ({"schedule": {}}, "schedule", "schedule"),
@@ -358,9 +358,17 @@ def test_invalid_upserts_are_rejected_naming_the_field(
     assert fragment in rejection.reason
 
 
-def test_an_upsert_with_neither_schedule_nor_depends_on_is_rejected() -> None:
-    rejection = rejected(upsert_with(schedule=DELETE))
-    assert "never run" in rejection.reason
+def test_a_job_with_neither_schedule_nor_upstreams_is_a_manual_job() -> None:
+    """Run only when asked (run-now; issue 55): no schedule, said as nothing, null or
+    `manual`, all the same spec; `manual` writes back as no schedule."""
+    specs = [
+        spec_of(upsert_with(schedule=DELETE)),
+        spec_of(upsert_with(schedule=None)),
+        spec_of(upsert_with(schedule="manual")),
+    ]
+    assert all(s.schedule is None and s.depends_on == () for s in specs)
+    assert specs[0] == specs[1] == specs[2]
+    assert upsert_document(specs[2]).get("schedule") is None
 
 
 def test_only_the_program_must_be_non_empty() -> None:

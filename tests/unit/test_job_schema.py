@@ -89,7 +89,8 @@ def test_every_default_is_what_the_validator_gives_a_job_that_leaves_the_field_o
             value = _plain(getattr(getattr(spec, group), sub))
             assert value == inner["default"] or (value == [] and inner["default"] == {}), sub
             checked += 1
-    assert spec.env == () and spec.params == ()
+    assert spec.env == ()
+    assert spec.params == ()
     assert checked >= 20
 
 

@@ -186,7 +186,7 @@ class Sim:
             if rng.random() < 0.6:
                 spec = replace(spec, depends_on=())
             self.specs[spec.job_id] = spec
-            self.schedule_kinds.add(simspecs.schedule_kind(spec.schedule))
+            self.schedule_kinds.add(simspecs.schedule_kind(spec.schedule, spec.depends_on))
             self.deliver_now(JobUpserted(spec, self.now))
         if rng.random() < 0.5:  # a step that runs once both upstreams succeeded
             step = JobSpec(
@@ -399,7 +399,7 @@ class Sim:
     def upsert(self, spec: JobSpec, at: int) -> None:
         """Send a registration or change, and note what it varies."""
         self.varied |= simspecs.differing(self.specs.get(spec.job_id), spec)
-        self.schedule_kinds.add(simspecs.schedule_kind(spec.schedule))
+        self.schedule_kinds.add(simspecs.schedule_kind(spec.schedule, spec.depends_on))
         self.specs[spec.job_id] = spec
         self.command(JobUpserted(spec, at))
 

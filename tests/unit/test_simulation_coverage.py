@@ -58,7 +58,7 @@ def test_every_spec_field_is_varied() -> None:
     # The fixed one is played as documented: several jobs.
     assert len(jobs) >= 2, jobs
     # Every schedule kind, with and without bounds.
-    for kind in ("CronSchedule:", "EverySchedule:", "AtSchedule"):
+    for kind in ("CronSchedule:", "EverySchedule:", "AtSchedule", "manual"):
         assert any(k.startswith(kind) for k in schedules), (kind, schedules)
     assert any(k.endswith(("start", "end", "startend")) for k in schedules), schedules
 

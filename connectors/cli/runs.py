@@ -46,7 +46,7 @@ def runs_show(run_id: str, as_json: JsonOpt = False) -> None:
         return
     console.print(f"[bold]{run_id}[/bold]  {run['state']}  attempt {run['attempt']}")
     if run["error"]:
-        console.print(f"error: {run['error']}")
+        console.print(f"error: {run['error'].removeprefix('error: ')}")
     if run.get("params"):
         console.print("params: " + orjson.dumps(run["params"]).decode())
     print_table(run["transitions"], ["attempt", "state", "at", "worker_id"])

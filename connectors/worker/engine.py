@@ -178,6 +178,22 @@ def read_lease_file(path: Path) -> Lease:
     return Lease(deadline is not None and now_ms() < deadline)
 
 
+def cannot_start(program: str, path: str | None, exc: Exception) -> str:
+    """Why a job's program did not start, in words a user acts on: a name not found on
+    the job's PATH says which PATH (the job's `env` may set another); a program the
+    job's user may not run says so; anything else as the system put it."""
+    if isinstance(exc, FileNotFoundError) and "/" not in program:
+        return f"cannot start {program!r}: not found on PATH ({path or 'none set'})"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot start {program!r}: no such file"
+    if isinstance(exc, PermissionError):
+        return (
+            f"cannot start {program!r}: permission denied (the job's user may not run it, "
+            "or may not enter a directory on its way)"
+        )
+    return f"cannot start {program!r}: {exc}"
+
+
 def lease_holds(path: Path) -> bool:
     """Whether the lease in `path` is alive now."""
     return read_lease_file(path).holds
@@ -552,7 +568,7 @@ class ExecutorLoop:
                 if sandbox is not None:
                     sandbox.close()
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            self._finish(job, "error", f"cannot start {job.argv[0]!r}: {exc}")
+            self._finish(job, "error", cannot_start(job.argv[0], job.env.get("PATH"), exc))
             return
         job.pid, job.state = pid, "running"
         job.started_ms, job.started_mono = now_ms(), time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 
 
@@ -32,6 +33,44 @@ class RunAs:
     @property
     def env(self) -> dict[str, str]:
         return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+    def path(self, worker_path: str | None) -> str:
+        """The PATH of its jobs: the worker's entries this user can search (a root
+        worker's PATH may begin in /root, which another user cannot enter: the program
+        found there would not start), or the system's usual one when none is left. A
+        job's own `env` PATH still wins."""
+        kept = [d for d in (worker_path or "").split(":") if d and _searchable(d, self)]
+        return ":".join(kept) or DEFAULT_PATH
+
+
+# The PATH of a job run as another user when none of the worker's entries serve it (the
+# Debian default of a login shell, as sudo's secure_path).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _searchable(directory: str, user: RunAs) -> bool:
+    """Whether `user` may enter `directory` and every directory above it (by the mode
+    bits for its uid, primary group or others; supplementary groups are dropped)."""
+    if not os.path.isabs(directory):
+        return False
+    current = os.path.realpath(directory)
+    while True:
+        try:
+            info = os.stat(current)
+        except OSError:
+            return False
+        if info.st_uid == user.uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == user.gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return False
+        parent = os.path.dirname(current)
+        if parent == current:
+            return True
+        current = parent
 
 
 def choose(user: str | None, allow_root: bool, euid: int | None = None) -> RunAs | None:

@@ -358,6 +358,11 @@ def test_a_missing_command_is_an_error_not_a_crash(make: Callable[..., Harness])
     bad = h.finished(h.start("bad", ["/no/such/program"]))
     assert bad.outcome == "error"
     assert "/no/such/program" in bad.error
+    # A name not on the job's PATH says so, and which PATH (issue 55: it read
+    # "[Errno 2] ..." or, for a folder the user could not enter, "[Errno 13] ...").
+    missing = h.finished(h.start("gone", ["no-such-program-x"], env={"PATH": "/usr/bin:/bin"}))
+    assert missing.outcome == "error"
+    assert missing.error == "cannot start 'no-such-program-x': not found on PATH (/usr/bin:/bin)"
     good = h.finished(h.start("good", ["true"]))
     assert (good.outcome, good.exit_code) == ("exited", 0)
 

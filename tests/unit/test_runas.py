@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import pwd
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from connectors.worker.runas import RunAs, RunAsError, choose
+from connectors.worker.runas import DEFAULT_PATH, RunAs, RunAsError, choose
 
 NOBODY = pwd.getpwnam("nobody")
 
@@ -41,3 +47,34 @@ def test_impossible_or_dangerous_choices_are_refused(user: str, euid: int, words
 
 def test_naming_oneself_changes_nothing() -> None:
     assert choose("nobody", allow_root=False, euid=NOBODY.pw_uid) is None
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A folder anyone may enter (pytest's own open_tmp sits below a 0700 folder)."""
+    made = Path(tempfile.mkdtemp(prefix="cronlog-runas-"))
+    made.chmod(0o755)
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def test_a_job_s_path_keeps_only_what_its_user_can_enter(open_tmp: Path) -> None:
+    """A root worker's PATH beginning in a folder of root's (issue 55: `python3` found in
+    /root/.pyenv/shims, then "[Errno 13] Permission denied" for `nobody`): the job's PATH
+    keeps the entries its user can search, in order, or the system's usual one."""
+    nobody = pwd.getpwnam("nobody")
+    user = RunAs("nobody", nobody.pw_uid, nobody.pw_gid, nobody.pw_dir)
+    closed = open_tmp / "closed"
+    (closed / "bin").mkdir(parents=True)
+    closed.chmod(0o700)
+    opened = open_tmp / "open" / "bin"
+    opened.mkdir(parents=True)
+    for folder in (open_tmp, open_tmp / "open", opened):
+        folder.chmod(0o755)
+    assert all(os.stat(folder).st_mode & stat.S_IXOTH for folder in open_tmp.parents)
+    given = f"{closed / 'bin'}:{opened}:relative/bin:/usr/bin"
+    assert user.path(given) == f"{opened}:/usr/bin"
+    assert user.path(f"{closed / 'bin'}") == DEFAULT_PATH
+    assert user.path(None) == DEFAULT_PATH

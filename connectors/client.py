@@ -319,6 +319,11 @@ class Client:
     def job(self, job_id: str) -> Job:
         return Job.of(self.request("GET", f"/jobs/{segment(job_id)}").json())
 
+    def whoami(self) -> dict[str, str]:
+        """Who the token makes the caller: {"kind": admin|owner|worker, "name": ...}."""
+        found: dict[str, str] = self.request("GET", "/whoami").json()
+        return found
+
     def jobs_page(
         self,
         *,

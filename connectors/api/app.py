@@ -21,9 +21,9 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from connectors.api import ui
-from connectors.api.auth import Tokens
+from connectors.api.auth import Principals
 from connectors.api.limits import RateLimiter, caller_key
-from connectors.api.routes import health, jobs, runs, secrets, workers
+from connectors.api.routes import account, health, jobs, runs, secrets, workers
 from connectors.api.service import Service, ServiceError
 from connectors.api.worker_gateway import WorkerGateway
 from streams import metrics
@@ -68,7 +68,7 @@ async def limit(request: Request, call_next: Any) -> Response:
         response: Response = await call_next(request)
         return response
     limiter: RateLimiter = request.app.state.limiter
-    tokens: Tokens = request.app.state.tokens
+    tokens: Principals = request.app.state.tokens
     wait = limiter.wait_s(caller_key(request, ui.COOKIE, tokens.principal))
     if wait > 0:
         message = (
@@ -114,7 +114,7 @@ def home() -> Response:
 
 def create_app(
     service: Service,
-    tokens: Tokens,
+    tokens: Principals,
     gateway: WorkerGateway | None = None,
     limiter: RateLimiter | None = None,
 ) -> FastAPI:
@@ -145,6 +145,7 @@ def create_app(
     app.include_router(ui.create_router(service, tokens))
     app.add_api_route("/", home, methods=["GET"], include_in_schema=False)
 
+    app.include_router(account.router)
     app.include_router(jobs.router)
     app.include_router(runs.router)
     app.include_router(secrets.router)

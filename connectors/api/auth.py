@@ -11,19 +11,33 @@ Every token has at least 16 characters (a short one is refused at start-up, by t
 never printed), and a worker token acts as the one worker it names: there is no
 wildcard. Tokens are compared in constant time. With no token configured at all the API refuses
 to start: an open scheduler that runs argv for anyone is not a default we ship.
+
+A token in the file may be kept as its hash, `sha256:<hex>` (what `cronlog tokens
+create` writes: connectors/cli/tokens.py), so the file never holds the secret. The API
+reads the file again when it changes (`TokenSource`, checked at most once a second):
+a token added or revoked counts without a restart; a file that no longer reads keeps the
+tokens read before, and says why in the log.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import logging
+import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
 from connectors.api.service import ADMIN, Principal
 from connectors.safe_yaml import safe_load
+
+log = logging.getLogger("cronlog.api")
 
 
 class AuthConfigError(ValueError):
@@ -31,6 +45,19 @@ class AuthConfigError(ValueError):
 
 
 MIN_TOKEN_CHARS = 16
+HASHED = "sha256:"  # a file's key of this form is a token's hash, not the token
+RELOAD_EVERY_S = 1.0
+
+
+def token_hash(token: str) -> str:
+    """The form a token is kept in the file (`HASHED` and the hex SHA-256 of its UTF-8)."""
+    return HASHED + hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class Principals(Protocol):
+    def principal(self, token: str) -> Principal | None: ...
+
+
 MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 
@@ -42,7 +69,7 @@ def _check(tokens: Tokens) -> None:
         ("workers", tokens.workers.keys()),
     )
     for table, found in tables:
-        short = sum(len(token) < MIN_TOKEN_CHARS for token in found)
+        short = sum(len(t) < MIN_TOKEN_CHARS and not t.startswith(HASHED) for t in found)
         if short:
             raise AuthConfigError(
                 f"{table}: {short} token(s) shorter than {MIN_TOKEN_CHARS} characters; "
@@ -104,17 +131,66 @@ class Tokens:
         as UTF-8 bytes: a header with non-ASCII characters is an unknown token, not an
         error."""
         given = token.encode("utf-8", "surrogateescape")
+        hashed = token_hash(token).encode()
         found: Principal | None = None
+
+        def matches(known: str) -> bool:
+            held = known.encode("utf-8", "surrogateescape")
+            return hmac.compare_digest(held, hashed if known.startswith(HASHED) else given)
+
         for known in self.admin:
-            if hmac.compare_digest(known.encode(), given):
+            if matches(known):
                 found = ADMIN
         for known, owner in self.owners.items():
-            if hmac.compare_digest(known.encode(), given):
+            if matches(known):
                 found = Principal("owner", owner)
         for known, worker in self.workers.items():
-            if hmac.compare_digest(known.encode(), given):
+            if matches(known):
                 found = Principal("worker", worker)
         return found
+
+
+class TokenSource:
+    """The tokens of the environment and the file, read again when the file changes (its
+    size or modification time; looked at most once every RELOAD_EVERY_S)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+        self.path = env.get("CRONLOG_API_TOKENS_FILE") or None
+        self.tokens = Tokens.from_env(self.env)  # AuthConfigError at start-up
+        self._seen = self._stamp()
+        self._looked = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _stamp(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size
+
+    def principal(self, token: str) -> Principal | None:
+        self.refresh()
+        return self.tokens.principal(token)
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if self.path is None or now - self._looked < RELOAD_EVERY_S:
+            return
+        with self._lock:
+            self._looked = now
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return
+            self._seen = stamp
+            try:
+                self.tokens = Tokens.from_env(self.env)
+            except AuthConfigError as exc:
+                log.error("API tokens not reloaded, the ones read before still count: %s", exc)
+                return
+            log.info("API tokens reloaded from %s", self.path)
 
 
 def _token_list(value: object, where: str) -> list[str]:

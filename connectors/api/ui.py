@@ -27,7 +27,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from connectors.api import views
-from connectors.api.auth import Tokens
+from connectors.api.auth import Principals
 from connectors.api.limits import read_body
 from connectors.api.service import Principal, Service, ServiceError
 from streams.core.ids import iso_utc
@@ -78,7 +78,7 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
 
 
-def create_router(service: Service, tokens: Tokens) -> APIRouter:
+def create_router(service: Service, tokens: Principals) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
 
     def principal(request: Request) -> tuple[Principal, str]:

@@ -22,7 +22,7 @@ from importlib import metadata, resources
 
 import typer
 
-from connectors.cli.access import login, logout
+from connectors.cli.access import login, logout, whoami
 from connectors.cli.admin import audit, db_prune, events, submit
 from connectors.cli.jobs import jobs_app
 from connectors.cli.jobs_as_code import apply_files, diff_files
@@ -31,6 +31,7 @@ from connectors.cli.run import run_all
 from connectors.cli.runs import runs_app
 from connectors.cli.secrets import secrets_app
 from connectors.cli.stack import db_migrate, stack_app, topics_app
+from connectors.cli.tokens import tokens_app
 from streams.core.zones import use_tzdata_only
 
 ENV_HELP = (
@@ -88,11 +89,13 @@ app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(secrets_app, name="secrets")
+app.add_typer(tokens_app, name="tokens")
 app.command("apply")(apply_files)
 app.command("diff")(diff_files)
 app.command("scheduler")(scheduler)
 app.command("login")(login)
 app.command("logout")(logout)
+app.command("whoami")(whoami)
 app.command("submit")(submit)
 app.command("events")(events)
 app.command("worker")(worker)

@@ -105,10 +105,38 @@ def login(
     with Client(api, token) as client:
         try:
             client.jobs_page(limit=1)  # the token is known and may read jobs
+            who = client.whoami()
         except ApiError as exc:
             raise fail(f"{api} refused: {exc.message}", 1 if exc.status < 500 else 2) from exc
     path = save_profile(api, token)
-    typer.echo(f"logged in to {api}; profile {path}")
+    typer.echo(f"logged in to {api} as {_as(who)}; profile {path}")
+
+
+def _as(who: dict[str, str]) -> str:
+    return "admin" if who.get("kind") == "admin" else f"{who.get('kind')} {who.get('name')}"
+
+
+def whoami(api: ApiOpt = None, token: TokenOpt = None) -> None:
+    """Who the API takes you for, and where: the token of --token, CRONLOG_TOKEN or the
+    profile of `cronlog login`."""
+    from connectors.client import ApiError, Client
+
+    try:
+        remote = remote_for(api, token, False)
+    except ServiceError as exc:
+        raise fail(exc.message, 2) from exc
+    if remote is None:
+        raise fail(
+            "not logged in: `cronlog login --api URL`, or CRONLOG_API_URL and CRONLOG_TOKEN", 2
+        )
+    with Client(remote.url, remote.token) as client:
+        try:
+            who = client.whoami()
+        except ApiError as exc:
+            raise fail(
+                f"{remote.url} refused: {exc.message}", 1 if exc.status < 500 else 2
+            ) from exc
+    typer.echo(f"{_as(who)} at {remote.url} (token from {remote.source})")
 
 
 def logout() -> None:

@@ -512,7 +512,7 @@ def api(
     chosen = start_logging(loglevel, "api", None, log_format)
 
     from connectors.api.app import create_app
-    from connectors.api.auth import AuthConfigError, Tokens
+    from connectors.api.auth import AuthConfigError, TokenSource
     from connectors.api.limits import RateLimiter
     from connectors.api.quotas import OwnerQuotas
     from connectors.api.service import Service
@@ -520,7 +520,7 @@ def api(
 
     settings = load_settings()
     try:
-        tokens = Tokens.from_env(os.environ)
+        tokens = TokenSource(os.environ)  # read again when its file changes
         limiter = RateLimiter.from_env(os.environ)
         quotas = OwnerQuotas.from_env(os.environ)
     except (AuthConfigError, ValueError) as exc:

@@ -4,6 +4,7 @@ and `cronlog api` as real processes; requests over HTTP with httpx."""
 from __future__ import annotations
 
 import base64
+import os
 import re
 import subprocess
 import sys
@@ -46,6 +47,10 @@ ADMIN = {"Authorization": "Bearer tok-admin-0123456789ab"}
 def api(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     logs: Path = tmp_path_factory.mktemp("api")
     port = free_port()
+    # A tokens file beside the environment's: `cronlog tokens` adds to it while the API
+    # runs (test_a_team_added_with_one_command_calls_the_api_without_a_restart).
+    tokens_file = logs / "api-tokens.yaml"
+    tokens_file.write_text("owners: {}\n")
     procs: list[CronlogProcess] = [
         Node(topics, "api-n1", logs),
         WorkerProc(topics, "api-w1", logs, cpu=2, memory_mb=512),
@@ -55,12 +60,13 @@ def api(topics: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             "api",
             logs,
             ["api", "--port", str(port), "--loglevel", "warning"],
-            extra_env=TOKENS,
+            extra_env={**TOKENS, "CRONLOG_API_TOKENS_FILE": str(tokens_file)},
         ),
     ]
     for proc in procs:
         proc.start()
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    client.tokens_file = tokens_file  # type: ignore[attr-defined]
 
     def healthy() -> bool:
         try:
@@ -789,3 +795,50 @@ def test_a_backfill_through_the_api_creates_its_whole_range_each_once(api: httpx
     assert too_big.status_code == 422, too_big.text
     assert "more than 100000 fire times" in too_big.json()["error"]["message"]
     assert api.delete("/jobs/filler", headers=A).status_code in (200, 202)
+
+
+def _cronlog(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_team_added_with_one_command_calls_the_api_without_a_restart(
+    api: httpx.Client,
+) -> None:
+    """Issue 55: `cronlog tokens create --owner payments` while the API runs; the token,
+    printed once and kept hashed, is the payments team's a second later (`cronlog
+    whoami` says so), `list` never shows it, and `revoke` ends it, again without a
+    restart."""
+    tokens_file: Path = api.tokens_file  # type: ignore[attr-defined]
+    env = {"CRONLOG_API_TOKENS_FILE": str(tokens_file)}
+    made = _cronlog("tokens", "create", "--owner", "payments", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.splitlines()[1]
+    token_id = made.stdout.split()[1]
+    assert token not in tokens_file.read_text()  # kept as its hash only
+    assert tokens_file.stat().st_mode & 0o777 == 0o600
+    bearer = {"Authorization": f"Bearer {token}"}
+    eventually(lambda: api.get("/whoami", headers=bearer).status_code == 200, "the new token")
+    assert api.get("/whoami", headers=bearer).json() == {"kind": "owner", "name": "payments"}
+    job = job_body("pay-nightly", schedule="manual")
+    assert api.post("/jobs", json=job, headers=bearer).status_code in (201, 202)
+    assert api.get("/jobs/pay-nightly", headers=A).status_code == 404  # payments' alone
+    me = _cronlog("whoami", env={"CRONLOG_API_URL": str(api.base_url), "CRONLOG_TOKEN": token})
+    assert me.returncode == 0, me.stderr
+    assert me.stdout.startswith("owner payments at ")
+    listed = _cronlog("tokens", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert token_id in listed.stdout
+    assert "payments" in listed.stdout
+    assert token not in listed.stdout
+    revoked = _cronlog("tokens", "revoke", token_id, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    eventually(lambda: api.get("/whoami", headers=bearer).status_code == 401, "the revoke")
+    assert api.get("/whoami", headers=A).json() == {"kind": "owner", "name": "team-a"}

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from connectors.api.auth import Tokens
+from connectors.api.auth import Principals
 from connectors.api.limits import read_body
 from connectors.api.service import (
     MAX_PAGE,
@@ -44,7 +44,7 @@ def caller(request: Request) -> Principal:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ServiceError(401, "missing bearer token (Authorization: Bearer <token>)")
-    tokens: Tokens = request.app.state.tokens
+    tokens: Principals = request.app.state.tokens
     who = tokens.principal(token.strip())
     if who is None:
         raise ServiceError(401, "unknown bearer token")

@@ -36,7 +36,39 @@ class BoundedLoader(yaml.SafeLoader):
         node = super().compose_document()
         if node is not None:
             self.expanded += expanded_size(node, MAX_EXPANDED - self.expanded)
+            keys_as_written(node)
         return node
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_STR = "tag:yaml.org,2002:str"
+
+
+def keys_as_written(root: Node) -> None:
+    """Mapping keys YAML 1.1 reads as booleans though written as words (`on:`, `off:`,
+    `yes:`, `no:`, `y:`, `n:`) read as those words: a webhook's `on: [failed]` is the
+    key "on", not True ("Dict key must be str"). Only plain `true`/`false` stay booleans
+    (YAML 1.2's rule); values are untouched. Each node is visited once (aliases share)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            for key, value in node.value:
+                if (
+                    isinstance(key, ScalarNode)
+                    and key.tag == _BOOL
+                    and key.style is None
+                    and key.value.lower() not in ("true", "false")
+                ):
+                    key.tag = _STR
+                stack.append(key)
+                stack.append(value)
+        elif isinstance(node, SequenceNode):
+            stack.extend(node.value)
 
 
 def expanded_size(root: Node, limit: int = MAX_EXPANDED) -> int:

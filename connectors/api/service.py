@@ -11,7 +11,9 @@ admin everything.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
+import os
 import threading
 import time
 import uuid
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 import psycopg
@@ -29,6 +32,7 @@ from psycopg_pool import ConnectionPool
 from connectors.api import quotas
 from connectors.api.dead_letters import DeadLetterView, recent_dead_letters
 from connectors.api.quotas import OwnerQuotas
+from connectors.webhooks import Destinations
 from projections import queries
 from schemas.json import from_plain, to_plain
 from schemas.spec import JobSpec
@@ -206,9 +210,21 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 class Service:
-    def __init__(self, settings: Settings, wait_s: float = 5.0, quotas: OwnerQuotas | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        wait_s: float = 5.0,
+        quotas: OwnerQuotas | None = None,
+        destinations: Destinations | None = None,
+    ):
         self.settings = settings
         self.wait_s = wait_s
+        # Where the notifier may post (connectors/webhooks.py): a webhook it would refuse
+        # at every delivery is refused at registration instead. The notifier's own
+        # allow-list, CRONLOG_NOTIFY_ALLOW, when the caller gives none.
+        self.destinations = destinations or Destinations.parse(
+            os.environ.get("CRONLOG_NOTIFY_ALLOW", "").split(",")
+        )
         # Per-owner quotas (connectors/api/quotas.py): `cronlog api` passes those of
         # CRONLOG_OWNER_QUOTAS; without them, the defaults.
         self.quotas = OwnerQuotas.parse("") if quotas is None else quotas
@@ -491,6 +507,30 @@ class Service:
             for u in unknown
         ]
 
+    def _check_notify(self, spec: JobSpec) -> None:
+        """A webhook to an address the notifier refuses (loopback, private, link-local:
+        connectors/webhooks.py) is refused now, with its reason, rather than dead-lettered
+        at every failure. Judged without DNS: an address written in the URL, and
+        `localhost`; a name is judged by the notifier when it resolves it."""
+        if spec.notify is None:
+            return
+        host = (urlsplit(spec.notify.url).hostname or "").rstrip(".").lower()
+        if host == "localhost" or host.endswith(".localhost"):
+            address = "127.0.0.1"
+        else:
+            try:
+                address = str(ipaddress.ip_address(host))
+            except ValueError:
+                return
+        why = self.destinations.refusal(host, address)
+        if why:
+            raise ServiceError(
+                422,
+                f"notify.url: the notifier would refuse every call: {why}; an operator "
+                "allows it with CRONLOG_NOTIFY_ALLOW",
+                "notify.url",
+            )
+
     def _check_secrets(self, spec: JobSpec) -> None:
         """A prompt answer for what the ledger refuses anyway: a secret the job's owner
         may not use (the grants, CRONLOG_SECRETS_GRANTS)."""
@@ -522,6 +562,7 @@ class Service:
         refused again for being missing)."""
         spec = command.spec
         self._check_secrets(spec)
+        self._check_notify(spec)
         self._check_upstreams(spec.owner, spec.depends_on)
         had = tuple((current or {}).get("spec", {}).get("depends_on") or ())
         warnings = self._check_graph(

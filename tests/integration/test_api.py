@@ -842,3 +842,22 @@ def test_a_team_added_with_one_command_calls_the_api_without_a_restart(
     assert revoked.returncode == 0, revoked.stderr
     eventually(lambda: api.get("/whoami", headers=bearer).status_code == 401, "the revoke")
     assert api.get("/whoami", headers=A).json() == {"kind": "owner", "name": "team-a"}
+
+
+def test_a_webhook_the_notifier_would_refuse_is_refused_at_registration(
+    api: httpx.Client,
+) -> None:
+    """Issue 55: a loopback webhook was accepted, then dead-lettered at every failure and
+    seen only in the notifier's log. An address the notifier's guard refuses, written
+    in the URL (or `localhost`), is refused now with the guard's reason; a host name is
+    the notifier's to judge when it resolves it."""
+    for url in ("http://127.0.0.1:8080/hook", "http://localhost/x", "http://[::1]/x",
+                "http://169.254.169.254/latest", "http://10.1.2.3/x"):  # fmt: skip
+        hooked = job_body("hooked", notify={"url": url, "on": ["failed"]})
+        refused = api.post("/jobs", json=hooked, headers=A)
+        assert refused.status_code == 422, (url, refused.text)
+        error = refused.json()["error"]
+        assert error["field"] == "notify.url"
+        assert "webhooks may reach public addresses only" in error["message"]
+    public = job_body("hooked", notify={"url": "https://hooks.example.com/x", "on": ["failed"]})
+    assert api.post("/jobs", json=public, headers=A).status_code in (201, 202)

@@ -507,3 +507,18 @@ def test_an_upstream_neither_registered_nor_in_the_files_is_refused_unless_allow
     assert allowed.exit_code == 0, allowed.output
     assert "warning:" in allowed.output
     assert sorted(registry.put) == ["load", "report"]
+
+
+def test_a_webhook_s_on_key_reads_as_the_word_on(tmp_path: Path) -> None:
+    """YAML 1.1 reads a plain `on:` key as True ("Dict key must be str" before; issue 55);
+    a job file's `on:` is the word, while `idempotent: yes` stays a boolean value."""
+    path = write(
+        tmp_path,
+        "hooks.yaml",
+        "job_id: hooked\nowner: team\nschedule: {every: 1h}\ncommand: [x]\nidempotent: yes\n"
+        "notify:\n  url: https://hooks.example.com/cronlog\n  on: [failed, lost]\n",
+    )
+    (job,) = load([path])
+    assert job.spec.notify is not None
+    assert job.spec.notify.on == ("failed", "lost")
+    assert job.spec.idempotent is True

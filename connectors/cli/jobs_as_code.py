@@ -37,8 +37,19 @@ FilesOpt = Annotated[
     typer.Option("-f", "--file", help="A YAML/JSON file of jobs, or a directory of them."),
 ]
 ManagedOpt = Annotated[
-    str, typer.Option("--managed-by", help="The name apply marks its jobs with, and prunes by.")
+    str | None,
+    typer.Option(
+        "--managed-by",
+        help=f"The name apply marks its jobs with ({MANAGED_BY} if not given), and prunes "
+        "by: required with --prune, so that two folders applied under the same name do "
+        "not prune each other's jobs.",
+    ),
 ]
+PRUNE_NEEDS_A_NAME = (
+    "--prune needs --managed-by NAME: it deletes the jobs marked with that name (of the "
+    "owners the files name) that the files no longer list, so each set of files applied "
+    f"on its own needs a name of its own (jobs applied without one carry {MANAGED_BY!r})"
+)
 MissingOkOpt = Annotated[
     bool,
     typer.Option(
@@ -111,15 +122,18 @@ def _prune_owners(
 def _plan(
     service: Service | RemoteService,
     files: list[Path],
-    managed_by: str,
+    managed_by: str | None,
     owner: str | None,
     prune: bool,
     strict_params: bool = False,
     allow_missing_upstreams: bool = False,
 ) -> list[Change]:
-    """What applying the files changes; with --prune, its scope printed first. Jobs
-    whose parameter values would be more than text are warned about on stderr (refused
-    with --strict-params: `param_hazards`)."""
+    """What applying the files changes; with --prune (which needs --managed-by), its
+    scope printed first. Jobs whose parameter values would be more than text are warned
+    about on stderr (refused with --strict-params: `param_hazards`)."""
+    if prune and not managed_by:
+        raise fail(PRUNE_NEEDS_A_NAME, 2)
+    managed_by = managed_by or MANAGED_BY
     found = _load(files, managed_by, owner or _default_owner(service))
     hazards = [
         f"{job.where}: job {job.spec.job_id}: {h}"
@@ -167,7 +181,7 @@ def apply_files(
     files: FilesOpt,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the changes only.")] = False,
     prune: PruneOpt = False,
-    managed_by: ManagedOpt = MANAGED_BY,
+    managed_by: ManagedOpt = None,
     owner: Annotated[str | None, typer.Option(help="Owner of jobs that name none.")] = None,
     api: ApiOpt = None,
     token: TokenOpt = None,
@@ -219,7 +233,7 @@ def apply_files(
 def diff_files(
     files: FilesOpt,
     prune: PruneOpt = False,
-    managed_by: ManagedOpt = MANAGED_BY,
+    managed_by: ManagedOpt = None,
     owner: Annotated[str | None, typer.Option(help="Owner of jobs that name none.")] = None,
     api: ApiOpt = None,
     token: TokenOpt = None,

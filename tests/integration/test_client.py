@@ -284,7 +284,7 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         (repo / "etl.yaml").write_text(
             "- job_id: ac-extract\n  schedule: {every: 60m}\n  command: [echo, extract]\n"
         )
-        drift = cli("diff", "-f", str(repo), "--prune", env=env)
+        drift = cli("diff", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env)
         assert drift.returncode == 1
         assert "~ ac-report (change)" in drift.stdout
         assert '    schedule: {"cron":"0 6 * * *"' in drift.stdout
@@ -293,16 +293,23 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         assert "ac-by-hand" not in drift.stdout
 
         # Another owner's token prunes nothing of this owner's.
-        theirs = cli("apply", "-f", str(repo / "report.json"), "--prune", "--dry-run",
-                     env={**env, "CRONLOG_TOKEN": TOKEN_B})  # fmt: skip
+        theirs = cli(
+            "apply", "-f", str(repo / "report.json"), "--prune", "--managed-by",
+            "cronlog-apply", "--dry-run", env={**env, "CRONLOG_TOKEN": TOKEN_B},
+        )  # fmt: skip
         assert "- ac-" not in theirs.stdout
 
-        pruned = cli("apply", "-f", str(repo), "--prune", env=env)
+        pruned = cli("apply", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env)
         assert pruned.returncode == 0, pruned.stderr
         eventually(lambda: not _exists(api, "ac-load"), "the pruned job deleted")
         eventually(lambda: "0 7" in api.job("ac-report").spec["schedule"]["cron"], "the change")
         assert _exists(api, "ac-by-hand")
-        assert cli("diff", "-f", str(repo), "--prune", env=env).returncode == 0
+        assert (
+            cli(
+                "diff", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env
+            ).returncode
+            == 0
+        )
 
         exported = tmp_path / "export.yaml"
         out = cli("jobs", "export", "-o", str(exported), env=env)
@@ -339,13 +346,24 @@ def test_an_admins_prune_deletes_only_the_jobs_of_the_owners_the_files_name(
             api.put_job({"job_id": old, "owner": "px-team", **managed})
             eventually(lambda: all(_exists(api, j) for j in [old, *kept]), "the jobs")
 
-            refused = cli("apply", "-f", str(nobody), "--prune", *args, env=env)
+            refused = cli(
+                "apply",
+                "-f",
+                str(nobody),
+                "--prune",
+                "--managed-by",
+                "cronlog-apply",
+                *args,
+                env=env,
+            )
             assert refused.returncode == 1, refused.stdout + refused.stderr
             assert "the files name no owner" in refused.stderr
             assert "`owner: NAME` at the top of a file" in refused.stderr
             assert "(delete)" not in refused.stdout
 
-            pruned = cli("apply", "-f", str(team), "--prune", *args, env=env)
+            pruned = cli(
+                "apply", "-f", str(team), "--prune", "--managed-by", "cronlog-apply", *args, env=env
+            )
             assert pruned.returncode == 0, pruned.stdout + pruned.stderr
             assert "prune scope: owner px-team, managed_by 'cronlog-apply'" in pruned.stdout
             deletes = [line for line in pruned.stdout.splitlines() if line.startswith("- ")]

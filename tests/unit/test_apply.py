@@ -306,12 +306,16 @@ def test_an_owner_with_no_jobs_left_prunes_only_that_owners_jobs(
     path = write(tmp_path, "team.yaml", "owner: team\njobs: []\n")
     registry = Registry(two_owners())
     service = caller(who, registry)
-    drift = cronlog(monkeypatch, service, "diff", "-f", str(path), "--prune")
+    drift = cronlog(
+        monkeypatch, service, "diff", "-f", str(path), "--prune", "--managed-by", "cronlog-apply"
+    )
     assert drift.exit_code == 1, drift.output
     assert "other-" not in drift.stdout
     assert "- team-old (delete)" in drift.stdout
     assert "prune scope: owner team, managed_by 'cronlog-apply'" in drift.stdout
-    done = cronlog(monkeypatch, service, "apply", "-f", str(path), "--prune")
+    done = cronlog(
+        monkeypatch, service, "apply", "-f", str(path), "--prune", "--managed-by", "cronlog-apply"
+    )
     assert done.exit_code == 0, done.output
     assert registry.deleted == ["team-old"]
     assert registry.put == []
@@ -335,7 +339,16 @@ def test_as_admin_a_prune_of_files_naming_no_owner_is_refused(
     registry = Registry(two_owners())
     service = caller(who, registry)
     for command in ("apply", "diff"):
-        refused = cronlog(monkeypatch, service, command, "-f", str(path), "--prune")
+        refused = cronlog(
+            monkeypatch,
+            service,
+            command,
+            "-f",
+            str(path),
+            "--prune",
+            "--managed-by",
+            "cronlog-apply",
+        )
         assert refused.exit_code == 1, refused.output
         assert "the files name no owner" in refused.stderr
         assert "`owner: NAME` at the top of a file" in refused.stderr
@@ -343,7 +356,18 @@ def test_as_admin_a_prune_of_files_naming_no_owner_is_refused(
         assert "delete" not in refused.stdout
     assert registry.deleted == registry.put == []
     # Named with --owner, the same files prune that owner's jobs only.
-    named = cronlog(monkeypatch, service, "apply", "-f", str(path), "--prune", "--owner", "other")
+    named = cronlog(
+        monkeypatch,
+        service,
+        "apply",
+        "-f",
+        str(path),
+        "--prune",
+        "--managed-by",
+        "cronlog-apply",
+        "--owner",
+        "other",
+    )
     assert named.exit_code == 0, named.output
     assert "prune scope: owner other," in named.stdout
     assert sorted(registry.deleted) == ["other-etl", "other-report"]
@@ -358,13 +382,31 @@ def test_an_owners_token_prunes_its_own_jobs_when_the_files_name_none(
         tmp_path, "jobs.yaml", "- job_id: team-new\n  schedule: {every: 1h}\n  command: [x]\n"
     )
     registry = Registry(two_owners())
-    done = cronlog(monkeypatch, caller("team-token", registry), "apply", "-f", str(path), "--prune")
+    done = cronlog(
+        monkeypatch,
+        caller("team-token", registry),
+        "apply",
+        "-f",
+        str(path),
+        "--prune",
+        "--managed-by",
+        "cronlog-apply",
+    )
     assert done.exit_code == 0, done.output
     assert "prune scope: owner team (the token's: the files name none)" in done.stdout
     assert registry.put == ["team-new"]
     assert registry.deleted == ["team-old"]
     nothing = Registry([])  # a token with no jobs yet: nothing to prune, not refused
-    first = cronlog(monkeypatch, caller("team-token", nothing), "apply", "-f", str(path), "--prune")
+    first = cronlog(
+        monkeypatch,
+        caller("team-token", nothing),
+        "apply",
+        "-f",
+        str(path),
+        "--prune",
+        "--managed-by",
+        "cronlog-apply",
+    )
     assert first.exit_code == 0, first.output
     assert "prune scope: owner none (the token has no jobs)" in first.stdout
 
@@ -522,3 +564,31 @@ def test_a_webhook_s_on_key_reads_as_the_word_on(tmp_path: Path) -> None:
     assert job.spec.notify is not None
     assert job.spec.notify.on == ("failed", "lost")
     assert job.spec.idempotent is True
+
+
+def test_a_prune_without_its_own_name_is_refused_so_folders_never_prune_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 55: `apply --prune` of one folder deleted the jobs applied from another
+    folder of the same owner (both carried the default name). A prune now needs
+    --managed-by NAME, refused (exit 2) before anything is read or deleted; two folders
+    with names of their own prune only their own jobs."""
+    etl = write(tmp_path, "etl/jobs.yaml", JOBS)
+    registry = Registry([registered({**yaml.safe_load(JOBS)[0], "managed_by": "reports"})])
+    refused = cronlog(monkeypatch, DirectService(registry), "apply", "-f", str(etl), "--prune")
+    assert refused.exit_code == 2
+    assert "--prune needs --managed-by NAME" in refused.output
+    assert registry.put == []
+    assert registry.deleted == []
+    done = cronlog(
+        monkeypatch,
+        DirectService(registry),
+        "apply",
+        "-f",
+        str(write(tmp_path, "etl2/jobs.yaml", JOBS.split("- job_id: report")[0])),
+        "--prune",
+        "--managed-by",
+        "etl",
+    )
+    assert done.exit_code == 0, done.output
+    assert registry.deleted == []  # `etl` registered by "reports": not this folder's

@@ -238,15 +238,27 @@ def _desired(
     return Desired(doc, _parsed(doc, where), where)
 
 
-def missing_upstreams(jobs: Iterable[JobSpec], known: Collection[str]) -> dict[str, list[str]]:
-    """The upstreams each job names that are neither `known` (registered) nor one of
-    `jobs` (registered by the same apply, in any order), by job id: refused unless the
-    user says they will be registered (`--allow-missing-upstreams`)."""
+def missing_upstreams(
+    jobs: Iterable[JobSpec],
+    known: Collection[str],
+    had: Mapping[str, Collection[str]] | None = None,
+) -> dict[str, list[str]]:
+    """The upstreams each job names that are neither `known` (registered, and not
+    deleted by this apply) nor a job of the same owner in `jobs` (registered by the same
+    apply, in any order), by job id: refused unless the user says they will be
+    registered (`--allow-missing-upstreams`). An upstream the job's registered version
+    already named (`had`: job id -> its depends_on) is not refused again."""
     jobs = list(jobs)
-    given = {spec.job_id for spec in jobs}
+    given = {(spec.owner, spec.job_id) for spec in jobs}
+    had = had or {}
     out: dict[str, list[str]] = {}
     for spec in jobs:
-        missing = [u for u in spec.depends_on if u not in given and u not in known]
+        before = had.get(spec.job_id, ())
+        missing = [
+            u
+            for u in spec.depends_on
+            if (spec.owner, u) not in given and u not in known and u not in before
+        ]
         if missing:
             out[spec.job_id] = missing
     return out

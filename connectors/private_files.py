@@ -24,8 +24,10 @@ class NotPrivate(ValueError):
     """A folder another user could read or change: its message says which and why."""
 
 
-def write_private(path: Path, data: str | bytes) -> None:
-    """Replace `path` with `data`, readable by this user only from its creation on."""
+def write_private(path: Path, data: str | bytes, owner: tuple[int, int] | None = None) -> None:
+    """Replace `path` with `data`, readable by this user only from its creation on (by
+    `owner`, a uid and gid, instead when given: the file keeps the user that reads it,
+    say a service's, when root rewrites it)."""
     body = data.encode() if isinstance(data, str) else data
     temp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -33,6 +35,8 @@ def write_private(path: Path, data: str | bytes) -> None:
     try:
         try:
             os.fchmod(fd, PRIVATE_FILE)  # the mode given is already at most this: a belt
+            if owner is not None:
+                os.fchown(fd, *owner)
             view = memoryview(body)
             while view:
                 view = view[os.write(fd, view) :]

@@ -654,7 +654,10 @@ class Scheduler:
             # Each proposal surfaces again after `repeat` unless the ledger's answer (a
             # new state record) replaces it first; it is sent again only if the ledger
             # has read the last one (streams/core/unread.py).
-            held_from = self.unread.held_from(partition, mono)
+            # Not while proposals are made by the wall clock (no broker sample yet): their
+            # times are not the broker's, which the hold compares with.
+            unsynced = self._own_clock and not self.broker.synced
+            held_from = None if unsynced else self.unread.held_from(partition, mono)
             held = timers.fires.held
             fires, _ = timers.fires.take(now, held_from=held_from)
             _FIRES_HELD.inc(timers.fires.held - held)

@@ -109,13 +109,12 @@ class Tokens:
         if path:
             try:
                 doc = safe_load(Path(path).read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
+            except (OSError, ValueError, yaml.YAMLError) as exc:  # not UTF-8 too
                 raise AuthConfigError(f"cannot read {path}: {exc}") from exc
-            if not isinstance(doc, dict):
-                raise AuthConfigError(f"{path}: expected a mapping with admin/owners/workers")
-            admin |= set(_token_list(doc.get("admin"), f"{path}: admin"))
-            owners |= _token_map(doc.get("owners"), f"{path}: owners")
-            workers |= _token_map(doc.get("workers"), f"{path}: workers")
+            found = Tokens.of_document(doc, path)
+            admin |= found.admin
+            owners |= found.owners
+            workers |= found.workers
         tokens = cls(frozenset(t.strip() for t in admin), owners, workers)
         _check(tokens)
         if not (tokens.admin or tokens.owners or tokens.workers):
@@ -123,6 +122,20 @@ class Tokens:
                 "no API tokens configured: set CRONLOG_API_TOKENS_FILE, CRONLOG_API_TOKENS "
                 "or CRONLOG_API_ADMIN_TOKENS"
             )
+        return tokens
+
+    @classmethod
+    def of_document(cls, doc: object, where: str) -> Tokens:
+        """The tokens of a tokens file's content (AuthConfigError saying what is wrong):
+        what the API reads, and what `cronlog tokens` checks before it writes."""
+        if not isinstance(doc, dict):
+            raise AuthConfigError(f"{where}: expected a mapping with admin/owners/workers")
+        tokens = cls(
+            frozenset(_token_list(doc.get("admin"), f"{where}: admin")),
+            _token_map(doc.get("owners"), f"{where}: owners"),
+            _token_map(doc.get("workers"), f"{where}: workers"),
+        )
+        _check(tokens)
         return tokens
 
     def principal(self, token: str) -> Principal | None:
@@ -159,6 +172,7 @@ class TokenSource:
         self.path = env.get("CRONLOG_API_TOKENS_FILE") or None
         self.tokens = Tokens.from_env(self.env)  # AuthConfigError at start-up
         self._seen = self._stamp()
+        self._failed: tuple[int, int] | None = None  # the version last said unreadable
         self._looked = time.monotonic()
         self._lock = threading.Lock()
 
@@ -184,12 +198,16 @@ class TokenSource:
             stamp = self._stamp()
             if stamp == self._seen:
                 return
-            self._seen = stamp
             try:
                 self.tokens = Tokens.from_env(self.env)
             except AuthConfigError as exc:
-                log.error("API tokens not reloaded, the ones read before still count: %s", exc)
+                # Read again every second until it reads (a file being replaced, its
+                # owner changed back): said once for each version of the file.
+                if stamp != self._failed:
+                    self._failed = stamp
+                    log.error("API tokens not reloaded, the ones read before count: %s", exc)
                 return
+            self._seen = stamp
             log.info("API tokens reloaded from %s", self.path)
 
 

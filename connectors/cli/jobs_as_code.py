@@ -145,24 +145,6 @@ def _plan(
     if hazards and strict_params:
         raise fail(f"--strict-params: {len(hazards)} parameter hazard(s), above", 1)
     rows = _registered(service)
-    where = {job.spec.job_id: job.where for job in found.jobs}
-    missing = missing_upstreams([job.spec for job in found.jobs], {r["job_id"] for r in rows})
-    for job_id, names in missing.items():
-        shown = ", ".join(repr(u) for u in names)
-        text = (
-            f"{where[job_id]}: job {job_id}: depends_on names {shown}, neither registered nor "
-            "in the files"
-        )
-        if allow_missing_upstreams:
-            typer.secho(f"warning: {text}: it waits for them", fg=typer.colors.YELLOW, err=True)
-        else:
-            typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
-    if missing and not allow_missing_upstreams:
-        raise fail(
-            f"{len(missing)} job(s) name upstreams that do not exist (a typo would wait for "
-            "ever): register them, add them to the files, or --allow-missing-upstreams",
-            1,
-        )
     owners: frozenset[str] = frozenset()
     if prune:
         named = found.owners | ({owner} if owner else set())
@@ -172,9 +154,40 @@ def _plan(
             why = "the token's: the files name none" if owners else "the token has no jobs"
         typer.echo(prune_scope(owners, managed_by, why))
     try:
-        return plan(found.jobs, rows, managed_by, prune and bool(owners), owners)
+        changes = plan(found.jobs, rows, managed_by, prune and bool(owners), owners)
     except PruneScopeError as exc:
         raise fail(str(exc), 1) from exc
+    _check_upstreams(found, rows, changes, allow_missing_upstreams)
+    return changes
+
+
+def _check_upstreams(
+    found: JobFiles, rows: list[dict[str, Any]], changes: list[Change], allow: bool
+) -> None:
+    """Every upstream the files' jobs name is registered (and not pruned by this apply),
+    a job of the same owner in the files, or one the job already named; else each is
+    said with its file and line, and refused unless `allow`."""
+    deleted = {c.job_id for c in changes if c.kind == "delete"}
+    known = {r["job_id"] for r in rows} - deleted
+    had = {r["job_id"]: tuple((r.get("spec") or {}).get("depends_on") or ()) for r in rows}
+    where = {job.spec.job_id: job.where for job in found.jobs}
+    missing = missing_upstreams([job.spec for job in found.jobs], known, had)
+    for job_id, names in missing.items():
+        shown = ", ".join(repr(u) for u in names)
+        text = (
+            f"{where[job_id]}: job {job_id}: depends_on names {shown}, neither registered nor "
+            "in the files"
+        )
+        if allow:
+            typer.secho(f"warning: {text}: it waits for them", fg=typer.colors.YELLOW, err=True)
+        else:
+            typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
+    if missing and not allow:
+        raise fail(
+            f"{len(missing)} job(s) name upstreams that do not exist (a typo would wait for "
+            "ever): register them, add them to the files, or --allow-missing-upstreams",
+            1,
+        )
 
 
 def apply_files(

@@ -20,7 +20,7 @@ import typer
 import yaml
 
 from connectors import safe_yaml
-from connectors.api.auth import HASHED, MIN_TOKEN_CHARS, token_hash
+from connectors.api.auth import HASHED, MIN_TOKEN_CHARS, AuthConfigError, Tokens, token_hash
 from connectors.cli.common import fail
 from connectors.private_files import write_private
 
@@ -45,7 +45,30 @@ def _path(given: Path | None) -> Path:
     if named:
         return Path(named)
     state = Path(os.environ.get("CRONLOG_STATE_DIR", ".state"))
-    return state / "api-tokens.yaml"
+    found = state / "api-tokens.yaml"
+    if not found.exists():
+        raise fail(
+            f"no tokens file at {found}: name the file the API reads (--file, or "
+            "CRONLOG_API_TOKENS_FILE)",
+            2,
+        )
+    return found
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """The file as `doc`, if the API would read it (else refused, nothing written): an
+    entry already wrong in it would make the API keep its old tokens, a revoked one
+    among them. It keeps its owner (a service's file rewritten by root)."""
+    try:
+        Tokens.of_document(doc, str(path))
+    except AuthConfigError as exc:
+        raise fail(f"not written, the API would not read it: {exc}", 1) from exc
+    owner = None
+    if path.exists():
+        info = path.stat()
+        owner = (info.st_uid, info.st_gid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, yaml.safe_dump(doc, sort_keys=False), owner)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -102,12 +125,11 @@ def tokens_create(
     else:
         table = "owners" if owner else "workers"
         doc[table] = {**(doc.get(table) or {}), hashed: name}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_private(path, yaml.safe_dump(doc, sort_keys=False))
+    _write(path, doc)
     kind = "admin" if admin else ("owner " if owner else "worker ") + name
     typer.echo(f"token {_id(hashed)} for {kind} added to {path} (shown once, kept hashed):")
     typer.echo(token)
-    typer.echo(f"use it:  export CRONLOG_TOKEN={token}", err=True)
+    typer.echo("use it: export CRONLOG_TOKEN=<the token above>", err=True)
 
 
 @tokens_app.command("list")
@@ -140,5 +162,5 @@ def tokens_revoke(
         doc["admin"] = [k for k in doc.get("admin") or [] if k != key]
     else:
         doc[table] = {k: v for k, v in (doc.get(table) or {}).items() if k != key}
-    write_private(path, yaml.safe_dump(doc, sort_keys=False))
+    _write(path, doc)
     typer.echo(f"token {_id(key)} of {name} revoked")

@@ -182,9 +182,10 @@ def cannot_start(program: str, path: str | None, exc: Exception) -> str:
     """Why a job's program did not start, in words a user acts on: a name not found on
     the job's PATH says which PATH (the job's `env` may set another); a program the
     job's user may not run says so; anything else as the system put it."""
-    if isinstance(exc, FileNotFoundError) and "/" not in program:
+    missing = isinstance(exc, FileNotFoundError) and exc.filename == program
+    if missing and "/" not in program:
         return f"cannot start {program!r}: not found on PATH ({path or 'none set'})"
-    if isinstance(exc, FileNotFoundError):
+    if missing:
         return f"cannot start {program!r}: no such file"
     if isinstance(exc, PermissionError):
         return (

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +112,7 @@ class Recovery:
                 expected = self.durations.expected_ms(d.job_id)
                 self.timeline.plan(attempt.key, d.resources, d.not_before_ms, expected)
                 attempt.since, attempt.claimed_ms = self.clock.monotonic(), self._claim(d)
+                attempt.claimed_mono = time.monotonic()  # a later lapse voids it too
                 continue
             attempt.run_dir = Path(entry.info["run_dir"]) if entry.info.get("run_dir") else None
             self.timeline.begin(attempt.key, d.resources)  # may be running: hold it

@@ -243,6 +243,9 @@ class FireTimers:
         self._pruned_s = 0  # `decided` holds no second before this
         self._awaiting = bytearray()  # slot -> 1 while its early proposal is unanswered
         self._sent = bytearray()  # slot -> 1 once its due time has been proposed
+        # slot -> when it was last proposed (ms), while `_sent`: a repeat waits while the
+        # ledger has not read that proposal (`take`'s `held_from`).
+        self._sent_at = array("q")
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -368,17 +371,16 @@ class FireTimers:
         self._catch_up(now)
         ids, dues = self._ids, self._due
         out: list[tuple[str, int]] = []
-        for slot, at in self._pop(self._normal, self._normal_heap, now, 10_000):
-            # A repeat comes `repeat_ms` after its proposal, so `made` is when that was
-            # sent. An early proposal's normal time (or one learning moved) comes later
-            # than that: such a one may be held a repeat longer than it had to be.
-            made = at - policy.repeat_ms
-            if self._sent[slot] and held_from is not None and made >= held_from:
+        for slot, _ in self._pop(self._normal, self._normal_heap, now, 10_000):
+            # Held while the ledger has not read the last proposal of it (made when
+            # `_sent_at` says, however many times it was held since).
+            if self._sent[slot] and held_from is not None and self._sent_at[slot] >= held_from:
                 self.held += 1
                 self._arm(self._normal, self._normal_heap, slot, now + policy.repeat_ms)
                 continue
             out.append((ids[slot], dues[slot]))
             self._sent[slot] = 1
+            self._sent_at[slot] = now
             self._unwait(slot)
             self._early[slot] = _NONE
             self._ready[slot] = 0
@@ -421,6 +423,7 @@ class FireTimers:
             due = dues[slot]
             out.append((ids[slot], due))
             self._sent[slot] = 1
+            self._sent_at[slot] = now
             self._awaiting[slot] = 1
             self.early_out += 1
             normal = max(now + policy.repeat_ms, due - policy.lead_ms)
@@ -469,6 +472,7 @@ class FireTimers:
                 times.append(_NONE)
             self._awaiting.append(0)
             self._sent.append(0)
+            self._sent_at.append(0)
             self._ready.append(0)
         self._slots[job_id] = slot
         return slot

@@ -19,15 +19,19 @@ and repeats are made as before.
 
 The slack: a proposal is made at the node's broker time, a lower bound, and appended a
 little later, so a proposal that is itself the oldest unread has `since` just after its
-making. A proposal made up to the slack before `since` may have been read and still be
-held: harmless, since the ledger decides by the append time and answers every proposal it
-reads that is still current with a new state (a firing decided, a deadline moved), which
-ends the repeats anyway; and the hold is checked again every `repeat_ms`.
+making; the slack also covers the brokers' clocks differing by up to a second (the
+partition's leader stamps the append; the node's clock is learnt from every broker).
+Proposals made by the node's wall clock before its first broker sample are never held
+(the scheduler passes no `held_from` then). A proposal made up to the slack before
+`since` may have been read and still be held; the ledger answers most with a new state,
+which ends the repeats, and for the others (a step proposed a moment early, a proposal
+it refused) the hold lasts only until the ledger reads the proposals appended in the
+slack after it, since a repeat is judged by when its proposal was sent, however often it
+was held (`FireTimers._sent_at`, `PartitionTimers.noticed`).
 
 Delivery reports are kept coarsely, one mark per `MARK_MS` of append time, so the memory
 follows the ledger's delay in seconds, not the number of proposals. A mark's time is the
-last append it covers, so `since` can only be late: a repeat is held a little less often
-than it could be, never one whose proposal the ledger has read.
+last append it covers, so `since` can only be late, which holds less, never more.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ APPEND_SLACK_MS = 1000
 # An answer about the ledger's offsets older than this is no answer (fail open): the
 # node asks every second, so this is several lost answers in a row.
 STALE_S = 5.0
+# At most this many marks a partition (1,000 s of appends a mark every MARK_MS): the
+# oldest go first, which makes `since` later, so it only ever holds less. Without the
+# ledger's answers (no right to read its group's offsets) they would grow for ever.
+MAX_MARKS = 10_000
 
 
 @dataclass(slots=True)
@@ -67,6 +75,8 @@ class UnreadProposals:
         else:
             marks.append((offset, appended_ms))
             part.opened_ms = appended_ms
+            if len(marks) > MAX_MARKS:
+                marks.popleft()
 
     def read(self, partition: int, offset: int, at: float) -> None:
         """The ledger's committed offset on `partition` (the next record it reads), learnt

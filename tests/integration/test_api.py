@@ -352,10 +352,18 @@ def test_the_job_reference_is_the_api_s_body_and_served_to_editors(api: httpx.Cl
         body = spec["paths"][path][method]["requestBody"]["content"]["application/json"]
         properties = body["schema"]["properties"]
         assert set(properties) == fields, (path, method)
-        assert properties["timeout_s"]["default"] == 3600.0
         assert all(p.get("description") for p in properties.values())
+    post = spec["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    assert post["schema"]["properties"]["timeout_s"]["default"] == 3600.0
+    assert post["schema"]["required"] == ["job_id", "command"]
+    put = spec["paths"]["/jobs/{job_id}"]["put"]["requestBody"]["content"]["application/json"]
+    assert put["schema"]["required"] == ["command"]  # the path names the job
     patch = spec["paths"]["/jobs/{job_id}"]["patch"]["requestBody"]["content"]
-    assert patch["application/json"]["schema"]["required"] == []
+    patched = patch["application/json"]["schema"]
+    assert patched["required"] == []
+    # A field may be null (removed), and none has a default a client would fill in.
+    assert {"type": "null"} in patched["properties"]["retry"]["anyOf"]
+    assert "default" not in str(patched["properties"]["timeout_s"])
     served = api.get("/schemas/job.json", headers={"Authorization": ""})
     assert served.status_code == 200
     assert served.json() == job_file_schema()

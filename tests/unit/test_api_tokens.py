@@ -4,6 +4,8 @@ changes (connectors/api/auth.py, connectors/cli/tokens.py)."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import time
 from pathlib import Path
 
@@ -81,3 +83,40 @@ def test_the_api_reads_its_tokens_file_again_when_it_changes(
     assert source.principal("team-b-0123456789ab") == Principal("owner", "team-b")
     with pytest.raises(AuthConfigError):
         Tokens.from_env({"CRONLOG_API_TOKENS_FILE": str(path)})
+
+
+def test_a_file_the_api_would_not_read_is_not_written_and_a_file_keeps_its_owner(
+    tmp_path: Path,
+) -> None:
+    """The hostile review: a revoke written into a file the API cannot read (a short
+    token added by hand) left the revoked token working, since the API keeps the tokens
+    it read before; and a service's file rewritten by root became root's, unreadable by
+    the API. Now such a file is not written (exit 1, saying why), and a file keeps its
+    owner."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"owners": {"short": "team"}}))
+    before = path.read_text()
+    code, out, err = _cli("tokens", "create", "--owner", "payments", "--file", str(path))
+    assert code == 1
+    assert "shorter than 16" in out + err
+    assert path.read_text() == before
+    path.write_text(yaml.safe_dump({"owners": {}}))
+    nobody = pwd.getpwnam("nobody")
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    code, out, _ = _cli("tokens", "create", "--owner", "payments", "--file", str(path))
+    assert code == 0, out
+    assert (path.stat().st_uid, path.stat().st_gid) == (nobody.pw_uid, nobody.pw_gid)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_without_a_file_named_or_found_tokens_are_not_made_somewhere_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CRONLOG_API_TOKENS_FILE", raising=False)
+    monkeypatch.setenv("CRONLOG_STATE_DIR", str(tmp_path / "nowhere"))
+    code, out, err = _cli("tokens", "create", "--owner", "payments")
+    assert code == 2
+    assert "name the file the API reads" in out + err
+    assert not (tmp_path / "nowhere").exists()

@@ -592,3 +592,28 @@ def test_a_prune_without_its_own_name_is_refused_so_folders_never_prune_each_oth
     )
     assert done.exit_code == 0, done.output
     assert registry.deleted == []  # `etl` registered by "reports": not this folder's
+
+
+def test_an_upstream_pruned_by_the_same_apply_or_of_another_owner_is_missing() -> None:
+    """The hostile review: an upstream about to be deleted by this apply's prune, or a
+    job of the files with another owner, is no upstream; one the registered version of
+    the job already named is not refused again (it was allowed before)."""
+    from connectors.apply import missing_upstreams
+
+    def spec(job_id: str, owner: str, *ups: str) -> Any:
+        doc = {"job_id": job_id, "owner": owner, "command": ["x"], "depends_on": list(ups)}
+        return _parsed_spec(doc)
+
+    a = spec("a", "alice", "b", "c", "d")
+    b_of_bob = spec("b", "bob")
+    assert missing_upstreams([a, b_of_bob], known={"c", "d"}) == {"a": ["b"]}
+    assert missing_upstreams([a], known={"b", "c"}) == {"a": ["d"]}  # d pruned: not known
+    assert missing_upstreams([a], known={"b", "c"}, had={"a": ("d",)}) == {}
+
+
+def _parsed_spec(doc: dict[str, Any]) -> Any:
+    import orjson
+
+    parsed = parse_command(orjson.dumps({"type": "job.upsert", **doc}))
+    assert isinstance(parsed, UpsertJob), parsed
+    return parsed.spec

@@ -597,3 +597,22 @@ def test_a_partition_leaving_is_not_taken_for_a_ledger_that_stopped_answering() 
     assert pacer.rate == rate
     pacer.judge(T + 3 * S, [kept])  # measured again: no answers, a backlog
     assert pacer.rate < rate
+
+
+def test_a_held_repeat_is_judged_by_when_its_proposal_was_sent_not_by_the_last_hold() -> None:
+    """The hostile review of issue 54's fix: a proposal the ledger read and refused
+    (no new state), while the ledger stays 2.5 s behind on other proposals. Judged by
+    the time of the last hold, the repeat would wait for as long as the ledger is
+    behind; judged by when it was sent, it waits only until the ledger has read past
+    that, and goes out."""
+    timers = FireTimers(ProposalPolicy(repeat_ms=3000))
+    timers.learn("j", 10_000, lead=False)
+    assert timers.take(10_000)[0] == [("j", 10_000)]
+    sent = []
+    for now in range(10_100, 40_000, 100):  # the scheduler's ticks
+        held_from = (now - 2_500) - 1_000  # the oldest unread is 2.5 s old, less the slack
+        fires, _ = timers.take(now, held_from=held_from)
+        sent += [now for _ in fires]
+    assert sent, "the repeat was held for good"
+    assert sent[0] <= 16_000, sent[:3]
+    assert timers.held >= 1  # held while the ledger had not read past it

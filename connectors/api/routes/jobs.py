@@ -30,15 +30,29 @@ def _body(schema: dict[str, Any], required: bool) -> dict[str, Any]:
     }
 
 
-def _api_job(*, patch: bool = False) -> dict[str, Any]:
+def _api_job(*, put: bool = False, patch: bool = False) -> dict[str, Any]:
     """The job reference (streams/core/job_schema.py) as the API takes it: `owner` may be
-    left out (the token's owner); a PATCH names only the fields it changes."""
+    left out (the token's owner), and for a PUT `job_id` (the path's). A PATCH names only
+    the fields it changes, each may be null (removed: its default again), and no field
+    has a default (a client filling one in would reset it)."""
     schema = job_schema()
-    schema["required"] = [] if patch else [f for f in schema["required"] if f != "owner"]
+    left = {"owner"} | ({"job_id"} if put else set())
+    schema["required"] = [] if patch else [f for f in schema["required"] if f not in left]
     if patch:
         schema["description"] = "The fields to change; the others keep their values."
+        schema["properties"] = {
+            name: {
+                "description": field["description"],
+                "anyOf": [{k: v for k, v in field.items() if k != "default"}, {"type": "null"}],
+            }
+            for name, field in schema["properties"].items()
+        }
     return schema
 
+
+JOB_BODY = _body(_api_job(), required=True)
+JOB_PUT_BODY = _body(_api_job(put=True), required=True)
+JOB_PATCH_BODY = _body(_api_job(patch=True), required=True)
 
 # An upstream not registered is refused (422) unless this says it will be.
 MissingOk = Annotated[
@@ -48,9 +62,6 @@ MissingOk = Annotated[
         "them. Without it they are refused, since a typo would wait for ever."
     ),
 ]
-
-JOB_BODY = _body(_api_job(), required=True)
-JOB_PATCH_BODY = _body(_api_job(patch=True), required=True)
 
 router = APIRouter(tags=["jobs"])
 
@@ -89,7 +100,7 @@ def get_job(job_id: str, who: User, service: ServiceDep) -> dict[str, Any]:
     return service.job(who, job_id)
 
 
-@router.put("/jobs/{job_id}", openapi_extra=JOB_BODY)
+@router.put("/jobs/{job_id}", openapi_extra=JOB_PUT_BODY)
 async def put_job(
     job_id: str,
     request: Request,

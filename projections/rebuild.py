@@ -18,8 +18,10 @@ How, without stopping the live projector:
 3. The live projector's next batch finds the stored offsets ahead of its position (its
    fence) and rewinds to them; nothing is lost or applied twice.
 
-Views and indexes travel with their tables; other objects in the live schema (a user's
-own views on the projection) are dropped with the old tables unless ``keep_previous``.
+Views and indexes travel with their tables. A user's own views on the projection
+tables (in any schema) would follow the old tables out and be dropped with them, so
+the swap refuses instead, naming them (issue 55): nothing of the user's is dropped; the
+user drops them and creates them again after the rebuild.
 
 Termination. Only this deployment's topics count (`Deployment.topics`): the live
 ``projector_offsets`` of a database that served several deployments also held other
@@ -294,6 +296,23 @@ def _objects(conn: psycopg.Connection[Any], schema: str) -> list[tuple[str, str]
     return [(name, "v" if kind == "v" else "r") for name, kind in rows]
 
 
+def _foreign_views(conn: psycopg.Connection[Any], live: str, own: set[str]) -> list[str]:
+    """The views (plain or materialized, in any schema) built on the live schema's tables
+    that are not the projection's own (`own`: the names its migrations make)."""
+    rows = conn.execute(
+        "SELECT DISTINCT vn.nspname, v.relname FROM pg_depend d"
+        " JOIN pg_rewrite r ON r.oid = d.objid"
+        " JOIN pg_class v ON v.oid = r.ev_class"
+        " JOIN pg_namespace vn ON vn.oid = v.relnamespace"
+        " JOIN pg_class t ON t.oid = d.refobjid"
+        " JOIN pg_namespace tn ON tn.oid = t.relnamespace"
+        " WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass"
+        " AND tn.nspname = %s AND v.oid <> t.oid ORDER BY 1, 2",
+        (live,),
+    ).fetchall()
+    return [f"{schema}.{name}" for schema, name in rows if not (schema == live and name in own)]
+
+
 class _Behind(Exception):
     def __init__(self, offsets: Offsets):
         self.offsets = offsets
@@ -347,6 +366,13 @@ def _swap_or_raise(
                 sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
                     sql.SQL(", ").join(sql.Identifier(live, name) for name in tables)
                 )
+            )
+        foreign = _foreign_views(conn, live, {name for name, _ in mine})
+        if foreign:
+            raise RebuildError(
+                "the rebuild would drop views that are not the projection's, built on its "
+                f"tables: {', '.join(foreign)}. Nothing was changed; drop them (keep their "
+                "definitions: psql \\d+ VIEW), rebuild, then create them again"
             )
         if "projector_offsets" in theirs:
             ahead = _offsets(conn, live, topics)

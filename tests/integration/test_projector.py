@@ -304,6 +304,36 @@ def test_rebuild_equals_the_live_projection(
     assert views[0] == 500
 
 
+def test_a_rebuild_never_drops_a_users_view_it_names_it_instead(
+    topics: Settings, tmp_path: Path
+) -> None:
+    """Issue 55: `--rebuild` dropped a view a user had built on the projection's tables
+    (it followed the old tables out). Now it refuses, naming the view, and changes
+    nothing; without the view it rebuilds."""
+    migrate(topics.database_url)
+    produce_runs(topics, range(900, 905))
+    with psycopg.connect(topics.database_url, autocommit=True) as conn:
+        conn.execute("CREATE VIEW my_failures AS SELECT run_id FROM runs WHERE state = 'failed'")
+
+    def rebuilt() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "connectors.cli", "projector", "--rebuild"],
+            env=env_for(topics),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    refused = rebuilt()
+    assert refused.returncode != 0
+    assert "my_failures" in refused.stderr + refused.stdout
+    with psycopg.connect(topics.database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM my_failures").fetchone() is not None
+        conn.execute("DROP VIEW my_failures")
+    done = rebuilt()
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_record_postgres_refuses_is_isolated(topics: Settings, tmp_path: Path) -> None:
     """A decodable event PostgreSQL refuses (attempt beyond integer) goes to the dead
     letters alone; its batch-mates are projected, and a NUL in a job's output is kept

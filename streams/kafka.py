@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -166,6 +167,32 @@ class Clients:
 
     def admin(self, config: dict[str, Any]) -> AdminClient:
         return AdminClient(config)
+
+    def offsets_reader(self, config: dict[str, Any]) -> OffsetsReader:
+        """A reader of the committed offsets of `config`'s group (`OffsetsReader`)."""
+        return OffsetsReader(self.consumer(config))
+
+
+class OffsetsReader:
+    """Another group's committed offsets, asked without blocking the caller: a consumer
+    of that group.id that never joins it (no subscribe) asks on a thread of its own, and
+    the answer is a future. Not the admin client's ListConsumerGroupOffsets: asked every
+    second through broker failovers it crashed the node process in librdkafka
+    (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, 2.16.2)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="offsets")
+
+    def committed(self, partitions: list[TopicPartition]) -> Future[list[TopicPartition]]:
+        return self.pool.submit(self.consumer.committed, partitions, OFFSETS_ASK_S)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)  # an ask ends within its timeout
+        self.consumer.close()
+
+
+OFFSETS_ASK_S = 5.0  # an ask of committed offsets gives up after this
 
 
 KAFKA_CLIENTS = Clients()

@@ -46,7 +46,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import TopicPartition
 
 from streams.kafka import Clients
 from streams.memory_consumer import MemoryConsumer
@@ -83,21 +83,6 @@ class MemoryAdmin:
                 out[group_id] = future
         return out
 
-    def list_consumer_group_offsets(
-        self, requests: list[ConsumerGroupTopicPartitions], **kwargs: Any
-    ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
-        """A group's committed offsets (every partition it committed), as a future like
-        the real one (one group a request, as the real one allows)."""
-        self.log.fault("list_consumer_group_offsets", self)
-        (request,) = requests
-        with self.log.lock:
-            self.log.expire()
-            offsets = dict(self.log.groups.get(request.group_id, _Group()).offsets)
-        partitions = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-        future: Future[ConsumerGroupTopicPartitions] = Future()
-        future.set_result(ConsumerGroupTopicPartitions(request.group_id, partitions))
-        return {request.group_id: future}
-
 
 @dataclass(frozen=True, slots=True)
 class MemberDescription:
@@ -127,3 +112,25 @@ class MemoryClients(Clients):
 
     def admin(self, config: dict[str, Any]) -> Any:
         return MemoryAdmin(self.log, config)
+
+    def offsets_reader(self, config: dict[str, Any]) -> Any:
+        return MemoryOffsetsReader(MemoryConsumer(self.log, config))
+
+
+class MemoryOffsetsReader:
+    """`OffsetsReader` on the in-memory log: answered at once (no thread: a run stays
+    reproducible)."""
+
+    def __init__(self, consumer: MemoryConsumer) -> None:
+        self.consumer = consumer
+
+    def committed(self, partitions: list[TopicPartition]) -> Future[list[TopicPartition]]:
+        future: Future[list[TopicPartition]] = Future()
+        try:
+            future.set_result(self.consumer.committed(partitions, 0.0))
+        except Exception as exc:  # noqa: BLE001 - as the real reader's future would hold it
+            future.set_exception(exc)
+        return future
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -71,7 +71,6 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -97,7 +96,6 @@ from streams.kafka import (
     Clients,
     GroupWatch,
     abandon_consumer,
-    admin_config,
     consumer_config,
     producer_config,
 )
@@ -195,9 +193,15 @@ class Scheduler:
         self.dropped = 0  # proposals the full local queue refused (broker down)
         self.unread = UnreadProposals()
         self.held = 0  # deadline notices held: the ledger had not read the last one
-        self.admin = self.clients.admin(admin_config(settings))
+        # The ledger group's committed offsets, read without joining it (isolation
+        # read_uncommitted: the newest committed, not waiting on a transaction's).
+        self.ledger_offsets = self.clients.offsets_reader(
+            consumer_config(
+                settings, settings.group("ledger"), **{"isolation.level": "read_uncommitted"}
+            )
+        )
         self._offsets_asked = -math.inf  # monotonic time of the last ask
-        self._offsets: Future[ConsumerGroupTopicPartitions] | None = None
+        self._offsets: Future[list[TopicPartition]] | None = None
         self._stop = threading.Event()
         self.watch = GroupWatch(settings, f"scheduler {node_id}")
         self.consumer = self._new_consumer()
@@ -291,6 +295,7 @@ class Scheduler:
         self.producer.flush(10)
         self.consumer.close()
         self.beats.close()
+        self.ledger_offsets.close()
 
     def _gauges(self) -> None:
         now = self.clock.monotonic()
@@ -420,7 +425,8 @@ class Scheduler:
     def _ledger_offsets(self) -> None:
         """Learn the ledger group's committed job-log offsets (`UnreadProposals`): the
         answer to the last ask if it came, and a new ask every LEDGER_READ_EVERY_S, one at
-        a time (an admin request's future: the loop never waits on it)."""
+        a time, for the partitions it owns (a future: `OffsetsReader` asks on a thread of
+        its own; the loop never waits on it)."""
         asked = self._offsets
         if asked is not None:
             if not asked.done():
@@ -432,20 +438,15 @@ class Scheduler:
                 log.debug("scheduler %s: the ledger's offsets: %s", self.node_id, exc)
             else:
                 at = self.clock.monotonic()
-                for tp in answer.topic_partitions or []:
-                    if tp.topic == self.job_log and tp.offset >= 0 and tp.error is None:
+                for tp in answer:
+                    if tp.offset >= 0 and tp.error is None:
                         self.unread.read(tp.partition, tp.offset, at)
         now = self.clock.monotonic()
-        if now - self._offsets_asked < LEDGER_READ_EVERY_S:
+        if now - self._offsets_asked < LEDGER_READ_EVERY_S or not self.timers:
             return
         self._offsets_asked = now
-        request = ConsumerGroupTopicPartitions(self.settings.group("ledger"))
-        try:
-            futures = self.admin.list_consumer_group_offsets([request], request_timeout=5)
-        except KafkaException as exc:
-            log.debug("scheduler %s: asking the ledger's offsets: %s", self.node_id, exc)
-            return
-        self._offsets = futures[request.group_id]
+        owned = [TopicPartition(self.job_log, p) for p in sorted(self.timers)]
+        self._offsets = self.ledger_offsets.committed(owned)
 
     def _probe(self) -> None:
         """A clock probe when no sample came for PROBE_AFTER_S (at most one in flight a

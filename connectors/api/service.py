@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import logging
-import os
 import threading
 import time
 import uuid
@@ -220,11 +219,9 @@ class Service:
         self.settings = settings
         self.wait_s = wait_s
         # Where the notifier may post (connectors/webhooks.py): a webhook it would refuse
-        # at every delivery is refused at registration instead. The notifier's own
-        # allow-list, CRONLOG_NOTIFY_ALLOW, when the caller gives none.
-        self.destinations = destinations or Destinations.parse(
-            os.environ.get("CRONLOG_NOTIFY_ALLOW", "").split(",")
-        )
+        # at every delivery is refused at registration instead. The CLI passes the
+        # notifier's allow-list (CRONLOG_NOTIFY_ALLOW); none: public addresses only.
+        self.destinations = destinations or Destinations()
         # Per-owner quotas (connectors/api/quotas.py): `cronlog api` passes those of
         # CRONLOG_OWNER_QUOTAS; without them, the defaults.
         self.quotas = OwnerQuotas.parse("") if quotas is None else quotas

@@ -18,7 +18,7 @@ import psycopg
 import typer
 
 from connectors.api.service import Service, ServiceError
-from connectors.cli.common import fail, load_settings
+from connectors.cli.common import fail, load_settings, notify_destinations
 from connectors.remote import Remote, RemoteService, find_remote
 from projections.migrate import MigrationError, migrate_for
 
@@ -78,7 +78,7 @@ def open_service(wait_s: float = 5.0) -> Iterator[Service | RemoteService]:
             migrate_for(settings)  # the tables it reads, at this version's schema
         except (MigrationError, psycopg.Error) as exc:
             raise fail(f"the database: {exc}", 2) from exc
-        service = Service(settings, wait_s=wait_s)
+        service = Service(settings, wait_s=wait_s, destinations=notify_destinations())
     service.open()
     try:
         yield service

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from connectors.webhooks import Destinations
 from projections.retention import RetentionError, RetentionPolicy
 from streams.logs import LogFormat, LogFormatError
 from streams.logs import configure as configure_logging
@@ -41,6 +42,15 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """Print the error; the exit to raise."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code)
+
+
+def notify_destinations() -> Destinations:
+    """Where the notifier may post, as `cronlog notifier` reads it (CRONLOG_NOTIFY_ALLOW):
+    the API refuses at registration a webhook the notifier would refuse."""
+    try:
+        return Destinations.parse(os.environ.get("CRONLOG_NOTIFY_ALLOW", "").split(","))
+    except ValueError as exc:
+        raise fail(f"CRONLOG_NOTIFY_ALLOW: {exc}", 2) from exc
 
 
 def load_settings() -> Settings:

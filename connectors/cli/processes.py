@@ -20,6 +20,7 @@ from connectors.cli.common import (
     chosen_metrics_port,
     fail,
     load_settings,
+    notify_destinations,
     retention_policy,
     start_logging,
     stop_watchdog,
@@ -529,7 +530,7 @@ def api(
         migrate_for(settings)  # the API reads the projection tables: this deployment's
     except MigrationError as exc:
         raise fail(str(exc), 2) from exc
-    service = Service(settings, quotas=quotas)
+    service = Service(settings, quotas=quotas, destinations=notify_destinations())
     service.open()
     gateway = WorkerGateway(service)
     gateway.start()

@@ -4,7 +4,6 @@ and `cronlog api` as real processes; requests over HTTP with httpx."""
 from __future__ import annotations
 
 import base64
-import os
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from tests.support.nodes import (
     Node,
     ProjectorProc,
     WorkerProc,
+    cli_with_only,
     env_for,
     send_commands,
     stop_all,
@@ -805,18 +805,6 @@ def test_a_backfill_through_the_api_creates_its_whole_range_each_once(api: httpx
     assert api.delete("/jobs/filler", headers=A).status_code in (200, 202)
 
 
-def _cronlog(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
-    return subprocess.run(
-        [sys.executable, "-m", "connectors.cli", *args],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_a_team_added_with_one_command_calls_the_api_without_a_restart(
     api: httpx.Client,
 ) -> None:
@@ -826,7 +814,7 @@ def test_a_team_added_with_one_command_calls_the_api_without_a_restart(
     restart."""
     tokens_file: Path = api.tokens_file  # type: ignore[attr-defined]
     env = {"CRONLOG_API_TOKENS_FILE": str(tokens_file)}
-    made = _cronlog("tokens", "create", "--owner", "payments", env=env)
+    made = cli_with_only("tokens", "create", "--owner", "payments", env=env)
     assert made.returncode == 0, made.stderr
     token = made.stdout.splitlines()[1]
     token_id = made.stdout.split()[1]
@@ -838,15 +826,15 @@ def test_a_team_added_with_one_command_calls_the_api_without_a_restart(
     job = job_body("pay-nightly", schedule="manual")
     assert api.post("/jobs", json=job, headers=bearer).status_code in (201, 202)
     assert api.get("/jobs/pay-nightly", headers=A).status_code == 404  # payments' alone
-    me = _cronlog("whoami", env={"CRONLOG_API_URL": str(api.base_url), "CRONLOG_TOKEN": token})
+    me = cli_with_only("whoami", env={"CRONLOG_API_URL": str(api.base_url), "CRONLOG_TOKEN": token})
     assert me.returncode == 0, me.stderr
     assert me.stdout.startswith("owner payments at ")
-    listed = _cronlog("tokens", "list", env=env)
+    listed = cli_with_only("tokens", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     assert token_id in listed.stdout
     assert "payments" in listed.stdout
     assert token not in listed.stdout
-    revoked = _cronlog("tokens", "revoke", token_id, env=env)
+    revoked = cli_with_only("tokens", "revoke", token_id, env=env)
     assert revoked.returncode == 0, revoked.stderr
     eventually(lambda: api.get("/whoami", headers=bearer).status_code == 401, "the revoke")
     assert api.get("/whoami", headers=A).json() == {"kind": "owner", "name": "team-a"}

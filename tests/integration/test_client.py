@@ -5,10 +5,7 @@ typed in Python and with a testable exit code on the command line."""
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +29,7 @@ from tests.support.nodes import (
     Node,
     ProjectorProc,
     WorkerProc,
+    cli_with_only,
     env_for,
     send_commands,
     stop_all,
@@ -172,17 +170,6 @@ def _exists(api: Client, job_id: str) -> bool:
 
 
 # -- the CLI over the API ---------------------------------------------------------------
-def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`cronlog ...` with only `env` beyond PATH and HOME: no Kafka or database settings."""
-    base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
-    return subprocess.run(
-        [sys.executable, "-m", "connectors.cli", *args],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_the_cli_over_the_api_with_a_token_and_nothing_else(url: str, tmp_path: Path) -> None:
@@ -192,7 +179,7 @@ def test_the_cli_over_the_api_with_a_token_and_nothing_else(url: str, tmp_path: 
         "- job_id: cl-cli\n  schedule: {every: 1h}\n  command: [echo, from-cli]\n"
         "- job_id: cl-cli-bad\n  schedule: {cron: '0 0 31 2 *'}\n  command: ['true']\n"
     )
-    added = cli("jobs", "add", "-f", str(jobs), env=env)
+    added = cli_with_only("jobs", "add", "-f", str(jobs), env=env)
     assert added.returncode == 1, added.stderr  # one of the two refused
     assert "cl-cli: registered" in added.stdout
     assert "cl-cli-bad: rejected" in added.stderr
@@ -200,50 +187,50 @@ def test_the_cli_over_the_api_with_a_token_and_nothing_else(url: str, tmp_path: 
 
     with Client(url, TOKEN_A) as api:
         eventually(lambda: _exists(api, "cl-cli"), "the job registered")
-    listed = cli("jobs", "list", "--json", env=env)
+    listed = cli_with_only("jobs", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     owners = {j["job_id"]: j["owner"] for j in orjson.loads(listed.stdout)}
     assert owners["cl-cli"] == "team-ca"  # the token's owner, not 'default'
     assert "cl-ghost" not in owners
 
-    missing = cli("jobs", "show", "cl-ghost", env=env)
+    missing = cli_with_only("jobs", "show", "cl-ghost", env=env)
     assert missing.returncode == 1
     assert "job 'cl-ghost' not found" in missing.stderr
 
-    started = cli("jobs", "run-now", "cl-cli", "--request-id", "k1", "--json", env=env)
+    started = cli_with_only("jobs", "run-now", "cl-cli", "--request-id", "k1", "--json", env=env)
     assert started.returncode == 0, started.stderr
     run_id = orjson.loads(started.stdout)["run_id"]
     with Client(url, TOKEN_A) as api:
         assert api.wait(run_id, timeout_s=60).state == "succeeded"
-    shown = cli("runs", "list", "--job", "cl-cli", env=env)
+    shown = cli_with_only("runs", "list", "--job", "cl-cli", env=env)
     assert run_id in shown.stdout
     assert "succeeded" in shown.stdout
-    logs = cli("runs", "logs", run_id, env=env)
+    logs = cli_with_only("runs", "logs", run_id, env=env)
     assert logs.stdout == "from-cli\n"
 
     # Options on the command win over the environment; an API that is not there is exit 2.
-    gone = cli("jobs", "--api", "http://127.0.0.1:9", "list", env=env)
+    gone = cli_with_only("jobs", "--api", "http://127.0.0.1:9", "list", env=env)
     assert gone.returncode == 2
     assert "cannot be reached" in gone.stderr
-    half = cli("jobs", "list", env={"CRONLOG_API_URL": url})
+    half = cli_with_only("jobs", "list", env={"CRONLOG_API_URL": url})
     assert half.returncode == 2
     assert "needs a token" in half.stderr
 
 
 def test_login_keeps_a_profile_only_its_owner_reads(url: str, tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
-    refused = cli("login", "--api", url, "--token", "tok-wrong-0123456789", env=env)
+    refused = cli_with_only("login", "--api", url, "--token", "tok-wrong-0123456789", env=env)
     assert refused.returncode == 1
     assert "refused" in refused.stderr
     assert not (tmp_path / "config" / "cronlog" / "profile.json").exists()
-    done = cli("login", "--api", url, "--token", TOKEN_B, env=env)
+    done = cli_with_only("login", "--api", url, "--token", TOKEN_B, env=env)
     assert done.returncode == 0, done.stderr
     profile = tmp_path / "config" / "cronlog" / "profile.json"
     assert stat.S_IMODE(profile.stat().st_mode) == 0o600
-    listed = cli("jobs", "list", "--json", env=env)  # no URL or token but the profile's
+    listed = cli_with_only("jobs", "list", "--json", env=env)  # no URL or token but the profile's
     assert listed.returncode == 0, listed.stderr
     assert all(j["owner"] == "team-cb" for j in orjson.loads(listed.stdout))
-    assert cli("logout", env=env).returncode == 0
+    assert cli_with_only("logout", env=env).returncode == 0
     assert not profile.exists()
 
 
@@ -264,18 +251,18 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         api.put_job({"job_id": "ac-by-hand", "schedule": LATER, "command": ["true"]})
         eventually(lambda: _exists(api, "ac-by-hand"), "the hand-made job")
 
-        dry = cli("apply", "-f", str(repo), "--dry-run", env=env)
+        dry = cli_with_only("apply", "-f", str(repo), "--dry-run", env=env)
         assert dry.returncode == 0, dry.stderr
         assert "+ ac-extract (create)" in dry.stdout
         assert "3 to create, 0 to change, 0 unchanged, 0 to delete (dry run" in dry.stdout
         assert not _exists(api, "ac-extract")
 
-        applied = cli("apply", "-f", str(repo), env=env)
+        applied = cli_with_only("apply", "-f", str(repo), env=env)
         assert applied.returncode == 0, applied.stderr
         eventually(lambda: all(_exists(api, j) for j in ("ac-extract", "ac-load", "ac-report")),
                    "the applied jobs")  # fmt: skip
         assert api.job("ac-load").spec["managed_by"] == "cronlog-apply"
-        clean = cli("diff", "-f", str(repo), env=env)
+        clean = cli_with_only("diff", "-f", str(repo), env=env)
         assert clean.returncode == 0, clean.stdout + clean.stderr
 
         (repo / "report.json").write_text(
@@ -284,7 +271,9 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         (repo / "etl.yaml").write_text(
             "- job_id: ac-extract\n  schedule: {every: 60m}\n  command: [echo, extract]\n"
         )
-        drift = cli("diff", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env)
+        drift = cli_with_only(
+            "diff", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env
+        )
         assert drift.returncode == 1
         assert "~ ac-report (change)" in drift.stdout
         assert '    schedule: {"cron":"0 6 * * *"' in drift.stdout
@@ -293,32 +282,34 @@ def test_jobs_as_code_from_a_token_to_apply_prune_in_ci(url: str, tmp_path: Path
         assert "ac-by-hand" not in drift.stdout
 
         # Another owner's token prunes nothing of this owner's.
-        theirs = cli(
+        theirs = cli_with_only(
             "apply", "-f", str(repo / "report.json"), "--prune", "--managed-by",
             "cronlog-apply", "--dry-run", env={**env, "CRONLOG_TOKEN": TOKEN_B},
         )  # fmt: skip
         assert "- ac-" not in theirs.stdout
 
-        pruned = cli("apply", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env)
+        pruned = cli_with_only(
+            "apply", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env
+        )
         assert pruned.returncode == 0, pruned.stderr
         eventually(lambda: not _exists(api, "ac-load"), "the pruned job deleted")
         eventually(lambda: "0 7" in api.job("ac-report").spec["schedule"]["cron"], "the change")
         assert _exists(api, "ac-by-hand")
         assert (
-            cli(
+            cli_with_only(
                 "diff", "-f", str(repo), "--prune", "--managed-by", "cronlog-apply", env=env
             ).returncode
             == 0
         )
 
         exported = tmp_path / "export.yaml"
-        out = cli("jobs", "export", "-o", str(exported), env=env)
+        out = cli_with_only("jobs", "export", "-o", str(exported), env=env)
         assert out.returncode == 0, out.stderr
-        assert cli("diff", "-f", str(exported), env=env).returncode == 0
+        assert cli_with_only("diff", "-f", str(exported), env=env).returncode == 0
 
         broken = repo / "broken.yaml"
         broken.write_text("- job_id: ac-broken\n  schedule: {every: 1h}\n  command: []\n")
-        refused = cli("apply", "-f", str(repo), env=env)
+        refused = cli_with_only("apply", "-f", str(repo), env=env)
         assert refused.returncode == 1
         assert f"{broken}:1: job ac-broken: command" in refused.stderr
 
@@ -346,7 +337,7 @@ def test_an_admins_prune_deletes_only_the_jobs_of_the_owners_the_files_name(
             api.put_job({"job_id": old, "owner": "px-team", **managed})
             eventually(lambda: all(_exists(api, j) for j in [old, *kept]), "the jobs")
 
-            refused = cli(
+            refused = cli_with_only(
                 "apply",
                 "-f",
                 str(nobody),
@@ -361,7 +352,7 @@ def test_an_admins_prune_deletes_only_the_jobs_of_the_owners_the_files_name(
             assert "`owner: NAME` at the top of a file" in refused.stderr
             assert "(delete)" not in refused.stdout
 
-            pruned = cli(
+            pruned = cli_with_only(
                 "apply", "-f", str(team), "--prune", "--managed-by", "cronlog-apply", *args, env=env
             )
             assert pruned.returncode == 0, pruned.stdout + pruned.stderr

@@ -405,3 +405,17 @@ def runs_by_id(events: EventReader) -> dict[str, list[RunEvent]]:
     for event, _ in events.run_events():
         found.setdefault(event.run_id, []).append(event)
     return found
+
+
+def cli_with_only(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`cronlog ...` with only `env` beyond PATH and HOME: no Kafka or database settings
+    (a user's CLI over the API, `cronlog tokens` on a file)."""
+    base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
